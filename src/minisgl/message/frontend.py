@@ -1,0 +1,36 @@
+"""Messages to the API server (the frontend)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .utils import MessageGroup
+
+_GROUP = MessageGroup("frontend")
+
+
+@_GROUP.base
+@dataclass
+class BaseFrontendMsg(_GROUP.Base):
+    pass
+
+
+@_GROUP.register
+@dataclass
+class BatchFrontendMsg(BaseFrontendMsg):
+    data: list[BaseFrontendMsg]
+
+
+@_GROUP.register
+@dataclass
+class UserReply(BaseFrontendMsg):
+    """New text of request `uid`. The last reply has finished=True, a finish_reason
+    ("stop", "length", "abort", "error") and the token counts; `error` says why on a rejection."""
+
+    uid: int
+    incremental_output: str
+    finished: bool
+    finish_reason: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str = ""

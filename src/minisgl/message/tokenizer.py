@@ -1,0 +1,59 @@
+"""Messages to the tokenizer / detokenizer workers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minisgl.core import SamplingParams
+
+from .utils import MessageGroup
+
+_GROUP = MessageGroup("tokenizer")
+
+
+@_GROUP.base
+@dataclass
+class BaseTokenizerMsg(_GROUP.Base):
+    pass
+
+
+@_GROUP.register
+@dataclass
+class BatchTokenizerMsg(BaseTokenizerMsg):
+    data: list[BaseTokenizerMsg]
+
+
+@_GROUP.register
+@dataclass
+class TokenizeMsg(BaseTokenizerMsg):
+    """From the API server: a prompt (text, chat messages, or token ids) to tokenize and schedule."""
+
+    uid: int
+    text: str | list[dict[str, str]] | list[int]
+    sampling_params: SamplingParams
+
+
+@_GROUP.register
+@dataclass
+class DetokenizeMsg(BaseTokenizerMsg):
+    """From the scheduler: one new token of request `uid`. finish_reason: "", "stop", "length", "abort"."""
+
+    uid: int
+    next_token: int
+    finished: bool
+    finish_reason: str = ""
+
+
+@_GROUP.register
+@dataclass
+class AbortMsg(BaseTokenizerMsg):
+    uid: int
+
+
+@_GROUP.register
+@dataclass
+class ErrorMsg(BaseTokenizerMsg):
+    """From the scheduler: request `uid` was rejected (e.g. longer than the context); says why."""
+
+    uid: int
+    message: str

@@ -1,0 +1,1 @@
+"""minisgl.models"""
