@@ -78,3 +78,73 @@ def get_global_ctx() -> Context:
     if _GLOBAL_CTX is None:
         raise RuntimeError("no forward context is set: run the model through an Engine")
     return _GLOBAL_CTX
+
+
+# --------------------------------------------------------------------------------------------------
+# Requests and batches. The scheduler owns `Req`s and hands the engine a `Batch` of plain lists; only
+# the engine turns them into tensors (nano-vllm's split).
+
+
+@dataclass(eq=False)
+class Req:
+    """One request's state in the scheduler.
+
+    `token_ids` is the prompt followed by every token generated so far; the first `cached_len` of them
+    have their K/V in the pool. A request is "prefilling" while `cached_len < len(token_ids) - 1`
+    would leave more than one token to feed, and "decoding" once only the last sampled token is new.
+    """
+
+    uid: int
+    token_ids: list[int]
+    sampling_params: SamplingParams
+    prompt_len: int = -1
+    cached_len: int = 0
+    table_row: int = -1  # row in the page table while the request holds KV pages; -1 otherwise
+    num_pages: int = 0  # pages held (mirrors the page table; kept here for O(1) checks)
+    generator: torch.Generator | None = None  # per-request RNG when sampling_params.seed is set
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 0:
+            self.prompt_len = len(self.token_ids)
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_len(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len :]
+
+    @property
+    def remaining_len(self) -> int:
+        """Tokens not yet in the KV pool (the next forward pass feeds them)."""
+        return len(self.token_ids) - self.cached_len
+
+
+@dataclass
+class Batch:
+    """One forward pass: for each request, feed `token_ids[cached_len : cached_len + extend_len]`.
+
+    A request samples its next token when its chunk reaches the end of its tokens
+    (`cached_len + extend_len == seq_len`); a partial prefill chunk samples nothing.
+    """
+
+    reqs: list[Req]
+    extend_lens: list[int]
+    phase: str  # "prefill" or "decode"
+
+    @property
+    def is_decode(self) -> bool:
+        return self.phase == "decode"
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.extend_lens)
+
+    @property
+    def sample_mask(self) -> list[bool]:
+        return [r.cached_len + n == r.seq_len for r, n in zip(self.reqs, self.extend_lens, strict=True)]

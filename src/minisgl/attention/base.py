@@ -1,0 +1,41 @@
+"""The attention backend interface.
+
+The engine calls `prepare(AttnInput)` once per batch (build gather indices, masks, kernel metadata);
+every attention layer then calls `forward(q, k, v, layer_id)`, which stores the new K/V into the
+paged pool and attends over each request's cached prefix plus its new tokens. A Triton backend plugs
+in behind the same two calls.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from minisgl.core import AttentionBackendProto
+
+
+@dataclass
+class AttnInput:
+    """What a backend needs to know about one batch (built by the engine from the scheduler's lists)."""
+
+    seq_lens: list[int]  # per request: tokens in the cache once this pass has stored its new ones
+    extend_lens: list[int]  # per request: new tokens in this pass (1 per request when decoding)
+    out_slots: torch.Tensor  # (T,) int64 on the device: pool slot of each new token
+    page_rows: torch.Tensor  # (B, P) int32 on the CPU: the batch's page-table rows
+    is_decode: bool
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens)
+
+
+class AttentionBackend(AttentionBackendProto, ABC):
+    @abstractmethod
+    def prepare(self, inp: AttnInput) -> None:
+        """Build per-batch metadata once; `forward` reuses it in every layer."""
+
+    @abstractmethod
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+        """q: (T, Hq, D), k/v: (T, Hkv, D) of the batch's new tokens -> (T, Hq, D)."""
