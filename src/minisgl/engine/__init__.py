@@ -1,1 +1,59 @@
-"""minisgl.engine"""
+"""minisgl.engine: one rank's model + KV pool + attention backend + sampler."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .dummy import DummyEngine
+from .engine import Engine
+from .options import EngineOptions
+from .sampler import Sampler
+
+__all__ = ["DummyEngine", "Engine", "EngineOptions", "Sampler", "create_engine"]
+
+logger = logging.getLogger(__name__)
+
+
+def create_engine(config: Any) -> Engine | DummyEngine:
+    """Build the engine a SchedulerConfig asks for (loads the model unless `engine == "dummy"`)."""
+    options = EngineOptions.from_config(config)
+    tp_info = getattr(config, "tp_info", None)
+    if options.device == "cuda" and tp_info is not None and tp_info.size > 1:
+        options = dataclasses.replace(options, device=f"cuda:{tp_info.rank}")
+    if getattr(config, "engine", "model") == "dummy":
+        return DummyEngine(options, **_dummy_model_info(config.model_path))
+    from minisgl.models import load_model, resolve_model_path
+
+    model_dir = resolve_model_path(config.model_path)
+    model, model_config = load_model(
+        model_dir,
+        options.dtype,
+        torch.device(options.device),
+        tp_info=tp_info,
+        dummy=getattr(config, "dummy_weights", False),
+    )
+    return Engine(model, model_config, options)
+
+
+def _dummy_model_info(model_path: str | None) -> dict[str, Any]:
+    """Vocabulary size, EOS ids and context of the named model, read from its config.json only
+    (the dummy engine must agree with the tokenizer); defaults when there is no such file."""
+    try:
+        from minisgl.models import resolve_model_path
+
+        cfg = json.loads((Path(resolve_model_path(model_path)) / "config.json").read_text())
+    except Exception as e:  # no model at all is fine for a dummy engine
+        logger.info("dummy engine: no model config (%s); using default vocabulary size", e)
+        return {}
+    eos = cfg.get("eos_token_id")
+    eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+    info: dict[str, Any] = {"vocab_size": int(cfg.get("vocab_size", 32000)), "eos_token_ids": eos_ids}
+    if cfg.get("max_position_embeddings"):
+        info["max_position_embeddings"] = int(cfg["max_position_embeddings"])
+    return info

@@ -1,0 +1,53 @@
+"""An engine without a model, for measuring the serving layers alone.
+
+Same interface as `Engine`; it keeps the page bookkeeping (so the scheduler behaves exactly as with a
+model) but no KV memory and no weights, and emits deterministic pseudo-random token ids that are
+never an EOS id (requests run to max_tokens or a stop token, so benchmarks see fixed output lengths).
+"""
+
+from __future__ import annotations
+
+from minisgl.core import Batch
+from minisgl.kvcache import PageAllocator, PageTable
+
+from .options import EngineOptions
+
+_DUMMY_NUM_PAGES = 1 << 16
+
+
+class DummyEngine:
+    def __init__(
+        self,
+        options: EngineOptions,
+        vocab_size: int = 32000,
+        eos_token_ids: list[int] | None = None,
+        max_position_embeddings: int = 8192,
+    ) -> None:
+        options.validate()
+        self.options = options
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids or [])
+        self.page_size = options.page_size
+        self.num_pages = options.num_pages or _DUMMY_NUM_PAGES
+        self.max_seq_len = min(
+            options.max_seq_len or max_position_embeddings, self.num_pages * self.page_size
+        )
+        self.page_table = PageTable(
+            PageAllocator(self.num_pages), self.page_size, options.max_running_requests, self.max_seq_len
+        )
+        self._eos = set(self.eos_token_ids)
+
+    def forward_batch(self, batch: Batch) -> list[int]:
+        out = []
+        for r, s in zip(batch.reqs, batch.sample_mask, strict=True):
+            if s:
+                out.append(self._token(r.seq_len, r.token_ids[-1]))
+        return out
+
+    def _token(self, seq_len: int, last: int) -> int:
+        """A fixed hash of (length, last token): the same on every rank and every run."""
+        x = (seq_len * 2654435761 + last * 40503 + self.options.seed) % (1 << 32)
+        tok = x % self.vocab_size
+        while tok in self._eos:
+            tok = (tok + 1) % self.vocab_size
+        return tok

@@ -1,0 +1,152 @@
+"""One rank's engine: the model, its paged KV pool, the attention backend and the sampler.
+
+The scheduler hands over a `Batch` (requests and how many new tokens each feeds); the engine builds
+every tensor (input ids, positions, KV slots, attention metadata), sets the forward context, runs the
+model, computes logits only for the rows that sample, and samples.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psutil
+import torch
+
+from minisgl.attention import AttnInput, create_attention_backend
+from minisgl.core import Batch, Context, Req, set_global_ctx
+from minisgl.kvcache import KVPool, PageAllocator, PageTable, kv_bytes_per_page
+
+from .options import EngineOptions
+from .sampler import Sampler
+
+logger = logging.getLogger(__name__)
+
+_CPU_KV_BUDGET = 1 << 30  # bytes of KV cache on the CPU when no size is given (at most 1/4 of free RAM)
+
+
+class Engine:
+    def __init__(self, model: torch.nn.Module, model_config: Any, options: EngineOptions) -> None:
+        options.validate()
+        self.options = options
+        self.model = model
+        self.model_config = model_config
+        self.device = torch.device(options.device)
+        self.dtype = options.dtype
+        self.vocab_size: int = model_config.vocab_size
+        self.eos_token_ids: list[int] = list(model_config.eos_token_ids)
+        self.page_size = options.page_size
+        num_kv_heads = getattr(model, "num_local_kv_heads", model_config.num_kv_heads)
+        num_q_heads = getattr(model, "num_local_heads", model_config.num_heads)
+        per_page = kv_bytes_per_page(
+            model_config.num_layers, num_kv_heads, model_config.head_dim, self.page_size, self.dtype
+        )
+        self.num_pages = self._size_pool(per_page)
+        context = options.max_seq_len or model_config.max_position_embeddings
+        # The context limit: the model's (or the user's) and never more than the whole pool holds.
+        self.max_seq_len = min(context, self.num_pages * self.page_size)
+        self.pool = KVPool(
+            model_config.num_layers,
+            self.num_pages,
+            self.page_size,
+            num_kv_heads,
+            model_config.head_dim,
+            self.dtype,
+            self.device,
+        )
+        self.page_table = PageTable(
+            PageAllocator(self.num_pages), self.page_size, options.max_running_requests, self.max_seq_len
+        )
+        self.attn_backend = create_attention_backend(
+            options.attention_backend, self.pool, num_q_heads, num_kv_heads, model_config.head_dim
+        )
+        self.sampler = Sampler(self.device, options.seed)
+        logger.info(
+            "KV pool: %d pages x %d tokens (%.1f MiB), context limit %d tokens",
+            self.num_pages,
+            self.page_size,
+            self.num_pages * per_page / 2**20,
+            self.max_seq_len,
+        )
+
+    def _size_pool(self, bytes_per_page: int) -> int:
+        opts = self.options
+        if opts.num_pages is not None:
+            return opts.num_pages
+        if opts.kv_cache_memory is not None:
+            budget = opts.kv_cache_memory
+        elif self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = int(free * opts.gpu_memory_fraction)
+        else:
+            budget = min(_CPU_KV_BUDGET, psutil.virtual_memory().available // 4)
+        pages = budget // bytes_per_page
+        if pages < 1:
+            raise ValueError(f"a KV budget of {budget} bytes holds no page of {bytes_per_page} bytes")
+        return int(pages)
+
+    # -- one forward pass ---------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward_batch(self, batch: Batch) -> list[int]:
+        """Run one batch; return the sampled token of each request whose chunk ends its tokens, in order."""
+        input_ids, positions, attn_input, sample_rows = self._prepare(batch)
+        self.attn_backend.prepare(attn_input)
+        set_global_ctx(Context(attn_backend=self.attn_backend, batch=batch))
+        try:
+            hidden = self.model.forward(input_ids, positions)  # (T, H)
+        finally:
+            set_global_ctx(None)
+        if not sample_rows:
+            return []
+        if len(sample_rows) < hidden.shape[0]:
+            hidden = hidden.index_select(0, torch.tensor(sample_rows, device=self.device))  # (S, H)
+        logits = self.model.compute_logits(hidden)  # (S, V) float32
+        reqs = [r for r, s in zip(batch.reqs, batch.sample_mask, strict=True) if s]
+        tokens = self.sampler.sample(
+            logits, [r.sampling_params for r in reqs], [self._generator(r) for r in reqs]
+        )
+        return tokens.tolist()
+
+    def _generator(self, req: Req) -> torch.Generator | None:
+        seed = req.sampling_params.seed
+        if seed is None or req.sampling_params.is_greedy:
+            return None
+        if req.generator is None:
+            req.generator = self.sampler.request_generator(seed)
+        return req.generator
+
+    def _prepare(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, AttnInput, list[int]]:
+        """Plain lists -> tensors: input ids (T,), positions (T,), attention input, rows to sample."""
+        reqs, ext = batch.reqs, batch.extend_lens
+        ps = self.page_size
+        seq_lens = [r.cached_len + n for r, n in zip(reqs, ext, strict=True)]
+        rows = torch.tensor([r.table_row for r in reqs], dtype=torch.int64)  # (B,)
+        max_pages = -(-max(seq_lens) // ps)
+        page_rows = self.page_table.table[rows, :max_pages]  # (B, P) int32
+        if batch.is_decode:
+            ids = [r.token_ids[-1] for r in reqs]
+            pos = torch.tensor([r.cached_len for r in reqs], dtype=torch.int64)  # (B,)
+            slots = page_rows.gather(1, (pos // ps)[:, None])[:, 0].to(torch.int64) * ps + pos % ps
+            sample_rows = list(range(len(reqs)))
+        else:
+            ids = []
+            for r, n in zip(reqs, ext, strict=True):
+                ids.extend(r.token_ids[r.cached_len : r.cached_len + n])
+            lens = torch.tensor(ext, dtype=torch.int64)
+            starts = torch.tensor([r.cached_len for r in reqs], dtype=torch.int64)
+            offsets = torch.cumsum(lens, 0) - lens  # (B,)
+            which = torch.repeat_interleave(torch.arange(len(reqs)), lens)  # (T,)
+            pos = torch.arange(len(ids), dtype=torch.int64) - offsets[which] + starts[which]  # (T,)
+            slots = page_rows[which, pos // ps].to(torch.int64) * ps + pos % ps  # (T,)
+            ends = (offsets + lens - 1).tolist()
+            sample_rows = [e for e, s in zip(ends, batch.sample_mask, strict=True) if s]
+        dev = self.device
+        attn_input = AttnInput(
+            seq_lens=seq_lens,
+            extend_lens=list(ext),
+            out_slots=slots.to(dev, non_blocking=True),
+            page_rows=page_rows,
+            is_decode=batch.is_decode,
+        )
+        input_ids = torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True)
+        return input_ids, pos.to(dev, non_blocking=True), attn_input, sample_rows

@@ -1,0 +1,74 @@
+"""Turn a batch's logits into next tokens: greedy, temperature, top-k, top-p, per-request seeds.
+
+Sampling uses the inverse CDF: one uniform number per row, drawn from the request's own generator
+when it has a seed (so its tokens do not depend on what else is in the batch) and otherwise from the
+engine's seeded generator (the same on every tensor-parallel rank, so all ranks draw the same tokens).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minisgl.core import SamplingParams
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int) -> None:
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def request_generator(self, seed: int) -> torch.Generator:
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed)
+        return gen
+
+    def sample(
+        self,
+        logits: torch.Tensor,  # (B, V) float32
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+    ) -> torch.Tensor:  # (B,) int64
+        greedy = [p.is_greedy for p in params]
+        if all(greedy):  # the fast path: no softmax, no sort, no random numbers
+            return logits.argmax(dim=-1)
+        out = logits.argmax(dim=-1)
+        rows = [i for i, g in enumerate(greedy) if not g]
+        idx = torch.tensor(rows, device=logits.device)
+        picked = self._sample_rows(
+            logits.index_select(0, idx), [params[i] for i in rows], [generators[i] for i in rows]
+        )
+        return out.index_copy_(0, idx, picked)
+
+    def _sample_rows(
+        self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    ) -> torch.Tensor:
+        n, vocab = logits.shape
+        dev = logits.device
+        temps = torch.tensor([p.temperature for p in params], device=dev, dtype=logits.dtype)
+        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=dev)
+        top_p = torch.tensor([p.top_p for p in params], device=dev, dtype=logits.dtype)
+        sorted_logits, sorted_idx = (logits / temps[:, None]).sort(dim=-1, descending=True)  # (n, V)
+        rank = torch.arange(vocab, device=dev)
+        sorted_logits.masked_fill_(rank[None, :] >= top_k[:, None], float("-inf"))
+        probs = sorted_logits.softmax(dim=-1)  # (n, V), descending
+        # top-p: keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        probs.masked_fill_(probs.cumsum(dim=-1) - probs >= top_p[:, None], 0.0)
+        cdf = probs.cumsum(dim=-1)  # (n, V)
+        u = self._uniforms(generators, dev) * cdf[:, -1]  # (n,) in [0, mass)
+        choice = torch.searchsorted(cdf, u[:, None], right=True)  # (n, 1)
+        # Rounding can put u at the very top of the CDF: never step past the last kept token.
+        last_kept = (probs > 0).sum(dim=-1, keepdim=True) - 1
+        choice = torch.minimum(choice, last_kept)
+        return sorted_idx.gather(1, choice).squeeze(1)
+
+    def _uniforms(self, generators: list[torch.Generator | None], dev: torch.device) -> torch.Tensor:
+        """One U[0, 1) per row; unseeded rows share one draw from the engine's generator."""
+        shared = [i for i, g in enumerate(generators) if g is None]
+        u = torch.empty(len(generators), device=dev, dtype=torch.float64)
+        if shared:
+            u[shared] = torch.rand(len(shared), generator=self.generator, device=dev, dtype=torch.float64)
+        for i, g in enumerate(generators):
+            if g is not None:
+                u[i] = torch.rand(1, generator=g, device=dev, dtype=torch.float64)[0]
+        return u.to(torch.float32)
