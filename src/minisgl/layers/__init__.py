@@ -1,1 +1,24 @@
-"""minisgl.layers"""
+"""minisgl.layers: the building blocks of the models (norms, rotary, linears, embeddings, attention)."""
+
+from minisgl.layers.activation import silu_and_mul
+from minisgl.layers.attention import AttentionLayer
+from minisgl.layers.embedding import Embedding, LMHead, vocab_shard
+from minisgl.layers.linear import Linear, RowParallelLinear
+from minisgl.layers.norm import RMSNorm
+from minisgl.layers.rotary import RotaryEmbedding, rope_inv_freq
+from minisgl.layers.tp import TPInfo, as_tp_info
+
+__all__ = [
+    "AttentionLayer",
+    "Embedding",
+    "LMHead",
+    "Linear",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "RowParallelLinear",
+    "TPInfo",
+    "as_tp_info",
+    "rope_inv_freq",
+    "silu_and_mul",
+    "vocab_shard",
+]

@@ -1,0 +1,12 @@
+"""SwiGLU gating over a fused gate/up projection."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """(T, 2I) laid out [gate | up] -> silu(gate) * up, (T, I)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

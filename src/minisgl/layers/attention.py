@@ -1,0 +1,21 @@
+"""The attention call site: hands q/k/v to the forward context's backend (which owns the KV cache)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minisgl.core import get_global_ctx
+
+
+class AttentionLayer(nn.Module):
+    """One layer's slot in the paged KV cache; the model never sees the cache itself."""
+
+    def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q (T, Hq, D), k/v (T, Hkv, D) -> (T, Hq, D)."""
+        return get_global_ctx().attn_backend.forward(q, k, v, self.layer_id)

@@ -1,0 +1,54 @@
+"""Linear layers whose parameters are allocated uninitialised (weights come from the loader).
+
+Column-parallel layers need nothing special: they are plain `Linear`s of the local output width.
+`RowParallelLinear` sums the partial products of the ranks (its input is this rank's slice)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl.layers.tp import TPInfo, all_reduce
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b), W (out, in) allocated empty: no random init on load."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(
+            torch.empty(out_features, in_features, dtype=dtype, device=device), requires_grad=False
+        )
+        self.bias = (
+            nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), requires_grad=False)
+            if bias
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, in) -> (T, out)
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(Linear):
+    """Input features split over ranks; the outputs are all-reduced, then the (whole) bias is added once."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        tp: TPInfo,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__(in_features, out_features, bias, dtype, device)
+        self.tp = tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, in / N) -> (T, out)
+        if self.tp.size == 1:
+            return F.linear(x, self.weight, self.bias)
+        y = all_reduce(F.linear(x, self.weight), self.tp)
+        return y if self.bias is None else y + self.bias

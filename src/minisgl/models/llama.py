@@ -1,0 +1,206 @@
+"""The decoder-only transformer of Llama and its relatives (Mistral, Qwen2 with q/k/v bias, Qwen3 with
+per-head q/k RMSNorm), over a flattened batch of tokens from many requests.
+
+q/k/v and gate/up are fused into one matmul each at load time. Under tensor parallelism (applied
+when the model is built: each rank allocates only its shard) attention heads and the MLP's
+intermediate width are split column-wise, o_proj/down_proj row-wise with an all-reduce, and the
+LM head over the vocabulary with an all-gather of the logits."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minisgl.layers import (
+    AttentionLayer,
+    Embedding,
+    Linear,
+    LMHead,
+    RMSNorm,
+    RotaryEmbedding,
+    RowParallelLinear,
+    TPInfo,
+    silu_and_mul,
+    vocab_shard,
+)
+from minisgl.models.config import ModelConfig
+from minisgl.models.weights import WeightSlot
+
+
+class HeadLayout:
+    """Which q and kv heads this rank holds. kv heads are replicated when there are fewer than ranks."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPInfo) -> None:
+        n = tp.size
+        if cfg.num_heads % n:
+            raise ValueError(f"num_attention_heads {cfg.num_heads} is not divisible by tensor-parallel size {n}")
+        if cfg.num_kv_heads % n and n % cfg.num_kv_heads:
+            raise ValueError(
+                f"num_key_value_heads {cfg.num_kv_heads} and tensor-parallel size {n}: one must divide the other"
+            )
+        if cfg.intermediate_size % n:
+            raise ValueError(f"intermediate_size {cfg.intermediate_size} is not divisible by tensor-parallel size {n}")
+        self.num_heads = cfg.num_heads // n
+        self.q_start = tp.rank * self.num_heads
+        if cfg.num_kv_heads >= n:
+            self.num_kv_heads = cfg.num_kv_heads // n
+            self.kv_start = tp.rank * self.num_kv_heads
+        else:  # each kv head serves n / Hkv ranks
+            self.num_kv_heads = 1
+            self.kv_start = tp.rank // (n // cfg.num_kv_heads)
+
+
+class Attention(nn.Module):
+    def __init__(
+        self, cfg: ModelConfig, layer_id: int, heads: HeadLayout, tp: TPInfo, dtype: torch.dtype, device
+    ) -> None:
+        super().__init__()
+        d = cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = heads.num_heads, heads.num_kv_heads, d
+        self.qkv_proj = Linear(cfg.hidden_size, (heads.num_heads + 2 * heads.num_kv_heads) * d, cfg.attention_bias, dtype, device)
+        self.o_proj = RowParallelLinear(heads.num_heads * d, cfg.hidden_size, cfg.o_proj_bias, tp, dtype, device)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device)
+        self.qk_norm = cfg.qk_norm
+        self.attn = AttentionLayer(layer_id, heads.num_heads, heads.num_kv_heads, d)
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, rotary: RotaryEmbedding) -> torch.Tensor:
+        t, d = h.shape[0], self.head_dim
+        qkv = self.qkv_proj(h)  # (T, (Hq + 2 Hkv) D)
+        q, k, v = qkv.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
+        q = q.view(t, self.num_heads, d)  # (T, Hq, D)
+        k = k.view(t, self.num_kv_heads, d)  # (T, Hkv, D)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q), rotary(positions, k)  # contiguous
+        v = v.reshape(t, self.num_kv_heads, d)  # (T, Hkv, D), contiguous copy
+        o = self.attn(q, k, v)  # (T, Hq, D)
+        return self.o_proj(o.reshape(t, self.num_heads * d))  # (T, hidden)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPInfo, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        inter = cfg.intermediate_size // tp.size
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * inter, False, dtype, device)
+        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, False, tp, dtype, device)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:  # (T, hidden) -> (T, hidden)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(h)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self, cfg: ModelConfig, layer_id: int, heads: HeadLayout, tp: TPInfo, dtype: torch.dtype, device
+    ) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.self_attn = Attention(cfg, layer_id, heads, tp, dtype, device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.mlp = MLP(cfg, tp, dtype, device)
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, rotary: RotaryEmbedding) -> torch.Tensor:
+        h = h + self.self_attn(positions, self.input_layernorm(h), rotary)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderModel(nn.Module):
+    """The `model.` part of the checkpoint: embedding, layers, final norm."""
+
+    def __init__(self, cfg: ModelConfig, heads: HeadLayout, tp: TPInfo, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype, device)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, heads, tp, dtype, device) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Runs Llama, Mistral, Qwen2 and Qwen3 checkpoints (the differences are flags in ModelConfig)."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPInfo, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.config, self.tp, self.dtype = cfg, tp, dtype
+        self.heads = HeadLayout(cfg, tp)
+        self.num_local_heads, self.num_local_kv_heads = self.heads.num_heads, self.heads.num_kv_heads
+        self.head_dim, self.num_layers = cfg.head_dim, cfg.num_layers
+        self.model = DecoderModel(cfg, self.heads, tp, dtype, device)
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, tp, dtype, device)
+        if cfg.tie_word_embeddings and tp.size == 1:
+            self.lm_head.weight = self.model.embed_tokens.weight  # one tensor, no copy
+        self.rotary = RotaryEmbedding(
+            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, dtype, device
+        )
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions (T,) of a flattened batch -> final-normed hidden states (T, hidden)."""
+        h = self.model.embed_tokens(input_ids)  # (T, hidden)
+        for layer in self.model.layers:
+            h = layer(positions, h, self.rotary)
+        return self.model.norm(h)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(B, hidden) rows of `forward`'s output -> (B, vocab) float32 logits."""
+        return self.lm_head(hidden)
+
+    # ---------------------------------------------------------------------------------------------
+    # Where each checkpoint tensor goes (see weights.py)
+
+    def checkpoint_ignored(self) -> set[str]:
+        """Tensors a checkpoint may carry that this model does not use."""
+        return {"lm_head.weight"} if self.config.tie_word_embeddings else set()
+
+    def weight_slots(self) -> dict[str, list[WeightSlot]]:
+        cfg, tp = self.config, self.tp
+        slots: dict[str, list[WeightSlot]] = {
+            "model.embed_tokens.weight": [_whole(self.model.embed_tokens.weight)],
+            "model.norm.weight": [_whole(self.model.norm.weight)],
+        }
+        v_start, v_rows, _ = vocab_shard(cfg.vocab_size, tp)
+        full = (cfg.vocab_size, cfg.hidden_size)
+        head_slot = WeightSlot(self.lm_head.weight, full, 0, v_start, v_rows)
+        if not cfg.tie_word_embeddings:
+            slots["lm_head.weight"] = [head_slot]
+        elif tp.size > 1:
+            slots["model.embed_tokens.weight"].append(head_slot)
+        for i, layer in enumerate(self.model.layers):
+            slots.update(self._layer_slots(f"model.layers.{i}.", layer))
+        return slots
+
+    def _layer_slots(self, prefix: str, layer: DecoderLayer) -> dict[str, list[WeightSlot]]:
+        cfg, hl, d, hidden = self.config, self.heads, self.config.head_dim, self.config.hidden_size
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = [  # (name, full heads, first local head, local heads, row offset in the fused weight)
+            ("q_proj", cfg.num_heads, hl.q_start, hl.num_heads, 0),
+            ("k_proj", cfg.num_kv_heads, hl.kv_start, hl.num_kv_heads, hl.num_heads * d),
+            ("v_proj", cfg.num_kv_heads, hl.kv_start, hl.num_kv_heads, (hl.num_heads + hl.num_kv_heads) * d),
+        ]
+        s: dict[str, list[WeightSlot]] = {}
+        for name, full, first, n, dst in qkv:
+            p = f"{prefix}self_attn.{name}."
+            s[p + "weight"] = [WeightSlot(attn.qkv_proj.weight, (full * d, hidden), 0, first * d, n * d, dst)]
+            if cfg.attention_bias:
+                s[p + "bias"] = [WeightSlot(attn.qkv_proj.bias, (full * d,), 0, first * d, n * d, dst)]
+        o = f"{prefix}self_attn.o_proj."
+        s[o + "weight"] = [WeightSlot(attn.o_proj.weight, (hidden, cfg.num_heads * d), 1, hl.q_start * d, hl.num_heads * d)]
+        if cfg.o_proj_bias:
+            s[o + "bias"] = [_whole(attn.o_proj.bias)]
+        if cfg.qk_norm:
+            s[f"{prefix}self_attn.q_norm.weight"] = [_whole(attn.q_norm.weight)]
+            s[f"{prefix}self_attn.k_norm.weight"] = [_whole(attn.k_norm.weight)]
+        inter, full_i = cfg.intermediate_size // self.tp.size, cfg.intermediate_size
+        first_i = self.tp.rank * inter
+        m = f"{prefix}mlp."
+        s[m + "gate_proj.weight"] = [WeightSlot(mlp.gate_up_proj.weight, (full_i, hidden), 0, first_i, inter, 0)]
+        s[m + "up_proj.weight"] = [WeightSlot(mlp.gate_up_proj.weight, (full_i, hidden), 0, first_i, inter, inter)]
+        s[m + "down_proj.weight"] = [WeightSlot(mlp.down_proj.weight, (hidden, full_i), 1, first_i, inter)]
+        s[f"{prefix}input_layernorm.weight"] = [_whole(layer.input_layernorm.weight)]
+        s[f"{prefix}post_attention_layernorm.weight"] = [_whole(layer.post_attention_layernorm.weight)]
+        return s
+
+
+def _whole(param: torch.Tensor) -> WeightSlot:
+    """A replicated tensor: the checkpoint shape is the parameter's shape."""
+    return WeightSlot(param, tuple(param.shape))

@@ -1,0 +1,102 @@
+"""Reading safetensors checkpoints into a model's (fused, possibly sharded) parameters.
+
+A model describes, for every checkpoint tensor name, where that tensor goes (`WeightSlot`): which
+parameter, at which row offset (fused q/k/v and gate/up), and which part of the tensor this
+tensor-parallel rank keeps. The loader then reads only that part (`safe_open(...).get_slice`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+
+class WeightLoadError(ValueError):
+    """A checkpoint that does not fit the model: the message names the file and the tensor."""
+
+
+@dataclass
+class WeightSlot:
+    """One checkpoint tensor's destination: rows [dst, dst + rows) of `param` (rows along dim 0)."""
+
+    param: torch.Tensor
+    full_shape: tuple[int, ...]  # the tensor's shape in the checkpoint
+    shard_dim: int | None = None  # dim of the checkpoint tensor split over ranks (None: whole tensor)
+    start: int = 0  # this rank's range on shard_dim
+    length: int = 0
+    dst: int = 0  # row offset inside `param`
+
+    def read(self, sl) -> torch.Tensor:  # noqa: ANN001 - a safetensors slice
+        """This rank's part of the tensor from a safetensors slice."""
+        if self.shard_dim is None:
+            return sl[:]
+        if self.shard_dim == 0:
+            return sl[self.start : self.start + self.length]
+        return sl[:, self.start : self.start + self.length]
+
+    def copy_in(self, t: torch.Tensor) -> None:
+        self.param.narrow(0, self.dst, t.shape[0]).copy_(t)
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise WeightLoadError(f"{model_dir}: no *.safetensors files (only safetensors checkpoints are supported)")
+    return files
+
+
+def iter_tensor_names(files: list[Path]) -> Iterator[tuple[Path, str]]:
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                names = list(fh.keys())
+        except Exception as e:  # safetensors raises its own error types
+            raise WeightLoadError(f"{f}: cannot read safetensors file: {e}") from None
+        yield from ((f, n) for n in names)
+
+
+def load_checkpoint(
+    model_dir: Path,
+    slots: dict[str, list[WeightSlot]],
+    ignore: set[str],
+    progress: bool = True,
+) -> None:
+    """Fill every slot from the *.safetensors files; any mismatch is a WeightLoadError."""
+    from tqdm.auto import tqdm
+
+    files = checkpoint_files(model_dir)
+    entries = list(iter_tensor_names(files))
+    seen: set[str] = set()
+    bar = tqdm(total=len(entries), desc="Loading weights", unit="tensor", disable=not progress)
+    try:
+        for f in files:
+            with safe_open(str(f), framework="pt", device="cpu") as fh:
+                for name in fh.keys():
+                    bar.update(1)
+                    if name in ignore or name.endswith("rotary_emb.inv_freq"):
+                        continue
+                    if name not in slots:
+                        raise WeightLoadError(f"{f}: unexpected tensor {name!r} (not part of this model)")
+                    if name in seen:
+                        raise WeightLoadError(f"{f}: tensor {name!r} appears in more than one file")
+                    seen.add(name)
+                    _load_one(f, name, fh.get_slice(name), slots[name])
+    finally:
+        bar.close()
+    missing = sorted(set(slots) - seen)
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise WeightLoadError(f"{model_dir}: missing tensor(s) {missing[:5]}{more} in {[f.name for f in files]}")
+
+
+def _load_one(f: Path, name: str, sl, targets: list[WeightSlot]) -> None:  # noqa: ANN001
+    shape = tuple(sl.get_shape())
+    for slot in targets:
+        if shape != slot.full_shape:
+            raise WeightLoadError(
+                f"{f}: tensor {name!r} has shape {list(shape)}, the model expects {list(slot.full_shape)}"
+            )
+        slot.copy_in(slot.read(sl))

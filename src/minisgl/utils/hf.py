@@ -1,0 +1,27 @@
+"""Tokenizer helpers. transformers is imported inside the functions: `minisgl.utils` stays cheap to import."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def load_tokenizer(model_dir: str | Path) -> Any:
+    """The model directory's fast (Rust) tokenizer; nothing is downloaded."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir), use_fast=True, local_files_only=True)
+    except Exception as e:  # transformers raises many error types for a bad directory
+        raise ValueError(f"{model_dir}: cannot load the tokenizer: {e}") from None
+
+
+def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    """Token ids of `messages` rendered with the model's chat template, ending with the assistant prompt.
+
+    Renders to text then encodes without adding special tokens (what transformers' tokenize=True
+    does), which returns a plain list on every transformers version."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this tokenizer has no chat template")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer.encode(text, add_special_tokens=False))
