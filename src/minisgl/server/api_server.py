@@ -1,0 +1,464 @@
+"""The HTTP API: OpenAI-compatible chat and text completions, the native `/generate`, health,
+models and Prometheus metrics.
+
+`create_app(state)` builds the FastAPI app around a `FrontendManager` (which talks to the workers)
+and a `ServerState` (health, model names); the launcher runs it under uvicorn, the unit tests run
+it against a fake backend. Every error, a client's or ours, is answered in OpenAI's shape
+`{"error": {"message", "type", "param", "code"}}`; a client's mistake is never a 500.
+
+A request with `n` choices (times the number of prompts) becomes that many scheduler requests. A
+client that disconnects has all of its unfinished requests aborted: streaming responses notice it
+through the ASGI server, non-streaming ones by polling `request.is_disconnected()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .frontend import Chunk, FrontendManager, Overloaded, RequestError, RequestStream
+from .protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest, SamplingRequest
+
+logger = logging.getLogger("minisgl.server")
+
+_DISCONNECT_POLL_S = 0.25
+
+
+@dataclass
+class ServerState:
+    """What the endpoints need besides the manager; `status` drives /health."""
+
+    manager: FrontendManager
+    model_name: str
+    model_aliases: set[str] = field(default_factory=set)
+    max_seq_len: int = 0
+    status: str = "starting"  # starting | serving | stopping | unhealthy
+    detail: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def knows_model(self, name: str | None) -> bool:
+        return name is None or name == self.model_name or name in self.model_aliases
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+
+class APIError(Exception):
+    def __init__(
+        self, status: int, message: str, type_: str, param: str | None = None, code: str | None = None
+    ):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+
+_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error"}
+
+
+def error_response(
+    status: int,
+    message: str,
+    type_: str | None = None,
+    param: str | None = None,
+    code: str | int | None = None,
+) -> JSONResponse:
+    type_ = type_ or _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    body = {
+        "error": {
+            "message": message,
+            "type": type_,
+            "param": param,
+            "code": code if code is not None else status,
+        }
+    }
+    return JSONResponse(body, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}", None
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    msg = first.get("msg", "invalid value")
+    return (f"{param}: {msg}" if param else msg), param
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(400, message, param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = "no such route" if exc.status_code == 404 else str(exc.detail)
+        return error_response(exc.status_code, message)
+
+    @app.exception_handler(APIError)
+    async def _api(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("internal error: %s", exc)
+        return error_response(500, f"internal server error: {type(exc).__name__}")
+
+
+# ---- request plumbing --------------------------------------------------------------------------
+
+
+class _StreamResponse(StreamingResponse):
+    """A StreamingResponse that always runs `on_close`, even when the client is gone before the
+    body starts (then the body generator never runs, so its own `finally` cannot be relied on)."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def _check_ready(state: ServerState, model: str | None) -> None:
+    if state.status != "serving":
+        raise APIError(503, f"the server is {state.status}", "service_unavailable_error")
+    if not state.knows_model(model):
+        raise APIError(
+            404,
+            f"the model '{model}' does not exist (this server serves '{state.model_name}')",
+            "not_found_error",
+            "model",
+            "model_not_found",
+        )
+
+
+async def _open_all(state: ServerState, prompts: list[Any], body: SamplingRequest) -> list[RequestStream]:
+    """One stream per (prompt, choice); waits until the tokenizer accepted all of them."""
+    manager = state.manager
+    streams: list[RequestStream] = []
+    try:
+        for prompt in prompts:
+            for i in range(body.n):
+                streams.append(manager.open(prompt, body.sampling_params(i), body.stop_list))
+        await asyncio.gather(*(s.accepted() for s in streams))
+    except Overloaded as e:
+        _release_all(manager, streams)
+        raise APIError(503, f"the server is busy: {e}", "service_unavailable_error") from None
+    except RequestError as e:
+        _release_all(manager, streams)
+        raise APIError(e.status, e.message, "invalid_request_error") from None
+    except BaseException:
+        _release_all(manager, streams)
+        raise
+    return streams
+
+
+def _release_all(manager: FrontendManager, streams: list[RequestStream]) -> None:
+    for s in streams:
+        manager.release(s)
+
+
+async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Chunk | Exception]]:
+    """(choice index, chunk) from all streams as they come; an Exception ends that choice."""
+    if len(streams) == 1:
+        try:
+            async for chunk in streams[0].chunks():
+                yield 0, chunk
+        except RequestError as e:
+            yield 0, e
+        return
+    queue: asyncio.Queue[tuple[int, Chunk | Exception | None]] = asyncio.Queue()
+
+    async def pump(i: int, s: RequestStream) -> None:
+        try:
+            async for chunk in s.chunks():
+                queue.put_nowait((i, chunk))
+        except RequestError as e:
+            queue.put_nowait((i, e))
+        finally:
+            queue.put_nowait((i, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(streams)
+        while left:
+            i, item = await queue.get()
+            if item is None:
+                left -= 1
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _collect(streams: list[RequestStream]) -> tuple[list[str], list[str], Exception | None]:
+    texts = [""] * len(streams)
+    reasons = ["abort"] * len(streams)
+    async for i, item in _merged(streams):
+        if isinstance(item, Exception):
+            return texts, reasons, item
+        texts[i] += item.text
+        if item.finish_reason is not None:
+            reasons[i] = item.finish_reason
+    return texts, reasons, None
+
+
+async def _until_disconnect(request: Request, work: Any) -> Any:
+    """Run `work`; cancel it (its streams get aborted) if the client disconnects meanwhile."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                raise APIError(499, "client disconnected", "client_closed_request")
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+def _usage(streams: list[RequestStream], n: int) -> dict[str, int]:
+    prompt = sum(s.prompt_tokens for s in streams[::n])  # each prompt counted once, not per choice
+    completion = sum(s.completion_tokens for s in streams)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+
+_DONE = b"data: [DONE]\n\n"
+
+
+def _error_event(e: Exception) -> bytes:
+    message = e.message if isinstance(e, RequestError) else str(e)
+    return _sse({"error": {"message": message, "type": "server_error", "param": None, "code": 500}})
+
+
+# ---- the app -----------------------------------------------------------------------------------
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="minisgl", version="0.1.0", docs_url=None, redoc_url=None)
+    app.state.server = state
+    _install_error_handlers(app)
+    manager = state.manager
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.status == "serving":
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": state.status, "detail": state.detail}, status_code=503)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = {
+            "id": state.model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "minisgl",
+            "max_model_len": state.max_seq_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(manager.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        _check_ready(state, body.model)
+        streams = await _open_all(state, [body.conversation()], body)
+        rid, name = f"chatcmpl-{uuid.uuid4().hex}", body.model or state.model_name
+        if body.stream:
+            return _StreamResponse(
+                _chat_events(rid, name, streams, body), lambda: _release_all(manager, streams)
+            )
+        try:
+            texts, reasons, err = await _until_disconnect(request, _collect(streams))
+        finally:
+            _release_all(manager, streams)
+        if err is not None:
+            raise APIError(500, str(err), "server_error")
+        choices = [
+            {"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None, "finish_reason": r}
+            for i, (t, r) in enumerate(zip(texts, reasons, strict=True))
+        ]
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": name,
+                "choices": choices,
+                "usage": _usage(streams, body.n),
+            }
+        )
+
+    async def _chat_events(
+        rid: str, name: str, streams: list[RequestStream], body: ChatCompletionRequest
+    ) -> AsyncIterator[bytes]:
+        created = int(time.time())
+
+        def chunk(choices: list[dict], usage: dict | None = None) -> bytes:
+            obj = {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": name,
+                "choices": choices,
+            }
+            if body.include_usage:
+                obj["usage"] = usage
+            return _sse(obj)
+
+        for i in range(len(streams)):
+            yield chunk(
+                [
+                    {
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            )
+        async for i, item in _merged(streams):
+            if isinstance(item, Exception):
+                yield _error_event(item)
+                break
+            delta = {"content": item.text} if item.text else {}
+            yield chunk([{"index": i, "delta": delta, "logprobs": None, "finish_reason": item.finish_reason}])
+        if body.include_usage:
+            yield chunk([], _usage(streams, body.n))
+        yield _DONE
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        _check_ready(state, body.model)
+        streams = await _open_all(state, body.prompts(), body)
+        rid, name = f"cmpl-{uuid.uuid4().hex}", body.model or state.model_name
+        if body.stream:
+            return _StreamResponse(
+                _completion_events(rid, name, streams, body), lambda: _release_all(manager, streams)
+            )
+        try:
+            texts, reasons, err = await _until_disconnect(request, _collect(streams))
+        finally:
+            _release_all(manager, streams)
+        if err is not None:
+            raise APIError(500, str(err), "server_error")
+        choices = [
+            {"index": i, "text": t, "logprobs": None, "finish_reason": r}
+            for i, (t, r) in enumerate(zip(texts, reasons, strict=True))
+        ]
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": name,
+                "choices": choices,
+                "usage": _usage(streams, body.n),
+            }
+        )
+
+    async def _completion_events(
+        rid: str, name: str, streams: list[RequestStream], body: CompletionRequest
+    ) -> AsyncIterator[bytes]:
+        created = int(time.time())
+        async for i, item in _merged(streams):
+            if isinstance(item, Exception):
+                yield _error_event(item)
+                break
+            obj = {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": name,
+                "choices": [
+                    {"index": i, "text": item.text, "logprobs": None, "finish_reason": item.finish_reason}
+                ],
+            }
+            if body.include_usage:
+                obj["usage"] = None
+            yield _sse(obj)
+        if body.include_usage:
+            yield _sse(
+                {
+                    "id": rid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": name,
+                    "choices": [],
+                    "usage": _usage(streams, body.n),
+                }
+            )
+        yield _DONE
+
+    @app.post("/generate")
+    async def generate(body: GenerateRequest, request: Request) -> Response:
+        """The chapters' native endpoint. Streams `data: {"text": ..., "finish_reason": ...}` events
+        then `data: [DONE]`; with "stream": false answers one JSON object."""
+        _check_ready(state, None)
+        [stream] = await _open_streams_native(body)
+        if body.stream:
+            return _StreamResponse(_generate_events(stream), lambda: manager.release(stream))
+        try:
+            texts, reasons, err = await _until_disconnect(request, _collect([stream]))
+        finally:
+            manager.release(stream)
+        if err is not None:
+            raise APIError(500, str(err), "server_error")
+        return JSONResponse(
+            {
+                "text": texts[0],
+                "finish_reason": reasons[0],
+                "prompt_tokens": stream.prompt_tokens,
+                "completion_tokens": stream.completion_tokens,
+            }
+        )
+
+    async def _open_streams_native(body: GenerateRequest) -> list[RequestStream]:
+        try:
+            stream = manager.open(body.prompt, body.sampling_params(), body.stop_list)
+        except Overloaded as e:
+            raise APIError(503, f"the server is busy: {e}", "service_unavailable_error") from None
+        try:
+            await stream.accepted()
+        except RequestError as e:  # the stream is closed already
+            raise APIError(e.status, e.message, "invalid_request_error") from None
+        except BaseException:
+            manager.release(stream)
+            raise
+        return [stream]
+
+    async def _generate_events(stream: RequestStream) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in stream.chunks():
+                yield _sse({"text": chunk.text, "finish_reason": chunk.finish_reason})
+        except RequestError as e:
+            yield _error_event(e)
+        yield _DONE
+
+    return app

@@ -1,0 +1,304 @@
+"""The API server's side of the pipes: request ids, outgoing messages, and routing of replies.
+
+One asyncio task (`listen`) pulls `UserReply` messages and appends each to the `RequestStream` of
+its uid; one task (`_send_loop`) pushes `TokenizeMsg`/`AbortMsg` to the tokenizer(s), batching what
+queued up meanwhile. Everything an HTTP handler does is therefore synchronous (`open`, `close`) or
+an await on its own stream, so a handler cancelled by a disconnect can always clean up.
+
+Reply protocol (see `minisgl.tokenizer.server`): the tokenizer answers each request first with
+`UserReply("", finished=False, prompt_tokens=n)` or a rejection (`finished=True,
+finish_reason="error", error=...`); then the detokenizer sends text with the running completion
+token count; the last reply has `finished=True` and "stop", "length" or "abort". Stop strings are
+matched here (the request's stop list is known here), and a match aborts the request upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from minisgl.core import SamplingParams
+from minisgl.message import (
+    AbortMsg,
+    BaseFrontendMsg,
+    BaseTokenizerMsg,
+    BatchFrontendMsg,
+    BatchTokenizerMsg,
+    TokenizeMsg,
+    UserReply,
+)
+from minisgl.tokenizer.stop import StopMatcher
+
+from .metrics import ServerMetrics
+
+logger = logging.getLogger("minisgl.server")
+
+# How long a finished request waits for its prompt-token count if that reply (from a tokenizer
+# process) is overtaken by the detokenizer's last reply; only possible with --num-tokenizer > 0.
+_LATE_ACK_WAIT_S = 1.0
+
+
+class RequestError(Exception):
+    """A request the workers rejected; `status` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class Overloaded(Exception):
+    """More requests in flight than --max-queued-requests allows."""
+
+
+@dataclass
+class Chunk:
+    """New output of one request: text, and finish_reason once it is done."""
+
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class RequestStream:
+    """One request (one choice) in flight: its replies as they arrive, and its stop strings."""
+
+    def __init__(self, manager: FrontendManager, uid: int, stops: list[str]) -> None:
+        self.manager = manager
+        self.uid = uid
+        self.matcher = StopMatcher(stops)
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self._replies: list[UserReply] = []
+        self._event = asyncio.Event()
+        self._acked = False
+        self.t_start = time.perf_counter()
+        self._t_last: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def push(self, reply: UserReply) -> None:
+        self._replies.append(reply)
+        self._event.set()
+
+    async def _wait(self) -> None:
+        while not self._replies:
+            self._event.clear()
+            await self._event.wait()
+
+    async def accepted(self) -> None:
+        """Wait for the tokenizer's verdict; raise RequestError if the request was rejected."""
+        await self._wait()
+        first = self._replies[0]
+        if first.finished and first.finish_reason == "error":
+            self._take()  # records the error and closes the stream
+            raise RequestError(first.error or "request rejected")
+
+    def _take(self) -> str:
+        """Absorb the pending replies: counts, finish state, metrics; return their text."""
+        replies, self._replies = self._replies, []
+        text: list[str] = []
+        for r in replies:
+            if r.prompt_tokens and not self._acked:
+                self._acked = True
+                self.prompt_tokens = r.prompt_tokens
+                self.manager.metrics.prompt_tokens.inc(r.prompt_tokens)
+            if r.finished and r.finish_reason == "error":
+                self._finish("error")
+                raise RequestError(
+                    r.error or "request failed", status=400 if not self.completion_tokens else 500
+                )
+            self._count_tokens(r.completion_tokens)
+            text.append(r.incremental_output)
+            if r.finished:
+                self.finish_reason = r.finish_reason or "stop"
+                break
+        return "".join(text)
+
+    def _count_tokens(self, total: int) -> None:
+        new = total - self.completion_tokens
+        if new <= 0:
+            return
+        now = time.perf_counter()
+        m = self.manager.metrics
+        if self._t_last is None:
+            m.ttft.observe(now - self.t_start)
+            self.manager.mark_running(self.uid)
+            new_itl, gap = new - 1, 0.0
+        else:
+            new_itl, gap = new, (now - self._t_last) / new
+        for _ in range(new_itl):
+            m.itl.observe(gap)
+        m.generation_tokens.inc(new)
+        self._t_last = now
+        self.completion_tokens = total
+
+    async def next_chunk(self) -> Chunk:
+        """The text that arrived since the last call (waits for some), with stop strings applied."""
+        await self._wait()
+        text = self._take()
+        res = self.matcher.feed(text)
+        text = res.text
+        if res.matched is not None:
+            self.finish_reason = "stop"
+            self.manager.abort(self.uid)  # the scheduler stops generating and frees the pages
+        elif self.finished:
+            text += self.matcher.flush()
+        if self.finished:
+            if not self._acked:
+                await self._late_ack()
+            self._finish(self.finish_reason or "stop")
+        return Chunk(text, self.finish_reason, self.prompt_tokens, self.completion_tokens)
+
+    async def chunks(self) -> AsyncIterator[Chunk]:
+        while not self.finished:
+            chunk = await self.next_chunk()
+            if chunk.text or chunk.finish_reason is not None:
+                yield chunk
+
+    async def _late_ack(self) -> None:
+        try:
+            await asyncio.wait_for(self._wait(), _LATE_ACK_WAIT_S)
+        except asyncio.TimeoutError:
+            return
+        for r in self._replies:
+            if r.prompt_tokens and not self._acked:
+                self._acked = True
+                self.prompt_tokens = r.prompt_tokens
+                self.manager.metrics.prompt_tokens.inc(r.prompt_tokens)
+        self._replies = []
+
+    def _finish(self, reason: str) -> None:
+        if self.finish_reason is None or reason == "error":
+            self.finish_reason = reason
+        m = self.manager.metrics
+        m.requests.labels(finish_reason=self.finish_reason).inc()
+        m.e2e.observe(time.perf_counter() - self.t_start)
+        self.manager.close(self.uid)
+
+
+class FrontendManager:
+    """Routes replies to request streams; sends requests and aborts to the tokenizer(s)."""
+
+    def __init__(
+        self,
+        send: Callable[[BaseTokenizerMsg], Awaitable[None]],
+        metrics: ServerMetrics | None = None,
+        max_queued_requests: int | None = None,
+    ) -> None:
+        self._send = send
+        self.metrics = metrics or ServerMetrics()
+        self.max_queued_requests = max_queued_requests
+        self.streams: dict[int, RequestStream] = {}
+        self._uids = itertools.count()
+        self._outbox: asyncio.Queue[BaseTokenizerMsg] | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._started: set[int] = set()  # uids past their first token (for the running gauge)
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def start(self, recv: Callable[[], Awaitable[BaseFrontendMsg]]) -> None:
+        """Start the send and listen tasks on the running event loop."""
+        self._outbox = asyncio.Queue()
+        self._tasks = [
+            asyncio.create_task(self._send_loop(), name="frontend-send"),
+            asyncio.create_task(self.listen(recv), name="frontend-listen"),
+        ]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    # ---- requests --------------------------------------------------------------------------------
+
+    def open(self, prompt: str | list, params: SamplingParams, stops: list[str]) -> RequestStream:
+        """Register a request and queue it for the tokenizer; raises Overloaded when full."""
+        if self.max_queued_requests is not None and len(self.streams) >= self.max_queued_requests:
+            raise Overloaded(f"{len(self.streams)} requests in flight (--max-queued-requests)")
+        uid = next(self._uids)
+        stream = RequestStream(self, uid, stops)
+        self.streams[uid] = stream
+        self.metrics.waiting.inc()
+        self._post(TokenizeMsg(uid=uid, text=prompt, sampling_params=params))
+        return stream
+
+    def close(self, uid: int) -> None:
+        """Forget a request (finished, or about to be aborted); idempotent."""
+        if self.streams.pop(uid, None) is None:
+            return
+        if uid in self._started:
+            self._started.discard(uid)
+            self.metrics.running.dec()
+        else:
+            self.metrics.waiting.dec()
+
+    def abort(self, uid: int) -> None:
+        """Stop a request: the scheduler drops it and frees its KV pages."""
+        self.close(uid)
+        self._post(AbortMsg(uid=uid))
+
+    def release(self, stream: RequestStream) -> None:
+        """End of an HTTP handler's use of `stream`: abort it unless it finished."""
+        if stream.uid in self.streams and not stream.finished:
+            logger.info("request %d aborted (client gone or request cancelled)", stream.uid)
+            self.abort(stream.uid)
+        else:
+            self.close(stream.uid)
+
+    def mark_running(self, uid: int) -> None:
+        """Request `uid` produced its first token: it moves from waiting to running."""
+        if uid in self.streams and uid not in self._started:
+            self._started.add(uid)
+            self.metrics.waiting.dec()
+            self.metrics.running.inc()
+
+    # ---- plumbing --------------------------------------------------------------------------------
+
+    def _post(self, msg: BaseTokenizerMsg) -> None:
+        if self._outbox is None:
+            raise RuntimeError("FrontendManager.start() was not called")
+        self._outbox.put_nowait(msg)
+
+    async def _send_loop(self) -> None:
+        assert self._outbox is not None
+        while True:
+            msgs = [await self._outbox.get()]
+            while not self._outbox.empty():
+                msgs.append(self._outbox.get_nowait())
+            try:
+                await self._send(msgs[0] if len(msgs) == 1 else BatchTokenizerMsg(data=msgs))
+            except Exception:
+                logger.exception("cannot send %d message(s) to the tokenizer", len(msgs))
+
+    async def listen(self, recv: Callable[[], Awaitable[BaseFrontendMsg]]) -> None:
+        while True:
+            try:
+                msg = await recv()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a malformed message: log it and go on
+                logger.warning("dropped a malformed message from the workers: %s", e)
+                continue
+            self.dispatch(msg)
+
+    def dispatch(self, msg: BaseFrontendMsg) -> None:
+        if isinstance(msg, BatchFrontendMsg):
+            for m in msg.data:
+                self.dispatch(m)
+            return
+        if not isinstance(msg, UserReply):
+            logger.warning("dropped an unexpected %s from the workers", type(msg).__name__)
+            return
+        stream = self.streams.get(msg.uid)
+        if stream is not None:  # else finished or aborted already: a late reply
+            stream.push(msg)

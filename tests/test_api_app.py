@@ -1,0 +1,283 @@
+"""The HTTP API against fake workers (no processes): response shapes, streaming, stop strings,
+n > 1, usage, every client error, overload, health and metrics.
+
+The fake tokenizer acknowledges a prompt with its word count, rejects prompts containing "REJECT",
+and answers with the words of "echo: <prompt>" one reply per word; "FOREVER" never finishes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from minisgl.message import AbortMsg, BatchTokenizerMsg, TokenizeMsg, UserReply
+from minisgl.server.api_server import ServerState, create_app
+from minisgl.server.frontend import FrontendManager
+
+pytestmark = [pytest.mark.timeout(30), pytest.mark.anyio]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # anyio's pytest plugin runs these async tests on asyncio
+
+
+class FakeWorkers:
+    def __init__(self) -> None:
+        self.out: asyncio.Queue = asyncio.Queue()
+        self.tasks: dict[int, asyncio.Task] = {}
+        self.aborted: list[int] = []
+        self.received: list[TokenizeMsg] = []
+
+    async def send(self, msg) -> None:
+        for m in msg.data if isinstance(msg, BatchTokenizerMsg) else [msg]:
+            if isinstance(m, TokenizeMsg):
+                self.received.append(m)
+                self.tasks[m.uid] = asyncio.create_task(self.run(m))
+            elif isinstance(m, AbortMsg):
+                self.aborted.append(m.uid)
+                task = self.tasks.get(m.uid)
+                if task is not None:
+                    task.cancel()
+
+    async def recv(self):
+        return await self.out.get()
+
+    async def run(self, m: TokenizeMsg) -> None:
+        if isinstance(m.text, str):
+            prompt = m.text
+        elif m.text and isinstance(m.text[0], dict):
+            prompt = " ".join(d["content"] for d in m.text)
+        else:
+            prompt = " ".join(f"t{t}" for t in m.text)
+        if "REJECT" in prompt:
+            self.out.put_nowait(UserReply(m.uid, "", True, "error", error="prompt too long for the context"))
+            return
+        self.out.put_nowait(UserReply(m.uid, "", False, prompt_tokens=len(prompt.split())))
+        words = ("echo: " + prompt).split(" ")
+        k = 0
+        while True:
+            k += 1
+            await asyncio.sleep(0.01 if "FOREVER" in prompt else 0)
+            piece = words[(k - 1) % len(words)] + " "
+            length = m.sampling_params.max_tokens > 0 and k >= m.sampling_params.max_tokens
+            done = length or (k >= len(words) and "FOREVER" not in prompt)
+            reason = ("length" if length else "stop") if done else ""
+            self.out.put_nowait(UserReply(m.uid, piece, done, reason, completion_tokens=k))
+            if done:
+                return
+
+
+@pytest.fixture
+async def api():
+    workers = FakeWorkers()
+    manager = FrontendManager(workers.send, max_queued_requests=4)
+    manager.start(workers.recv)
+    state = ServerState(manager, "smol", {"/models/smol"}, max_seq_len=2048, status="serving")
+    app = create_app(state)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        client.workers = workers
+        client.state = state
+        yield client
+    await manager.stop()
+
+
+def chat_body(text: str = "hello there", **kw) -> dict:
+    return {"model": "smol", "messages": [{"role": "user", "content": text}], **kw}
+
+
+def sse_events(text: str) -> list:
+    lines = [ln[len("data: ") :] for ln in text.split("\n\n") if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(x) for x in lines[:-1]]
+
+
+async def test_chat_completion_shape_and_usage(api) -> None:
+    r = await api.post("/v1/chat/completions", json=chat_body("hello there"))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["model"] == "smol"
+    [choice] = body["choices"]
+    assert choice["message"] == {"role": "assistant", "content": "echo: hello there "}
+    assert choice["finish_reason"] == "stop"
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+    sent = api.workers.received[-1]
+    assert sent.text == [{"role": "user", "content": "hello there"}]
+    assert sent.sampling_params.max_tokens == -1  # "fill the context", resolved by the tokenizer
+
+
+async def test_max_tokens_gives_length(api) -> None:
+    r = await api.post("/v1/chat/completions", json=chat_body("a b c d e", max_completion_tokens=2))
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] == "echo: a "
+
+
+async def test_stop_string_truncates_and_aborts(api) -> None:
+    r = await api.post(
+        "/v1/completions", json={"model": "smol", "prompt": "one two three four", "stop": ["o th"]}
+    )
+    choice = r.json()["choices"][0]
+    assert choice["text"] == "echo: one tw" and choice["finish_reason"] == "stop"
+    assert api.workers.aborted == [api.workers.received[-1].uid]  # the scheduler is told to stop
+    assert 3 <= r.json()["usage"]["completion_tokens"] <= 5  # tokens generated, maybe past the stop
+
+
+async def test_n_choices_and_prompt_lists(api) -> None:
+    r = await api.post("/v1/completions", json={"prompt": ["x y", "z"], "n": 2, "seed": 5, "max_tokens": 50})
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in body["choices"]] == ["echo: x y "] * 2 + ["echo: z "] * 2
+    assert body["usage"]["prompt_tokens"] == 3  # each prompt once, not once per choice
+    assert body["usage"]["completion_tokens"] == 3 + 3 + 2 + 2
+    assert [m.sampling_params.seed for m in api.workers.received[-4:]] == [5, 6, 5, 6]
+    r = await api.post("/v1/completions", json={"prompt": [[5, 6], [7]]})
+    assert [c["text"] for c in r.json()["choices"]] == ["echo: t5 t6 ", "echo: t7 "]
+    r = await api.post("/v1/completions", json={"prompt": [5, 6, 7]})
+    assert r.json()["choices"][0]["text"] == "echo: t5 t6 t7 "
+
+
+async def test_chat_streaming_with_usage(api) -> None:
+    body = chat_body("a b", stream=True, n=2, stream_options={"include_usage": True})
+    r = await api.post("/v1/chat/completions", json=body)
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r.text)
+    texts, reasons = ["", ""], [None, None]
+    for e in events[:-1]:
+        assert e["object"] == "chat.completion.chunk"
+        [c] = e["choices"]
+        texts[c["index"]] += c["delta"].get("content", "")
+        reasons[c["index"]] = c["finish_reason"] or reasons[c["index"]]
+        assert e["usage"] is None
+    assert texts == ["echo: a b "] * 2 and reasons == ["stop", "stop"]
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 6
+
+
+async def test_completion_streaming(api) -> None:
+    r = await api.post("/v1/completions", json={"prompt": "p q", "stream": True, "stop": "q"})
+    events = sse_events(r.text)
+    assert "".join(e["choices"][0]["text"] for e in events) == "echo: p "
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_generate_native(api) -> None:
+    r = await api.post("/generate", json={"prompt": "hi you", "max_tokens": 2})
+    events = sse_events(r.text)
+    assert "".join(e["text"] for e in events) == "echo: hi " and events[-1]["finish_reason"] == "length"
+    r = await api.post("/generate", json={"prompt": "hi", "stream": False})
+    assert r.json()["text"] == "echo: hi " and r.json()["prompt_tokens"] == 1
+
+
+def assert_openai_error(r: httpx.Response, status: int, param: str | None = None) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param
+    return err
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "smol", "messages": []}, "messages"),
+        ({"model": "smol"}, "messages"),
+        ({"model": "smol", "messages": "hello"}, "messages"),
+        (chat_body(n=0), "n"),
+        (chat_body(temperature=-0.5), "temperature"),
+        (chat_body(max_tokens="many"), "max_tokens"),
+        (chat_body(max_tokens=0), "max_tokens"),
+        (chat_body(top_p=0), "top_p"),
+        (chat_body(top_k=0), "top_k"),
+        (chat_body(stop=[1, 2]), None),
+        ({"model": "smol", "messages": [{"role": "wizard", "content": "x"}]}, None),
+    ],
+)
+async def test_bad_chat_requests_are_400(api, body: dict, param: str | None) -> None:
+    assert_openai_error(await api.post("/v1/chat/completions", json=body), 400, param)
+    assert not api.workers.received  # nothing reached the workers
+
+
+async def test_bad_completion_requests_are_400(api) -> None:
+    for body in (
+        {"prompt": []},
+        {"prompt": [[]]},
+        {"prompt": 5},
+        {"prompt": "x", "echo": True},
+        {"prompt": None},
+    ):
+        assert_openai_error(await api.post("/v1/completions", json=body), 400)
+
+
+async def test_malformed_json_is_400(api) -> None:
+    r = await api.post(
+        "/v1/chat/completions",
+        content=b'{"model": "smol", "messages": [',
+        headers={"content-type": "application/json"},
+    )
+    assert "JSON" in assert_openai_error(r, 400)["message"]
+    r = await api.post("/v1/completions", content=b"[1, 2]", headers={"content-type": "application/json"})
+    assert_openai_error(r, 400)
+
+
+async def test_rejected_by_tokenizer_is_400(api) -> None:
+    r = await api.post("/v1/chat/completions", json=chat_body("REJECT me"))
+    assert "context" in assert_openai_error(r, 400)["message"]
+    r = await api.post("/v1/chat/completions", json=chat_body("REJECT me", stream=True))
+    assert_openai_error(r, 400)
+    r = await api.post("/v1/completions", json={"prompt": ["fine", "REJECT"], "max_tokens": 1})
+    assert_openai_error(r, 400)
+    await asyncio.sleep(0.05)
+    assert not api.state.manager.streams  # the accepted sibling was aborted, nothing leaks
+
+
+async def test_unknown_model_and_route_are_404(api) -> None:
+    err = assert_openai_error(
+        await api.post("/v1/chat/completions", json={**chat_body(), "model": "gpt-9"}), 404
+    )
+    assert err["code"] == "model_not_found"
+    assert (
+        await api.post("/v1/chat/completions", json={**chat_body(), "model": "/models/smol"})
+    ).status_code == 200
+    assert_openai_error(await api.get("/v1/nothing"), 404)
+    assert_openai_error(await api.get("/v1/chat/completions"), 405)
+
+
+async def test_overload_is_503_and_disconnect_frees(api) -> None:
+    tasks = [asyncio.create_task(api.post("/v1/completions", json={"prompt": "FOREVER"})) for _ in range(4)]
+    while len(api.state.manager.streams) < 4:
+        await asyncio.sleep(0.01)
+    assert_openai_error(await api.post("/v1/completions", json={"prompt": "x"}), 503)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for _ in range(100):
+        if not api.state.manager.streams:
+            break
+        await asyncio.sleep(0.01)
+    assert not api.state.manager.streams
+    assert sorted(api.workers.aborted) == sorted(m.uid for m in api.workers.received)
+    assert (await api.post("/v1/completions", json={"prompt": "x"})).status_code == 200
+
+
+async def test_health_models_metrics(api) -> None:
+    assert (await api.get("/health")).status_code == 200
+    models = (await api.get("/v1/models")).json()
+    assert models["data"][0]["id"] == "smol" and models["data"][0]["max_model_len"] == 2048
+    await api.post("/v1/chat/completions", json=chat_body("m n o"))
+    text = (await api.get("/metrics")).text
+    for name in (
+        "minisgl_num_requests_running",
+        "minisgl_num_requests_waiting",
+        "minisgl_time_to_first_token_seconds_bucket",
+        "minisgl_inter_token_latency_seconds_bucket",
+    ):
+        assert name in text
+    assert "minisgl_prompt_tokens_total 3.0" in text
+    assert "minisgl_generation_tokens_total 4.0" in text
+    assert 'minisgl_requests_finished_total{finish_reason="stop"} 1.0' in text
+    api.state.status = "starting"
+    assert (await api.get("/health")).status_code == 503
+    assert_openai_error(await api.post("/v1/chat/completions", json=chat_body()), 503)
