@@ -100,7 +100,7 @@ class Req:
     prompt_len: int = -1
     cached_len: int = 0
     table_row: int = -1  # row in the page table while the request holds KV pages; -1 otherwise
-    num_pages: int = 0  # pages held (mirrors the page table; kept here for O(1) checks)
+    admit_seq: int = -1  # when it last got KV pages (the newest is retracted first when the pool is full)
     generator: torch.Generator | None = None  # per-request RNG when sampling_params.seed is set
 
     def __post_init__(self) -> None:

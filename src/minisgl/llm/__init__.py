@@ -1,1 +1,5 @@
-"""minisgl.llm"""
+"""minisgl.llm: the offline `LLM` class (a scheduler in offline mode)."""
+
+from .llm import LLM
+
+__all__ = ["LLM"]

@@ -1,0 +1,185 @@
+"""The offline `LLM`: a scheduler in offline mode, fed and drained in-process (no sockets, no workers)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.message import BaseBackendMsg, BaseTokenizerMsg, DetokenizeMsg, ErrorMsg, UserMsg
+from minisgl.scheduler.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+Prompts = str | list[str] | list[int] | list[list[int]]
+
+
+def _pick_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def _pick_dtype(dtype: Any, device: str) -> torch.dtype:
+    if dtype is None or dtype == "auto":
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r} (choose from {sorted(_DTYPES)})")
+    return _DTYPES[dtype]
+
+
+class LLM(Scheduler):
+    """`LLM(model=None, **options)`: model None = the embedded SmolLM2-135M-Instruct; options are
+    SchedulerConfig fields (device="auto", dtype, page_size, num_pages, kv_cache_memory,
+    max_running_requests, max_prefill_tokens, max_seq_len, seed, engine, dummy_weights, ...)."""
+
+    def __init__(self, model: str | None = None, **options: Any) -> None:
+        from minisgl.distributed import DistributedInfo
+        from minisgl.models import resolve_model_path
+        from minisgl.scheduler.config import SchedulerConfig
+        from minisgl.utils.hf import load_tokenizer
+
+        device = _pick_device(str(options.pop("device", "auto")))
+        dtype = _pick_dtype(options.pop("dtype", None), device)
+        model_dir = resolve_model_path(model)
+        known = {f.name for f in dataclasses.fields(SchedulerConfig)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"unknown LLM option(s) {unknown}; valid options: {sorted(known - {'tp_info'})}")
+        config = SchedulerConfig(
+            model_path=str(model_dir),
+            tp_info=DistributedInfo(0, 1),
+            dtype=dtype,
+            device=device,
+            **{**options, "offline_mode": True},
+        )
+        self._inbox: list[BaseBackendMsg] = []
+        self._results: dict[int, dict[str, Any]] = {}
+        self._next_uid = 0
+        super().__init__(config)
+        self.tokenizer = load_tokenizer(model_dir)
+
+    # -- offline IO (bound by SchedulerIOMixin in offline mode) ----------------------------------------
+    def offline_receive_msg(self, blocking: bool = False) -> list[BaseBackendMsg]:
+        if blocking:
+            self.run_when_idle()
+        msgs, self._inbox = self._inbox, []
+        return msgs
+
+    def offline_send_result(self, reply: list[BaseTokenizerMsg]) -> None:
+        for msg in reply:
+            res = self._results.get(msg.uid)
+            if res is None:
+                continue
+            if isinstance(msg, DetokenizeMsg):
+                if msg.next_token >= 0:
+                    res["token_ids"].append(msg.next_token)
+                if msg.finished:
+                    res["finish_reason"] = msg.finish_reason
+            elif isinstance(msg, ErrorMsg):
+                res["finish_reason"], res["error"] = "error", msg.message
+
+    # -- the API ---------------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Prompts,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Complete each prompt (text or token ids). Returns, per prompt, a dict with "text",
+        "token_ids" (generated ids), "finish_reason" ("stop", "length") and "prompt_tokens"."""
+        token_lists = [self._tokenize(p) for p in _as_prompt_list(prompts)]
+        params = _as_params_list(sampling_params, len(token_lists))
+        for i, (ids, p) in enumerate(zip(token_lists, params, strict=True)):
+            self._check(i, ids, p)
+        return self._run(token_lists, params)
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Answer one conversation (a list of {"role", "content"} dicts) or several, with the chat template."""
+        from minisgl.utils.hf import apply_chat_template
+
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("chat() needs a non-empty list of messages (or a list of conversations)")
+        convs = [messages] if isinstance(messages[0], dict) else messages
+        for conv in convs:
+            if not isinstance(conv, list) or not conv or not all(isinstance(m, dict) for m in conv):
+                raise ValueError("each conversation must be a non-empty list of {'role', 'content'} dicts")
+        return self.generate([apply_chat_template(self.tokenizer, conv) for conv in convs], sampling_params)
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def _tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt)) if prompt else []
+        return list(prompt)
+
+    def _check(self, i: int, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise ValueError(f"prompt {i} is empty")
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
+            bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < self.vocab_size)][:5]
+            raise ValueError(f"prompt {i}: token ids out of the vocabulary (size {self.vocab_size}): {bad}")
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params {i} must be a SamplingParams, got {type(params).__name__}")
+        try:
+            params.validate(self.vocab_size)
+        except ValueError as e:
+            raise ValueError(f"prompt {i}: {e}") from None
+        if len(ids) + params.max_tokens > self.max_seq_len:
+            raise ValueError(
+                f"prompt {i}: {len(ids)} prompt tokens + max_tokens {params.max_tokens} exceed the "
+                f"context length of {self.max_seq_len} tokens"
+            )
+
+    def _run(self, token_lists: list[list[int]], params: list[SamplingParams]) -> list[dict[str, Any]]:
+        uids = []
+        for ids, p in zip(token_lists, params, strict=True):
+            uid, self._next_uid = self._next_uid, self._next_uid + 1
+            self._results[uid] = {"token_ids": [], "finish_reason": None}
+            self._inbox.append(
+                UserMsg(uid=uid, input_ids=torch.tensor(ids, dtype=torch.int32), sampling_params=p)
+            )
+            uids.append(uid)
+        try:
+            while any(self._results[u]["finish_reason"] is None for u in uids):
+                self.normal_loop()
+        finally:
+            results = [self._results.pop(u) for u in uids]
+        for res, ids in zip(results, token_lists, strict=True):
+            res["prompt_tokens"] = len(ids)
+            res["text"] = self.tokenizer.decode(res["token_ids"], skip_special_tokens=True)
+        return results
+
+
+def _as_prompt_list(prompts: Prompts) -> list[str | list[int]]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if not isinstance(prompts, list) or not prompts:
+        raise ValueError(
+            "prompts must be a string, a list of strings, a list of token ids or a list of such lists"
+        )
+    if all(isinstance(p, int) and not isinstance(p, bool) for p in prompts):
+        return [list(prompts)]  # type: ignore[arg-type]
+    for p in prompts:
+        if not isinstance(p, (str, list)):
+            raise ValueError(f"a prompt must be a string or a list of token ids, got {type(p).__name__}")
+    return list(prompts)  # type: ignore[arg-type]
+
+
+def _as_params_list(params: SamplingParams | list[SamplingParams] | None, n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams() for _ in range(n)]
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    if not isinstance(params, list) or len(params) != n:
+        raise ValueError(f"give one SamplingParams or a list of {n} (one per prompt)")
+    return params

@@ -1,0 +1,81 @@
+"""Prefill: the waiting queue, admission into the KV pool, and chunking under a token budget."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from minisgl.core import Batch, Req
+from minisgl.kvcache import PageTable
+
+
+class PrefillManager:
+    """Requests not yet decoding: `waiting` (no pages yet, FIFO) and `prefilling` (pages held for all
+    their tokens, some chunks still to run, in admission order).
+
+    Admission takes pages for a request's whole prompt at once, so a started prefill never stalls
+    for pages; the head of the queue waits (FIFO, no overtaking) until enough pages are free.
+    """
+
+    def __init__(self, table: PageTable, max_prefill_tokens: int) -> None:
+        if max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
+        self.table = table
+        self.max_prefill_tokens = max_prefill_tokens
+        self.waiting: deque[Req] = deque()
+        self.prefilling: list[Req] = []
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.prefilling)
+
+    def add(self, req: Req, front: bool = False) -> None:
+        (self.waiting.appendleft if front else self.waiting.append)(req)
+
+    def remove(self, uid: int) -> Req | None:
+        """Take request `uid` out (waiting or prefilling); the caller frees its pages."""
+        for i, r in enumerate(self.prefilling):
+            if r.uid == uid:
+                return self.prefilling.pop(i)
+        for r in self.waiting:
+            if r.uid == uid:
+                self.waiting.remove(r)
+                return r
+        return None
+
+    def schedule(self, reserve_pages: int, admit: bool) -> Batch | None:
+        """The next prefill batch: unfinished chunks first, then new admissions, within the budget.
+
+        reserve_pages: pages to leave free for running requests to grow into.
+        admit: False while the pool is under pressure (see Scheduler) — only started prefills continue.
+        """
+        budget = self.max_prefill_tokens
+        reqs: list[Req] = []
+        lens: list[int] = []
+        for r in self.prefilling:
+            if budget == 0:
+                break
+            n = min(r.remaining_len, budget)
+            reqs.append(r)
+            lens.append(n)
+            budget -= n
+        while budget > 0 and admit and self.waiting and self._admit(self.waiting[0], reserve_pages):
+            r = self.waiting.popleft()
+            self.prefilling.append(r)
+            n = min(r.remaining_len, budget)
+            reqs.append(r)
+            lens.append(n)
+            budget -= n
+        return Batch(reqs, lens, "prefill") if reqs else None
+
+    def _admit(self, req: Req, reserve_pages: int) -> bool:
+        table = self.table
+        need = -(-req.seq_len // table.page_size)
+        if table.num_free_rows == 0 or need + reserve_pages > table.allocator.num_free:
+            return False
+        req.table_row = table.alloc_row(req.uid)
+        ok = table.reserve(req.table_row, req.seq_len)
+        assert ok, "free pages were counted just above"
+        return True
+
+    def done(self, req: Req) -> None:
+        """`req` ran its last chunk (it decodes from now on)."""
+        self.prefilling.remove(req)
