@@ -14,7 +14,9 @@ class Embedding(nn.Module):
 
     def __init__(self, vocab_size: int, hidden: int, dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden, dtype=dtype, device=device), requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.empty(vocab_size, hidden, dtype=dtype, device=device), requires_grad=False
+        )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, hidden)
         return F.embedding(ids, self.weight)

@@ -150,7 +150,9 @@ def _rope(raw: dict[str, Any]) -> tuple[float, dict | None]:
 
 def _check(cfg: ModelConfig) -> None:
     if cfg.num_heads % cfg.num_kv_heads:
-        raise ValueError(f"num_attention_heads {cfg.num_heads} is not a multiple of num_key_value_heads {cfg.num_kv_heads}")
+        raise ValueError(
+            f"num_attention_heads {cfg.num_heads} is not a multiple of num_key_value_heads {cfg.num_kv_heads}"
+        )
     if cfg.head_dim % 2:
         raise ValueError(f"head_dim {cfg.head_dim} must be even for rotary embeddings")
     if cfg.sliding_window and cfg.sliding_window < cfg.max_position_embeddings:

@@ -86,7 +86,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
     meta = _metadata(reader)
     arch = meta.get("general.architecture")
     if arch not in _ARCHITECTURES:
-        raise GGUFConversionError(f"{gguf_path}: GGUF architecture {arch!r} is not supported (supported: llama)")
+        raise GGUFConversionError(
+            f"{gguf_path}: GGUF architecture {arch!r} is not supported (supported: llama)"
+        )
     config = _hf_config(meta, arch, reader, gguf_path)
     tensors = _dequantized_tensors(reader, config, gguf_path, progress)
     from safetensors.numpy import save_file
@@ -102,7 +104,12 @@ def _metadata(reader) -> dict[str, Any]:  # noqa: ANN001
     """Scalar and short-array metadata fields (the tokenizer's big arrays are skipped)."""
     meta: dict[str, Any] = {}
     for key, fld in reader.fields.items():
-        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+        if key in (
+            "tokenizer.ggml.tokens",
+            "tokenizer.ggml.merges",
+            "tokenizer.ggml.token_type",
+            "tokenizer.ggml.scores",
+        ):
             continue
         try:
             meta[key] = fld.contents()
@@ -120,7 +127,9 @@ def _hf_config(meta: dict[str, Any], arch: str, reader, gguf_path: Path) -> dict
 
     names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in names or meta.get(f"{arch}.rope.scaling.type") not in (None, "none"):
-        raise GGUFConversionError(f"{gguf_path}: rope scaling in GGUF files is not supported; use the HF directory")
+        raise GGUFConversionError(
+            f"{gguf_path}: rope scaling in GGUF files is not supported; use the HF directory"
+        )
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     vocab = int(meta.get(f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data))
     bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
@@ -177,7 +186,9 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _dequantized_tensors(reader, config: dict[str, Any], gguf_path: Path, progress: bool) -> dict[str, np.ndarray]:  # noqa: ANN001
+def _dequantized_tensors(
+    reader, config: dict[str, Any], gguf_path: Path, progress: bool
+) -> dict[str, np.ndarray]:  # noqa: ANN001
     from gguf.quants import dequantize
     from tqdm.auto import tqdm
 
@@ -190,7 +201,9 @@ def _dequantized_tensors(reader, config: dict[str, Any], gguf_path: Path, progre
         try:
             w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
         except Exception as e:  # unsupported quantization type
-            raise GGUFConversionError(f"{gguf_path}: cannot dequantize {t.name!r} ({t.tensor_type.name}): {e}") from None
+            raise GGUFConversionError(
+                f"{gguf_path}: cannot dequantize {t.name!r} ({t.tensor_type.name}): {e}"
+            ) from None
         w = w.reshape([int(x) for x in reversed(t.shape)])  # GGUF lists dims innermost first
         proj = hf.split(".")[-2]
         if proj in heads and hf.endswith(".weight"):
@@ -206,7 +219,9 @@ def _save_tokenizer(gguf_path: Path, out_dir: Path) -> None:
     try:
         tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     except Exception as e:
-        raise GGUFConversionError(f"{gguf_path}: cannot build the tokenizer from the GGUF metadata: {e}") from None
+        raise GGUFConversionError(
+            f"{gguf_path}: cannot build the tokenizer from the GGUF metadata: {e}"
+        ) from None
     tok.save_pretrained(str(out_dir))
 
 

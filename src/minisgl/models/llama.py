@@ -33,13 +33,17 @@ class HeadLayout:
     def __init__(self, cfg: ModelConfig, tp: TPInfo) -> None:
         n = tp.size
         if cfg.num_heads % n:
-            raise ValueError(f"num_attention_heads {cfg.num_heads} is not divisible by tensor-parallel size {n}")
+            raise ValueError(
+                f"num_attention_heads {cfg.num_heads} is not divisible by tensor-parallel size {n}"
+            )
         if cfg.num_kv_heads % n and n % cfg.num_kv_heads:
             raise ValueError(
                 f"num_key_value_heads {cfg.num_kv_heads} and tensor-parallel size {n}: one must divide the other"
             )
         if cfg.intermediate_size % n:
-            raise ValueError(f"intermediate_size {cfg.intermediate_size} is not divisible by tensor-parallel size {n}")
+            raise ValueError(
+                f"intermediate_size {cfg.intermediate_size} is not divisible by tensor-parallel size {n}"
+            )
         self.num_heads = cfg.num_heads // n
         self.q_start = tp.rank * self.num_heads
         if cfg.num_kv_heads >= n:
@@ -57,8 +61,12 @@ class Attention(nn.Module):
         super().__init__()
         d = cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = heads.num_heads, heads.num_kv_heads, d
-        self.qkv_proj = Linear(cfg.hidden_size, (heads.num_heads + 2 * heads.num_kv_heads) * d, cfg.attention_bias, dtype, device)
-        self.o_proj = RowParallelLinear(heads.num_heads * d, cfg.hidden_size, cfg.o_proj_bias, tp, dtype, device)
+        self.qkv_proj = Linear(
+            cfg.hidden_size, (heads.num_heads + 2 * heads.num_kv_heads) * d, cfg.attention_bias, dtype, device
+        )
+        self.o_proj = RowParallelLinear(
+            heads.num_heads * d, cfg.hidden_size, cfg.o_proj_bias, tp, dtype, device
+        )
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device)
@@ -111,7 +119,9 @@ class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, heads: HeadLayout, tp: TPInfo, dtype: torch.dtype, device) -> None:
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype, device)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, heads, tp, dtype, device) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, i, heads, tp, dtype, device) for i in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
 
 
@@ -184,7 +194,9 @@ class LlamaForCausalLM(nn.Module):
             if cfg.attention_bias:
                 s[p + "bias"] = [WeightSlot(attn.qkv_proj.bias, (full * d,), 0, first * d, n * d, dst)]
         o = f"{prefix}self_attn.o_proj."
-        s[o + "weight"] = [WeightSlot(attn.o_proj.weight, (hidden, cfg.num_heads * d), 1, hl.q_start * d, hl.num_heads * d)]
+        s[o + "weight"] = [
+            WeightSlot(attn.o_proj.weight, (hidden, cfg.num_heads * d), 1, hl.q_start * d, hl.num_heads * d)
+        ]
         if cfg.o_proj_bias:
             s[o + "bias"] = [_whole(attn.o_proj.bias)]
         if cfg.qk_norm:
@@ -193,8 +205,12 @@ class LlamaForCausalLM(nn.Module):
         inter, full_i = cfg.intermediate_size // self.tp.size, cfg.intermediate_size
         first_i = self.tp.rank * inter
         m = f"{prefix}mlp."
-        s[m + "gate_proj.weight"] = [WeightSlot(mlp.gate_up_proj.weight, (full_i, hidden), 0, first_i, inter, 0)]
-        s[m + "up_proj.weight"] = [WeightSlot(mlp.gate_up_proj.weight, (full_i, hidden), 0, first_i, inter, inter)]
+        s[m + "gate_proj.weight"] = [
+            WeightSlot(mlp.gate_up_proj.weight, (full_i, hidden), 0, first_i, inter, 0)
+        ]
+        s[m + "up_proj.weight"] = [
+            WeightSlot(mlp.gate_up_proj.weight, (full_i, hidden), 0, first_i, inter, inter)
+        ]
         s[m + "down_proj.weight"] = [WeightSlot(mlp.down_proj.weight, (hidden, full_i), 1, first_i, inter)]
         s[f"{prefix}input_layernorm.weight"] = [_whole(layer.input_layernorm.weight)]
         s[f"{prefix}post_attention_layernorm.weight"] = [_whole(layer.post_attention_layernorm.weight)]

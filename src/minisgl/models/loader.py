@@ -45,7 +45,13 @@ def load_model(
     else:
         load_checkpoint(model_dir, model.weight_slots(), model.checkpoint_ignored(), progress=progress)
     model.eval()
-    logger.info("loaded %s (%s%s) in %.2f s", model_dir, cfg.architecture, ", dummy" if dummy else "", time.perf_counter() - t0)
+    logger.info(
+        "loaded %s (%s%s) in %.2f s",
+        model_dir,
+        cfg.architecture,
+        ", dummy" if dummy else "",
+        time.perf_counter() - t0,
+    )
     return model, cfg
 
 

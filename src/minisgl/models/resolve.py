@@ -58,8 +58,12 @@ def resolve_model_path(
 def check_model_dir(path: Path, require_weights: bool = True) -> None:
     """Raise naming the first missing file of a usable model directory."""
     if not (path / "config.json").is_file():
-        raise ModelConfigError(f"{path / 'config.json'}: file not found (a model directory needs config.json)")
+        raise ModelConfigError(
+            f"{path / 'config.json'}: file not found (a model directory needs config.json)"
+        )
     if require_weights and not any(path.glob("*.safetensors")):
         raise ModelConfigError(f"{path}: no *.safetensors weight files (only safetensors is supported)")
     if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
-        raise ModelConfigError(f"{path / 'tokenizer.json'}: file not found (the model directory needs its tokenizer)")
+        raise ModelConfigError(
+            f"{path / 'tokenizer.json'}: file not found (the model directory needs its tokenizer)"
+        )

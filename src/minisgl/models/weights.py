@@ -44,7 +44,9 @@ class WeightSlot:
 def checkpoint_files(model_dir: Path) -> list[Path]:
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise WeightLoadError(f"{model_dir}: no *.safetensors files (only safetensors checkpoints are supported)")
+        raise WeightLoadError(
+            f"{model_dir}: no *.safetensors files (only safetensors checkpoints are supported)"
+        )
     return files
 
 
@@ -89,7 +91,9 @@ def load_checkpoint(
     missing = sorted(set(slots) - seen)
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
-        raise WeightLoadError(f"{model_dir}: missing tensor(s) {missing[:5]}{more} in {[f.name for f in files]}")
+        raise WeightLoadError(
+            f"{model_dir}: missing tensor(s) {missing[:5]}{more} in {[f.name for f in files]}"
+        )
 
 
 def _load_one(f: Path, name: str, sl, targets: list[WeightSlot]) -> None:  # noqa: ANN001

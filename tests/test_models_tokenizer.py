@@ -1,0 +1,24 @@
+"""minisgl.utils.hf: loading a model directory's tokenizer and applying its chat template."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from minisgl.utils.hf import apply_chat_template, load_tokenizer
+from test_models_support import save_tiny_tokenizer
+
+
+def test_chat_template_gives_token_ids(tmp_path: Path) -> None:
+    save_tiny_tokenizer(tmp_path, vocab=131)
+    tok = load_tokenizer(tmp_path)
+    assert tok.is_fast
+    ids = apply_chat_template(tok, [{"role": "user", "content": "Hi"}])
+    assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+    assert tok.decode(ids) == "user: Hi\nassistant: "
+
+
+def test_missing_tokenizer_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot load the tokenizer"):
+        load_tokenizer(tmp_path / "nothing-here")
