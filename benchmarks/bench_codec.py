@@ -1,0 +1,146 @@
+"""Codec speed: our to_bytes/from_bytes vs the chapter's generic serializer (+ msgpack) vs pickle.
+
+Prints microseconds per round trip (encode to bytes + decode back) and bytes per message for each
+case, with the ratios measured in this run. Targets (issue #2): the 256-DetokenizeMsg batch >= 10x
+faster than the generic serializer, the 8,000-token UserMsg no slower than it, both faster than
+pickle. pickle appears only as a yardstick here; no message path of minisgl uses it.
+
+    .venv/bin/python benchmarks/bench_codec.py [--seconds 0.4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import platform
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import numpy as np
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.message import (
+    BaseBackendMsg,
+    BaseTokenizerMsg,
+    BatchTokenizerMsg,
+    DetokenizeMsg,
+    UserMsg,
+    fastpath,
+    tokenizer,
+)
+
+# -- the chapter's generic serializer, written the chapter's way (the baseline) --------------------
+
+
+def _serialize_any(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _serialize_any(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_serialize_any(v) for v in value)
+    if isinstance(value, (int, float, str, type(None), bool, bytes)):
+        return value
+    return serialize_type(value)
+
+
+def serialize_type(obj: Any) -> dict:
+    if isinstance(obj, torch.Tensor):
+        assert obj.dim() == 1, "only 1D tensors are supported"
+        return {"__type__": "Tensor", "buffer": obj.numpy().tobytes(), "dtype": str(obj.dtype)}
+    result: dict[str, Any] = {"__type__": type(obj).__name__}
+    for k, v in obj.__dict__.items():
+        result[k] = _serialize_any(v)
+    return result
+
+
+def _deserialize_any(cls_map: dict[str, type], data: Any) -> Any:
+    if isinstance(data, dict):
+        if "__type__" in data:
+            return deserialize_type(cls_map, data)
+        return {k: _deserialize_any(cls_map, v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(_deserialize_any(cls_map, d) for d in data)
+    return data
+
+
+def deserialize_type(cls_map: dict[str, type], data: dict) -> Any:
+    type_name = data["__type__"]
+    if type_name == "Tensor":
+        np_dtype = getattr(np, data["dtype"].replace("torch.", ""))
+        return torch.from_numpy(np.frombuffer(data["buffer"], dtype=np_dtype).copy())
+    kwargs = {k: _deserialize_any(cls_map, v) for k, v in data.items() if k != "__type__"}
+    return cls_map[type_name](**kwargs)
+
+
+def generic_round_trip(msg: Any, cls_map: dict[str, type]) -> Any:
+    raw = msgpack.packb(serialize_type(msg), use_bin_type=True)
+    return deserialize_type(cls_map, msgpack.unpackb(raw, raw=False))
+
+
+# -- measurement ------------------------------------------------------------------------------------
+
+
+def per_call_us(fn: Callable[[], Any], seconds: float) -> float:
+    timer = timeit.Timer(fn)
+    number, _ = timer.autorange()  # enough calls for >= 0.2 s
+    repeat = max(3, int(seconds / 0.2))
+    return min(timer.repeat(repeat=repeat, number=number)) / number * 1e6
+
+
+def bench_case(title: str, msg: Any, base: Any, cls_map: dict[str, type], seconds: float) -> dict[str, float]:
+    ours = per_call_us(lambda: base.from_bytes(msg.to_bytes()), seconds)
+    generic = per_call_us(lambda: generic_round_trip(msg, cls_map), seconds)
+    pick = per_call_us(lambda: pickle.loads(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)), seconds)
+    sizes = {
+        "ours": len(msg.to_bytes()),
+        "generic": len(msgpack.packb(serialize_type(msg), use_bin_type=True)),
+        "pickle": len(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)),
+    }
+    print(f"\n{title}")
+    print(f"  {'codec':<28}{'us/round trip':>14}{'bytes':>10}{'ours is x faster':>18}")
+    for name, us in (("minisgl to_bytes/from_bytes", ours), ("generic + msgpack", generic), ("pickle", pick)):
+        key = name.split()[0] if name != "minisgl to_bytes/from_bytes" else "ours"
+        size = sizes["generic" if key == "generic" else key]
+        ratio = "" if key == "ours" else f"{us / ours:>17.1f}x"
+        print(f"  {name:<28}{us:>14.1f}{size:>10}{ratio}")
+    return {"ours": ours, "generic": generic, "pickle": pick}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=0.4, help="time per measurement (min of repeats)")
+    args = parser.parse_args()
+    print(f"python {platform.python_version()}, msgpack {'.'.join(map(str, msgpack.version))}, "
+          f"msgspec fast path: {'on' if fastpath.AVAILABLE else 'off (pip install msgspec)'}, "
+          f"{platform.machine()} {platform.processor() or ''}".rstrip())
+
+    tok_map = {name: getattr(tokenizer, name) for name in ("BatchTokenizerMsg", "DetokenizeMsg")}
+    batch = BatchTokenizerMsg(data=[DetokenizeMsg(uid=i, next_token=1000 + 37 * i, finished=i % 9 == 0,
+                                                  finish_reason="stop" if i % 9 == 0 else "")
+                                    for i in range(256)])
+    assert BaseTokenizerMsg.from_bytes(batch.to_bytes()) == batch
+    assert generic_round_trip(batch, tok_map) == batch
+    r1 = bench_case("BatchTokenizerMsg of 256 DetokenizeMsg", batch, BaseTokenizerMsg, tok_map, args.seconds)
+
+    user = UserMsg(uid=12345, input_ids=torch.randint(0, 150_000, (8000,), dtype=torch.int32),
+                   sampling_params=SamplingParams(temperature=0.7, top_p=0.9, max_tokens=256))
+    back = BaseBackendMsg.from_bytes(user.to_bytes())
+    assert torch.equal(back.input_ids, user.input_ids) and back.sampling_params == user.sampling_params
+    be_map = {"UserMsg": UserMsg, "SamplingParams": SamplingParams}
+    r2 = bench_case("UserMsg with 8,000 int32 prompt tokens", user, BaseBackendMsg, be_map, args.seconds)
+
+    print("\ntargets:")
+    checks = [
+        ("batch of 256: >= 10x faster than generic", r1["generic"] / r1["ours"], 10.0),
+        ("batch of 256: faster than pickle", r1["pickle"] / r1["ours"], 1.0),
+        ("UserMsg 8k tokens: no slower than generic", r2["generic"] / r2["ours"], 1.0),
+        ("UserMsg 8k tokens: faster than pickle", r2["pickle"] / r2["ours"], 1.0),
+    ]
+    for text, ratio, need in checks:
+        print(f"  {text:<45} {ratio:6.1f}x  {'OK' if ratio >= need else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The wire form of a tensor: {"__type__": "Tensor", "buffer": raw bytes, "dtype": "torch.int32"}.
+
+A 1-D tensor carries exactly those three keys (the chapter's format); any other rank adds
+"shape": [d0, d1, ...] after "dtype" (a 0-d tensor has "shape": []). Only the dtypes of `DTYPES`
+travel; the buffer is the tensor's bytes in C order, native (little-endian) byte order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+# The closed set of dtypes on the wire: name -> (torch dtype, numpy dtype used to copy the bytes).
+# numpy has no bfloat16, so its bytes go through int16 and are re-viewed as bfloat16.
+DTYPES: dict[str, tuple[torch.dtype, np.dtype]] = {
+    "torch.bool": (torch.bool, np.dtype(np.bool_)),
+    "torch.uint8": (torch.uint8, np.dtype(np.uint8)),
+    "torch.int8": (torch.int8, np.dtype(np.int8)),
+    "torch.int16": (torch.int16, np.dtype(np.int16)),
+    "torch.int32": (torch.int32, np.dtype(np.int32)),
+    "torch.int64": (torch.int64, np.dtype(np.int64)),
+    "torch.float16": (torch.float16, np.dtype(np.float16)),
+    "torch.bfloat16": (torch.bfloat16, np.dtype(np.int16)),
+    "torch.float32": (torch.float32, np.dtype(np.float32)),
+    "torch.float64": (torch.float64, np.dtype(np.float64)),
+}
+_NAME_OF: dict[torch.dtype, str] = {t: name for name, (t, _) in DTYPES.items()}
+
+
+class TensorFormatError(ValueError):
+    """A tensor map that cannot be turned back into a tensor (the codec adds where it was)."""
+
+
+def encode_tensor(t: torch.Tensor) -> dict[str, Any]:
+    """Tensor -> its wire map. Copies to the CPU first if needed."""
+    name = _NAME_OF.get(t.dtype)
+    if name is None:
+        raise TypeError(f"tensor dtype {t.dtype} cannot be sent (supported: {', '.join(DTYPES)})")
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.detach().contiguous()
+    if t.dtype is torch.bfloat16:
+        buf = t.view(torch.int16).numpy().tobytes()
+    else:
+        buf = t.numpy().tobytes()
+    if t.dim() == 1:
+        return {"__type__": "Tensor", "buffer": buf, "dtype": name}
+    return {"__type__": "Tensor", "buffer": buf, "dtype": name, "shape": list(t.shape)}
+
+
+def decode_tensor(buffer: Any, dtype: Any, shape: Any = None) -> torch.Tensor:
+    """The parts of a wire map -> a fresh CPU tensor (it owns a copy of the bytes).
+
+    shape=None means "1-D" (the chapter's form). Raises TensorFormatError naming the problem.
+    """
+    if buffer.__class__ is not bytes:
+        raise TensorFormatError(f"'buffer' must be bytes, got {type(buffer).__name__}")
+    if dtype.__class__ is not str:
+        raise TensorFormatError(f"'dtype' must be a str, got {type(dtype).__name__}")
+    entry = DTYPES.get(dtype)
+    if entry is None:
+        raise TensorFormatError(f"unsupported tensor dtype {dtype[:40]!r} (supported: {', '.join(DTYPES)})")
+    torch_dtype, np_dtype = entry
+    size = len(buffer)
+    if shape is None:
+        if size % np_dtype.itemsize:
+            raise TensorFormatError(f"buffer of {size} bytes is not a whole number of {dtype} elements")
+        dims: tuple[int, ...] = (size // np_dtype.itemsize,)
+    else:
+        dims = _check_shape(shape)
+        count = 1
+        for d in dims:
+            count *= d
+        if count * np_dtype.itemsize != size:
+            raise TensorFormatError(
+                f"buffer holds {size} bytes but shape {list(dims)} of {dtype} needs {count * np_dtype.itemsize}"
+            )
+    arr = np.frombuffer(buffer, dtype=np_dtype).reshape(dims).copy()  # copy: bytes are read-only
+    out = torch.from_numpy(arr)
+    return out.view(torch.bfloat16) if torch_dtype is torch.bfloat16 else out
+
+
+def _check_shape(shape: Any) -> tuple[int, ...]:
+    if shape.__class__ is not list and shape.__class__ is not tuple:
+        raise TensorFormatError(f"'shape' must be a list of ints, got {type(shape).__name__}")
+    if len(shape) > 64:
+        raise TensorFormatError(f"'shape' has {len(shape)} dimensions (at most 64)")
+    for d in shape:
+        if d.__class__ is not int or d < 0:
+            raise TensorFormatError(f"'shape' must hold non-negative ints, got {shape!r:.80}")
+    return tuple(shape)

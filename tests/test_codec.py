@@ -1,0 +1,429 @@
+"""The message codec: round trips, tensors, interop with the chapter's serializer, strict errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minisgl.core import SamplingParams
+from minisgl.message import (
+    AbortBackendMsg,
+    AbortMsg,
+    BaseBackendMsg,
+    BaseFrontendMsg,
+    BaseTokenizerMsg,
+    BatchBackendMsg,
+    BatchFrontendMsg,
+    BatchTokenizerMsg,
+    DetokenizeMsg,
+    ErrorMsg,
+    ExitMsg,
+    MessageDecodeError,
+    TokenizeMsg,
+    UserMsg,
+    UserReply,
+    backend,
+    fastpath,
+    frontend,
+    tokenizer,
+)
+
+BASES = (BaseTokenizerMsg, BaseBackendMsg, BaseFrontendMsg)
+
+
+@pytest.fixture(params=["reference", "fast"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test through the reference codec and (if msgspec is installed) the msgspec fast path."""
+    for base in BASES:
+        base._group._ensure()
+        if request.param == "reference":
+            monkeypatch.setattr(base._group, "_fast", None)
+        elif base._group._fast is None:
+            pytest.skip("msgspec is not installed: no fast path")
+    return request.param
+
+
+# -- the chapter's generic serializer, written the chapter's way (interop partner) -----------------
+
+
+def chapter_serialize(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: chapter_serialize(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(chapter_serialize(v) for v in obj)
+    if isinstance(obj, (int, float, str, type(None), bool, bytes)):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        assert obj.dim() == 1
+        return {"__type__": "Tensor", "buffer": obj.numpy().tobytes(), "dtype": str(obj.dtype)}
+    result = {"__type__": type(obj).__name__}
+    for k, v in obj.__dict__.items():
+        result[k] = chapter_serialize(v)
+    return result
+
+
+def chapter_deserialize(cls_map: dict[str, type], data: Any) -> Any:
+    if isinstance(data, dict):
+        if "__type__" not in data:
+            return {k: chapter_deserialize(cls_map, v) for k, v in data.items()}
+        if data["__type__"] == "Tensor":
+            np_dtype = getattr(np, data["dtype"].replace("torch.", ""))
+            return torch.from_numpy(np.frombuffer(data["buffer"], dtype=np_dtype).copy())
+        kwargs = {k: chapter_deserialize(cls_map, v) for k, v in data.items() if k != "__type__"}
+        return cls_map[data["__type__"]](**kwargs)
+    if isinstance(data, (list, tuple)):
+        return type(data)(chapter_deserialize(cls_map, d) for d in data)
+    return data
+
+
+CHAPTER_MAP = {
+    name: getattr(mod, name)
+    for mod in (tokenizer, backend, frontend)
+    for name in dir(mod)
+    if name.endswith(("Msg", "Reply"))
+}
+CHAPTER_MAP["SamplingParams"] = SamplingParams
+
+
+# -- equality that understands tensors ------------------------------------------------------------
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if hasattr(a, "__dataclass_fields__"):
+        return all(same(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
+    return a == b
+
+
+def sp(**kw: Any) -> SamplingParams:
+    return SamplingParams(**kw)
+
+
+def user(uid: int, ids: list[int]) -> UserMsg:
+    return UserMsg(uid=uid, input_ids=torch.tensor(ids, dtype=torch.int32), sampling_params=sp(max_tokens=8))
+
+
+EXAMPLES: list[tuple[Any, Any]] = [
+    (BaseTokenizerMsg, TokenizeMsg(1, "hello", sp())),
+    (BaseTokenizerMsg, TokenizeMsg(2, [{"role": "user", "content": "你好"}], sp(temperature=0.7, top_k=5))),
+    (BaseTokenizerMsg, TokenizeMsg(3, [1, 2, 3], sp(stop_token_ids=[7, 8], seed=123))),
+    (BaseTokenizerMsg, TokenizeMsg(4, [], sp())),
+    (BaseTokenizerMsg, DetokenizeMsg(5, 42, True, "stop")),
+    (BaseTokenizerMsg, DetokenizeMsg(6, 0, False)),
+    (BaseTokenizerMsg, AbortMsg(7)),
+    (BaseTokenizerMsg, ErrorMsg(8, "prompt too long")),
+    (BaseTokenizerMsg, BatchTokenizerMsg([DetokenizeMsg(i, i * 3, i == 2) for i in range(3)] + [ErrorMsg(9, "x")])),
+    (BaseTokenizerMsg, BatchTokenizerMsg([])),
+    (BaseBackendMsg, user(10, [9707, 11, 1879])),
+    (BaseBackendMsg, user(11, [])),
+    (BaseBackendMsg, AbortBackendMsg(12)),
+    (BaseBackendMsg, ExitMsg()),
+    (BaseBackendMsg, BatchBackendMsg([user(13, [1]), AbortBackendMsg(13), ExitMsg()])),
+    (BaseBackendMsg, BatchBackendMsg([BatchBackendMsg([ExitMsg(), user(14, [2, 3])]), AbortBackendMsg(1)])),
+    (BaseFrontendMsg, UserReply(15, "Hello", False)),
+    (BaseFrontendMsg, UserReply(16, "", True, "length", 3, 4, "")),
+    (BaseFrontendMsg, BatchFrontendMsg([UserReply(i, "é" * i, i == 1) for i in range(2)])),
+]
+
+
+@pytest.mark.parametrize("base,msg", EXAMPLES, ids=lambda x: type(x).__name__)
+def test_round_trip_every_message(path: str, base: Any, msg: Any) -> None:
+    raw = msg.to_bytes()
+    assert raw == msgpack.packb(msg.encoder(), use_bin_type=True)
+    assert base.encoder(msg) == msg.encoder()
+    back = base.from_bytes(raw)
+    assert same(back, msg)
+    assert same(base.decoder(msgpack.unpackb(raw, raw=False)), msg)
+
+
+def test_fast_path_takes_the_common_messages() -> None:
+    if not fastpath.AVAILABLE:
+        pytest.skip("msgspec is not installed")
+    for base, msg in EXAMPLES:
+        if isinstance(msg, BatchBackendMsg) and any(isinstance(m, BatchBackendMsg) for m in msg.data):
+            continue  # a batch inside a batch is left to the reference path on purpose
+        assert base._group._fast is not None
+        assert base._group._fast.encode(msg) == msg.to_bytes()
+        assert same(base._group._fast.decode(msg.to_bytes()), msg), msg
+
+
+def test_encoder_is_the_chapter_dict() -> None:
+    msg = BatchBackendMsg(data=[user(7, [9707, 11, 1879])])
+    d = msg.encoder()
+    assert list(d) == ["__type__", "data"]
+    inner = d["data"][0]
+    assert list(inner) == ["__type__", "uid", "input_ids", "sampling_params"]
+    assert inner["input_ids"] == {
+        "__type__": "Tensor",
+        "buffer": b"\xeb%\x00\x00\x0b\x00\x00\x00W\x07\x00\x00",
+        "dtype": "torch.int32",
+    }
+    assert list(inner["sampling_params"])[:6] == ["__type__", "temperature", "top_k", "top_p", "ignore_eos", "max_tokens"]
+    assert d == chapter_serialize(msg)
+
+
+# -- tensors -----------------------------------------------------------------------------------------
+
+DTYPES = [torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32, torch.bool]
+SHAPES = [(), (0,), (1,), (5,), (2, 3), (3, 0), (2, 3, 4), (1, 1, 1, 2)]
+
+
+def make_tensor(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    g = torch.Generator().manual_seed(hash((str(dtype), shape)) % 1000)
+    if dtype is torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) * 100).to(dtype)
+    return torch.randint(-(2**30), 2**30, shape, generator=g, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_tensor_round_trip(path: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    t = make_tensor(dtype, shape)
+    msg = UserMsg(uid=1, input_ids=t, sampling_params=sp())
+    d = msg.encoder()["input_ids"]
+    assert ("shape" in d) == (len(shape) != 1)
+    back = BaseBackendMsg.from_bytes(msg.to_bytes()).input_ids
+    assert back.dtype == dtype and back.shape == t.shape and torch.equal(back, t)
+    back.add_(1) if dtype is not torch.bool else back.logical_not_()  # owns writable memory
+
+
+def test_tensor_non_contiguous_is_sent_in_c_order() -> None:
+    t = torch.arange(12, dtype=torch.int64).reshape(3, 4).t()
+    back = BaseBackendMsg.from_bytes(UserMsg(1, t, sp()).to_bytes()).input_ids
+    assert torch.equal(back, t)
+
+
+# -- interop with the chapter's serializer -------------------------------------------------------------
+
+INTEROP = [(b, m) for b, m in EXAMPLES if not isinstance(m, UserMsg) and not isinstance(m, BatchBackendMsg)]
+INTEROP += [(BaseBackendMsg, BatchBackendMsg([user(1, [5, 6]), ExitMsg()])), (BaseBackendMsg, user(2, [1, 2, 3]))]
+
+
+@pytest.mark.parametrize("base,msg", INTEROP, ids=lambda x: type(x).__name__)
+def test_chapter_bytes_decode_here(path: str, base: Any, msg: Any) -> None:
+    raw = msgpack.packb(chapter_serialize(msg), use_bin_type=True)
+    assert raw == msg.to_bytes()  # the same bytes, in fact
+    assert same(base.from_bytes(raw), msg)
+
+
+@pytest.mark.parametrize("base,msg", INTEROP, ids=lambda x: type(x).__name__)
+def test_our_bytes_decode_there(path: str, base: Any, msg: Any) -> None:
+    back = chapter_deserialize(CHAPTER_MAP, msgpack.unpackb(msg.to_bytes(), raw=False))
+    assert same(back, msg)
+
+
+def test_chapter_sampling_params_without_our_extra_fields_decode() -> None:
+    """The chapter's SamplingParams has five fields; ours adds fields with defaults, so they may be omitted."""
+    raw = msgpack.packb(
+        {"__type__": "UserMsg", "uid": 7,
+         "input_ids": {"__type__": "Tensor", "buffer": b"\x01\x00\x00\x00", "dtype": "torch.int32"},
+         "sampling_params": {"__type__": "SamplingParams", "temperature": 0.6, "top_k": -1, "top_p": 1.0,
+                             "ignore_eos": False, "max_tokens": 64}},
+        use_bin_type=True,
+    )
+    msg = BaseBackendMsg.from_bytes(raw)
+    assert msg.sampling_params == SamplingParams(temperature=0.6, max_tokens=64)
+    assert msg.input_ids.tolist() == [1]
+
+
+def test_int_for_float_field_is_accepted_as_float(path: str) -> None:
+    raw = msgpack.packb({"__type__": "SamplingParams", "temperature": 1}, use_bin_type=True)
+    raw = msgpack.packb({"__type__": "TokenizeMsg", "uid": 1, "text": "a",
+                         "sampling_params": msgpack.unpackb(raw)}, use_bin_type=True)
+    got = BaseTokenizerMsg.from_bytes(raw).sampling_params.temperature
+    assert got == 1.0 and type(got) is float
+
+
+# -- errors -------------------------------------------------------------------------------------------
+
+T_OK = {"__type__": "Tensor", "buffer": b"\x01\x00\x00\x00", "dtype": "torch.int32"}
+SP_OK = {"__type__": "SamplingParams", "temperature": 0.0, "top_k": -1, "top_p": 1.0, "ignore_eos": False,
+         "max_tokens": 4, "stop_token_ids": [], "seed": None}
+
+
+def user_dict(**over: Any) -> dict:
+    d = {"__type__": "UserMsg", "uid": 1, "input_ids": dict(T_OK), "sampling_params": dict(SP_OK)}
+    d.update(over)
+    return d
+
+
+BAD: list[tuple[str, Any, Any, str]] = [
+    ("unknown type", BaseBackendMsg, {"__type__": "Evil", "x": 1}, "unknown backend message type 'Evil'"),
+    ("other group's type", BaseBackendMsg, {"__type__": "DetokenizeMsg", "uid": 1, "next_token": 2,
+                                            "finished": False}, "unknown backend message type 'DetokenizeMsg'"),
+    ("SamplingParams at top", BaseBackendMsg, dict(SP_OK), "unknown backend message type 'SamplingParams'"),
+    ("Tensor at top", BaseBackendMsg, dict(T_OK), "unknown backend message type 'Tensor'"),
+    ("no __type__", BaseBackendMsg, {"uid": 1}, "missing '__type__'"),
+    ("__type__ not str", BaseBackendMsg, {"__type__": 3}, "unknown backend message type 3"),
+    ("top-level list", BaseBackendMsg, [1, 2], "expected a map, got list"),
+    ("top-level int", BaseTokenizerMsg, 5, "expected a map, got int"),
+    ("missing field", BaseBackendMsg, {"__type__": "AbortBackendMsg"}, "AbortBackendMsg: missing required field 'uid'"),
+    ("extra field", BaseBackendMsg, {"__type__": "ExitMsg", "now": True}, "ExitMsg: unexpected field"),
+    ("wrong int", BaseBackendMsg, {"__type__": "AbortBackendMsg", "uid": "1"}, r"AbortBackendMsg\.uid: expected int"),
+    ("bool is not int", BaseBackendMsg, {"__type__": "AbortBackendMsg", "uid": True}, r"\.uid: expected int, got bool"),
+    ("float is not int", BaseTokenizerMsg, {"__type__": "AbortMsg", "uid": 1.0}, r"AbortMsg\.uid: expected int"),
+    ("wrong bool", BaseTokenizerMsg, {"__type__": "DetokenizeMsg", "uid": 1, "next_token": 2, "finished": 1},
+     r"DetokenizeMsg\.finished: expected bool"),
+    ("bytes for str", BaseFrontendMsg, {"__type__": "UserReply", "uid": 1, "incremental_output": b"hi",
+                                        "finished": False}, r"UserReply\.incremental_output: expected str"),
+    ("sp wrong type", BaseBackendMsg, user_dict(sampling_params={**SP_OK, "top_k": "5"}),
+     r"UserMsg\.sampling_params\.top_k: expected int"),
+    ("sp extra field", BaseBackendMsg, user_dict(sampling_params={**SP_OK, "beam": 4}),
+     r"UserMsg\.sampling_params: unexpected field\(s\) 'beam'"),
+    ("sp nested list", BaseBackendMsg, user_dict(sampling_params={**SP_OK, "stop_token_ids": [1, "2"]}),
+     r"UserMsg\.sampling_params\.stop_token_ids\[1\]: expected int"),
+    ("sp no __type__", BaseBackendMsg, user_dict(sampling_params={k: v for k, v in SP_OK.items() if k != "__type__"}),
+     r"UserMsg\.sampling_params: missing '__type__'"),
+    ("sp as message", BaseBackendMsg, user_dict(sampling_params={"__type__": "ExitMsg"}),
+     r"UserMsg\.sampling_params: expected __type__ 'SamplingParams'|UserMsg\.sampling_params"),
+    ("seed str", BaseBackendMsg, user_dict(sampling_params={**SP_OK, "seed": "x"}),
+     r"sampling_params\.seed: expected int \| None"),
+    ("tensor bad dtype", BaseBackendMsg, user_dict(input_ids={**T_OK, "dtype": "torch.complex64"}),
+     r"UserMsg\.input_ids: unsupported tensor dtype 'torch.complex64'"),
+    ("tensor dtype not str", BaseBackendMsg, user_dict(input_ids={**T_OK, "dtype": 3}), r"'dtype' must be a str"),
+    ("tensor buffer str", BaseBackendMsg, user_dict(input_ids={**T_OK, "buffer": "abcd"}), r"'buffer' must be bytes"),
+    ("tensor ragged buffer", BaseBackendMsg, user_dict(input_ids={**T_OK, "buffer": b"\x01\x02\x03"}),
+     r"buffer of 3 bytes is not a whole number"),
+    ("tensor shape mismatch", BaseBackendMsg, user_dict(input_ids={**T_OK, "shape": [2, 2]}),
+     r"holds 4 bytes but shape \[2, 2\]"),
+    ("tensor negative shape", BaseBackendMsg, user_dict(input_ids={**T_OK, "shape": [-1]}), r"non-negative ints"),
+    ("tensor shape None", BaseBackendMsg, user_dict(input_ids={**T_OK, "shape": None}), r"'shape' must be a list"),
+    ("tensor extra key", BaseBackendMsg, user_dict(input_ids={**T_OK, "stride": [1]}), r"input_ids: bad Tensor map"),
+    ("tensor wrong tag", BaseBackendMsg, user_dict(input_ids={**T_OK, "__type__": "Tensr"}), r"expected a Tensor"),
+    ("tensor as list", BaseBackendMsg, user_dict(input_ids=[1, 2]), r"input_ids: expected a Tensor map"),
+    ("batch member bad", BaseBackendMsg, {"__type__": "BatchBackendMsg",
+                                          "data": [{"__type__": "ExitMsg"}, {"__type__": "AbortBackendMsg"}]},
+     r"BatchBackendMsg\.data\[1\]: missing required field 'uid'"),
+    ("batch member foreign", BaseTokenizerMsg, {"__type__": "BatchTokenizerMsg", "data": [{"__type__": "UserMsg"}]},
+     r"BatchTokenizerMsg\.data\[0\]: unknown tokenizer message type 'UserMsg'"),
+    ("batch data not list", BaseFrontendMsg, {"__type__": "BatchFrontendMsg", "data": {}}, r"data: expected a list"),
+    ("text wrong", BaseTokenizerMsg, {"__type__": "TokenizeMsg", "uid": 1, "text": [1, "a"],
+                                      "sampling_params": SP_OK}, r"TokenizeMsg\.text: expected str \| "),
+    ("chat wrong", BaseTokenizerMsg, {"__type__": "TokenizeMsg", "uid": 1, "text": [{"role": 1}],
+                                      "sampling_params": SP_OK}, r"TokenizeMsg\.text: expected"),
+]
+
+
+@pytest.mark.parametrize("name,base,data,match", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_raises_named_error(path: str, name: str, base: Any, data: Any, match: str) -> None:
+    with pytest.raises(MessageDecodeError, match=match):
+        base.decoder(data)
+    with pytest.raises(MessageDecodeError, match=match):
+        base.from_bytes(msgpack.packb(data, use_bin_type=True))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"\x81", b"\x82\xa8__type__", b"\xc1", b"\xff\xff\xff", b"not msgpack at all",
+     msgpack.packb({"__type__": "ExitMsg"}) + b"\x00", b"\x81\xa8__type__\xa4\xff\xfe\xfd\xfc"],
+    ids=["empty", "truncated-map", "truncated-key", "reserved-byte", "ints", "text", "trailing", "bad-utf8"],
+)
+def test_bad_bytes_raise_named_error(path: str, raw: bytes) -> None:
+    with pytest.raises(MessageDecodeError):
+        BaseBackendMsg.from_bytes(raw)
+
+
+def test_truncations_of_a_real_message_all_raise(path: str) -> None:
+    raw = BatchBackendMsg([user(1, [1, 2, 3]), AbortBackendMsg(2)]).to_bytes()
+    for n in range(len(raw)):
+        with pytest.raises(MessageDecodeError):
+            BaseBackendMsg.from_bytes(raw[:n])
+
+
+def test_not_bytes_raises_decode_error() -> None:
+    with pytest.raises(MessageDecodeError):
+        BaseBackendMsg.from_bytes(12345)  # type: ignore[arg-type]
+
+
+def test_error_is_a_value_error() -> None:
+    assert issubclass(MessageDecodeError, ValueError)
+
+
+def test_deep_nesting_is_an_error_not_a_crash(path: str) -> None:
+    raw = b"\x82\xa8__type__\xafBatchBackendMsg\xa4data\x91" * 3000 + b"\x81\xa8__type__\xa7ExitMsg"
+    with pytest.raises(MessageDecodeError):
+        BaseBackendMsg.from_bytes(raw)
+
+
+def test_unsendable_values_raise_type_error() -> None:
+    with pytest.raises(TypeError, match="complex"):
+        UserMsg(1, torch.zeros(2, dtype=torch.complex64), sp()).to_bytes()
+    with pytest.raises(TypeError):
+        BatchBackendMsg([DetokenizeMsg(1, 2, False)]).to_bytes()  # a tokenizer message in a backend batch
+
+
+# -- property tests ------------------------------------------------------------------------------------
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FUZZ
+@given(st.binary(max_size=200))
+def test_random_bytes_only_ever_raise_decode_error(raw: bytes) -> None:
+    for base in BASES:
+        try:
+            base.from_bytes(raw)
+        except MessageDecodeError:
+            pass
+
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=False),
+                     st.text(max_size=8), st.binary(max_size=8))
+_values = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                         st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+                       max_leaves=8)
+_names = st.sampled_from(["UserMsg", "ExitMsg", "AbortBackendMsg", "BatchBackendMsg", "Tensor", "SamplingParams",
+                          "DetokenizeMsg", "uid", "data"])
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(["__type__", "uid", "data", "input_ids", "sampling_params", "x"]),
+                       st.one_of(_values, _names), max_size=5))
+def test_random_maps_only_ever_raise_decode_error(data: dict) -> None:
+    raw = msgpack.packb(data, use_bin_type=True)
+    for base in BASES:
+        try:
+            msg = base.from_bytes(raw)
+        except MessageDecodeError:
+            continue
+        assert isinstance(msg, base)
+
+
+_detok = st.builds(DetokenizeMsg, st.integers(0, 2**63 - 1), st.integers(-(2**31), 2**31), st.booleans(),
+                   st.sampled_from(["", "stop", "length", "abort"]))
+_tok = st.builds(TokenizeMsg, st.integers(0, 2**40),
+                 st.one_of(st.text(max_size=20), st.lists(st.integers(0, 2**31), max_size=5),
+                           st.lists(st.dictionaries(st.sampled_from(["role", "content"]), st.text(max_size=5)),
+                                    max_size=2)),
+                 st.builds(SamplingParams, st.floats(0, 2, allow_nan=False), st.integers(-1, 100),
+                           st.floats(0.01, 1), st.booleans(), st.integers(1, 10**6),
+                           st.lists(st.integers(0, 2**20), max_size=3), st.one_of(st.none(), st.integers(0, 2**32))))
+_tok_msgs = st.one_of(_detok, _tok, st.builds(AbortMsg, st.integers(0, 2**50)),
+                      st.builds(ErrorMsg, st.integers(0, 9), st.text(max_size=30)))
+
+
+@FUZZ
+@given(st.lists(_tok_msgs, max_size=6))
+def test_random_messages_round_trip_byte_exact(msgs: list) -> None:
+    batch = BatchTokenizerMsg(msgs)
+    raw = batch.to_bytes()
+    assert raw == msgpack.packb(batch.encoder(), use_bin_type=True)
+    assert raw == msgpack.packb(chapter_serialize(batch), use_bin_type=True)
+    assert BaseTokenizerMsg.from_bytes(raw) == batch
+    for m in msgs:
+        assert BaseTokenizerMsg.from_bytes(m.to_bytes()) == m
