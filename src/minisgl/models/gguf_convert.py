@@ -21,7 +21,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-CONVERTER_VERSION = 1  # bump when the output changes, so old cache entries are not reused
+CONVERTER_VERSION = 2  # bump when the output changes, so old cache entries are not reused
 
 # GGUF tensor names (after "blk.N.") -> HF names (after "model.layers.N.")
 _LAYER_NAMES = {

@@ -1,0 +1,259 @@
+"""GGUF conversion: a synthetic GGUF written the way llama.cpp writes one (round trip, cache
+behaviour), and the embedded SmolLM2 model (config, tensors, logits vs transformers, a real answer)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+
+import minisgl.models.gguf_convert as gc
+from minisgl.models import GGUFConversionError, ModelConfig, load_model, resolve_model_path
+from minisgl.utils.hf import apply_chat_template, load_tokenizer
+from test_models_support import run_prompts, save_tiny_hf_model
+
+# ---------------------------------------------------------------------------------------------------
+# A synthetic GGUF
+
+
+def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """What llama.cpp's converter does to attn_q / attn_k rows (per head: halves -> interleaved pairs)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+GGUF_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def _byte_level_vocab() -> list[str]:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return sorted(set(bytes_to_unicode().values()))
+
+
+def write_tiny_gguf(hf_dir: Path, out: Path, arch: str = "llama") -> dict[str, np.ndarray]:
+    """A GGUF of the tiny HF checkpoint (F32), q/k permuted like llama.cpp; returns the HF tensors."""
+    import gguf
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    hf = load_file(str(hf_dir / "model.safetensors"))
+    tokens = ["<|endoftext|>", "<|im_end|>"] + _byte_level_vocab() + ["hi"]
+    assert len(tokens) == cfg["vocab_size"]
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3] + [1] * (len(tokens) - 2))
+    w.add_token_merges(["h i"])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    w.add_chat_template("{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}")
+    for name, t in hf.items():
+        a = t.astype(np.float32)
+        if name == "model.embed_tokens.weight":
+            gname = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gname = "output_norm.weight"
+        elif name == "lm_head.weight":
+            gname = "output.weight"
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            part, kind = rest.rsplit(".", 1)
+            gname = f"blk.{layer}.{GGUF_NAMES[part]}.{kind}"
+            if part == "self_attn.q_proj":
+                a = llamacpp_permute(a, cfg["num_attention_heads"])
+            elif part == "self_attn.k_proj":
+                a = llamacpp_permute(a, cfg["num_key_value_heads"])
+        w.add_tensor(gname, np.ascontiguousarray(a))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return hf
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
+    hf_dir = save_tiny_hf_model("LlamaForCausalLM", tmp_path_factory.mktemp("hf"), tie=False, vocab=259)
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    return path, write_tiny_gguf(hf_dir, path)
+
+
+def test_round_trip_restores_hf_weights(tiny_gguf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path, hf = tiny_gguf
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    out = resolve_model_path(path, progress=False)
+    assert out.parent == tmp_path / "cache"
+    got = load_file(str(out / "model.safetensors"))
+    assert sorted(got) == sorted(hf)
+    for name, want in hf.items():
+        assert np.array_equal(got[name], want), name  # q/k un-permuted back to HF's layout
+    cfg = ModelConfig.from_dir(out)
+    assert (cfg.architecture, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == (
+        "LlamaForCausalLM",
+        2,
+        4,
+        2,
+    )
+    assert not cfg.tie_word_embeddings and cfg.rms_norm_eps == 1e-5 and cfg.vocab_size == 259
+    assert 1 in cfg.eos_token_ids and cfg.bos_token_id == 0
+    tok = load_tokenizer(out)
+    assert tok.encode("hi", add_special_tokens=False) == [258]
+    assert apply_chat_template(tok, [{"role": "user", "content": "hi"}]) == [258, 1]
+    model, _ = load_model(out, torch.float32, "cpu", progress=False)
+    (logits,) = run_prompts(model, [[5, 6, 7]])
+    assert torch.isfinite(logits).all()
+
+
+def test_conversion_is_cached(tiny_gguf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path, _ = tiny_gguf
+    first = gc.convert_gguf_cached(path, tmp_path, progress=False)
+
+    def fail(*args, **kwargs) -> None:
+        raise AssertionError("converted twice")
+
+    monkeypatch.setattr(gc, "convert_gguf", fail)
+    assert gc.convert_gguf_cached(path, tmp_path, progress=False) == first
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary directories left
+    os.utime(path, ns=(0, 0))  # a changed file is a new cache entry
+    with pytest.raises(AssertionError, match="converted twice"):
+        gc.convert_gguf_cached(path, tmp_path, progress=False)
+
+
+def test_losing_a_conversion_race_keeps_the_winner(tiny_gguf, tmp_path: Path, monkeypatch) -> None:
+    """Another process renames its result into place first: ours is discarded, theirs is used."""
+    path, _ = tiny_gguf
+    real = gc.convert_gguf
+    target = gc.cache_dir_for(path, tmp_path)
+
+    def convert_while_other_wins(src: Path, out: Path, progress: bool = True) -> None:
+        real(src, out, progress=progress)
+        target.mkdir()
+        (target / "config.json").write_text("{}")  # the winner's (complete) entry
+        (target / "marker").write_text("winner")
+
+    monkeypatch.setattr(gc, "convert_gguf", convert_while_other_wins)
+    assert gc.convert_gguf_cached(path, tmp_path, progress=False) == target
+    assert (target / "marker").read_text() == "winner"
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
+def test_bad_gguf_files_are_clear_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"definitely not gguf")
+    with pytest.raises(GGUFConversionError, match=r"bad\.gguf: not a readable GGUF"):
+        resolve_model_path(bad, progress=False)
+    assert not any((tmp_path / "cache").iterdir())  # nothing half-written left behind
+
+
+def test_unsupported_gguf_architecture(tmp_path: Path) -> None:
+    import gguf
+
+    path = tmp_path / "other.gguf"
+    w = gguf.GGUFWriter(str(path), "gpt2")
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GGUFConversionError, match=r"other\.gguf: GGUF architecture 'gpt2' is not supported"):
+        gc.convert_gguf_cached(path, tmp_path / "cache", progress=False)
+
+
+def test_unpermute_inverts_llamacpp_permute() -> None:
+    w = np.arange(6 * 8 * 3, dtype=np.float32).reshape(6 * 8, 3)
+    for heads in (1, 2, 6):
+        assert np.array_equal(gc.unpermute_rope_rows(llamacpp_permute(w, heads), heads), w)
+    assert not np.array_equal(llamacpp_permute(w, 2), w)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The embedded default model (converted once into the user's cache; later runs reuse it)
+
+
+@pytest.fixture(scope="module")
+def smollm_dir() -> Path:
+    return resolve_model_path(None)
+
+
+def test_embedded_model_conversion(smollm_dir: Path) -> None:
+    cfg = ModelConfig.from_dir(smollm_dir)
+    assert cfg.architecture == "LlamaForCausalLM"
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (
+        30,
+        576,
+        9,
+        3,
+        64,
+    )
+    assert (cfg.vocab_size, cfg.intermediate_size, cfg.tie_word_embeddings) == (49152, 1536, True)
+    assert cfg.rope_theta == 100000.0 and cfg.rms_norm_eps == 1e-5 and cfg.rope_scaling is None
+    assert 2 in cfg.eos_token_ids and cfg.bos_token_id == 1  # <|im_end|> ends a chat turn
+    from safetensors import safe_open
+
+    with safe_open(str(smollm_dir / "model.safetensors"), framework="np") as f:
+        names = set(f.keys())
+        assert f.get_slice("model.embed_tokens.weight").get_shape() == [49152, 576]
+    assert len(names) == 30 * 9 + 2 and "lm_head.weight" not in names
+    assert "model.layers.29.self_attn.k_proj.weight" in names
+    tok = load_tokenizer(smollm_dir)
+    assert tok.convert_ids_to_tokens([1, 2]) == ["<|im_start|>", "<|im_end|>"]
+
+
+@pytest.fixture(scope="module")
+def smollm(smollm_dir: Path):
+    return load_model(smollm_dir, torch.float32, "cpu", progress=False)
+
+
+def test_embedded_model_matches_transformers(smollm_dir: Path, smollm) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model, _ = smollm
+    tok = load_tokenizer(smollm_dir)
+    prompts = [
+        tok.encode(t) for t in ("The quick brown fox", "def fibonacci(n):\n    if n", "1, 2, 3, 5, 8,")
+    ]
+    ours = [lg[-1] for lg in run_prompts(model, prompts)]
+    hf = AutoModelForCausalLM.from_pretrained(str(smollm_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = [hf(torch.tensor([p])).logits[0, -1].float() for p in prompts]
+    for got, want in zip(ours, ref, strict=True):
+        torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+        assert int(got.argmax()) == int(want.argmax())
+
+
+def test_embedded_model_knows_the_capital_of_france(smollm_dir: Path, smollm) -> None:
+    model, cfg = smollm
+    tok = load_tokenizer(smollm_dir)
+    ids = apply_chat_template(tok, [{"role": "user", "content": "What is the capital of France?"}])
+    prompt_len = len(ids)
+    for _ in range(16):  # greedy, recomputing the whole sequence (no cache in this test)
+        (logits,) = run_prompts(model, [ids])
+        nxt = int(logits[-1].argmax())
+        ids.append(nxt)
+        if nxt in cfg.eos_token_ids:
+            break
+    answer = tok.decode(ids[prompt_len:], skip_special_tokens=True)
+    assert "Paris" in answer, answer
