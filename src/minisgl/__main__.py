@@ -1,13 +1,81 @@
-"""`python -m minisgl` and the `minisgl` console script."""
+"""`minisgl` / `python -m minisgl`: serve, chat and benchmark.
+
+Each subcommand imports only what it needs, so `minisgl --help` is instant."""
 
 from __future__ import annotations
 
+import argparse
 import sys
+
+_DESCRIPTION = """\
+minisgl: a compact, fast LLM serving engine with an OpenAI-compatible API.
+
+  minisgl serve                     serve the embedded SmolLM2-135M-Instruct on http://127.0.0.1:1919
+  minisgl serve --model DIR|FILE    serve a Hugging Face model directory or a .gguf file
+  minisgl chat                      chat with a model in the terminal
+  minisgl bench serve               measure a running OpenAI-compatible server
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from minisgl.benchmark import serve as bench_serve
+    from minisgl.server import chat
+    from minisgl.server.args import add_serve_arguments
+
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="minisgl", description=_DESCRIPTION, formatter_class=fmt)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser(
+        "serve",
+        help="run the OpenAI-compatible HTTP server",
+        formatter_class=fmt,
+        description="Run the HTTP server (chat/completions, completions, /generate, /health, "
+        "/metrics) with its tokenizer, detokenizer and scheduler processes. Ctrl-C stops it.",
+    )
+    add_serve_arguments(p)
+
+    p = sub.add_parser(
+        "chat",
+        help="chat with a model in the terminal, streaming its answers",
+        description=chat.__doc__,
+        formatter_class=fmt,
+    )
+    chat.add_arguments(p)
+
+    p = sub.add_parser("bench", help="benchmarks", description="Benchmarks.")
+    bench = p.add_subparsers(dest="bench_command", metavar="BENCHMARK")
+    b = bench.add_parser(
+        "serve",
+        help="latency and throughput of an OpenAI-compatible server",
+        description=bench_serve.__doc__,
+        formatter_class=fmt,
+    )
+    bench_serve.add_arguments(b)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    print("minisgl: the CLI (serve, chat, bench) is not built yet.", file=sys.stderr)
+    parser = build_parser()
+    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if ns.command == "serve":
+        from minisgl.server.args import args_from_namespace
+        from minisgl.server.launcher import serve
+
+        try:
+            args = args_from_namespace(ns)
+        except ValueError as e:
+            parser.error(str(e))
+        return serve(args)
+    if ns.command == "chat":
+        from minisgl.server.chat import main as chat_main
+
+        return chat_main(ns)
+    if ns.command == "bench" and ns.bench_command == "serve":
+        from minisgl.benchmark.serve import main as bench_main
+
+        return bench_main(ns)
+    parser.print_help()
     return 2
 
 

@@ -89,6 +89,11 @@ class RequestStream:
         self._replies.append(reply)
         self._event.set()
 
+    def end(self, reason: str) -> None:
+        """Finish from this side (no worker will answer any more)."""
+        self._acked = True  # do not wait for a prompt-token count that will not come
+        self.push(UserReply(self.uid, "", True, reason, completion_tokens=self.completion_tokens))
+
     async def _wait(self) -> None:
         while not self._replies:
             self._event.clear()
@@ -254,6 +259,19 @@ class FrontendManager:
             self.abort(stream.uid)
         else:
             self.close(stream.uid)
+
+    def finish_all(self, reason: str) -> None:
+        """End every request in flight with `reason` (the server is stopping or a worker died)."""
+        for uid, stream in list(self.streams.items()):
+            stream.push(
+                UserReply(
+                    uid=uid,
+                    incremental_output="",
+                    finished=True,
+                    finish_reason=reason,
+                    completion_tokens=stream.completion_tokens,
+                )
+            )
 
     def mark_running(self, uid: int) -> None:
         """Request `uid` produced its first token: it moves from waiting to running."""

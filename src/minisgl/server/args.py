@@ -1,0 +1,167 @@
+"""`minisgl serve` options: the `ServerArgs` dataclass and its argparse parser."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from typing import Any
+
+DEFAULT_PORT = 1919
+EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """Everything the launcher needs; `None` means "the scheduler decides" (from the model and
+    memory)."""
+
+    model: str | None = None
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    device: str = "auto"
+    tp: int = 1
+    dtype: str = "auto"
+    num_tokenizer: int = 0
+    max_running_requests: int | None = None
+    max_prefill_tokens: int | None = None
+    num_pages: int | None = None
+    kv_cache_memory: str | None = None
+    page_size: int | None = None
+    max_seq_len: int | None = None
+    max_queued_requests: int | None = None
+    engine: str = "model"
+    dummy_weights: bool = False
+    served_model_name: str | None = None
+    seed: int = 0
+    log_level: str = "info"
+    startup_timeout: float = 600.0
+    unhealthy_grace: float = 1.0  # how long /health reports 503 after a worker died, before exiting
+
+    @property
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        return self.model if self.model is not None else EMBEDDED_MODEL_NAME
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def check(self) -> None:
+        """Raise ValueError naming the first inconsistent option."""
+        if not 0 < self.port < 65536:
+            raise ValueError(f"--port must be in 1..65535, got {self.port}")
+        if self.tp < 1:
+            raise ValueError(f"--tp must be >= 1, got {self.tp}")
+        if self.num_tokenizer < 0:
+            raise ValueError(f"--num-tokenizer must be >= 0, got {self.num_tokenizer}")
+        if self.num_pages is not None and self.kv_cache_memory is not None:
+            raise ValueError("give --num-pages or --kv-cache-memory, not both")
+        for name in (
+            "max_running_requests",
+            "max_prefill_tokens",
+            "num_pages",
+            "page_size",
+            "max_seq_len",
+            "max_queued_requests",
+        ):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if self.startup_timeout <= 0:
+            raise ValueError("--startup-timeout must be > 0")
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    d = ServerArgs()
+    g = p.add_argument_group("model")
+    g.add_argument(
+        "--model",
+        help="a Hugging Face model directory or a .gguf file (default: the embedded "
+        f"{EMBEDDED_MODEL_NAME}); nothing is downloaded",
+    )
+    g.add_argument("--served-model-name", help="the name clients pass as `model` (default: --model as given)")
+    g.add_argument(
+        "--dtype",
+        default=d.dtype,
+        choices=["auto", "float32", "float16", "bfloat16"],
+        help="weights and activations (auto: bfloat16 on GPU, float32 on CPU)",
+    )
+    g.add_argument(
+        "--engine",
+        default=d.engine,
+        choices=["model", "dummy"],
+        help="dummy: a scheduler that emits tokens without running a model (measures the serving layers)",
+    )
+    g.add_argument(
+        "--dummy-engine", dest="engine", action="store_const", const="dummy", help="same as --engine dummy"
+    )
+    g.add_argument(
+        "--dummy-weights", action="store_true", help="random weights instead of loading the checkpoint"
+    )
+
+    g = p.add_argument_group("server")
+    g.add_argument(
+        "--host", default=d.host, help="HTTP bind address (default %(default)s: this machine only)"
+    )
+    g.add_argument("--port", type=int, default=d.port, help="HTTP port (default %(default)s)")
+    g.add_argument(
+        "--num-tokenizer",
+        type=int,
+        default=d.num_tokenizer,
+        metavar="N",
+        help="tokenizer processes; 0 = one process tokenizes and detokenizes (default)",
+    )
+    g.add_argument(
+        "--max-queued-requests",
+        type=int,
+        metavar="N",
+        help="requests in flight beyond which new ones get 503 (default: unlimited)",
+    )
+    g.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=d.startup_timeout,
+        metavar="SECONDS",
+        help="how long each process may take to report ready (default %(default)s)",
+    )
+    g.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"])
+
+    g = p.add_argument_group("engine")
+    g.add_argument(
+        "--device",
+        default=d.device,
+        choices=["auto", "cpu", "cuda"],
+        help="auto: cuda when a GPU is present, else cpu",
+    )
+    g.add_argument(
+        "--tp",
+        type=int,
+        default=d.tp,
+        metavar="N",
+        help="tensor-parallel ranks (one scheduler process each; gloo on CPU)",
+    )
+    g.add_argument("--max-running-requests", type=int, metavar="N", help="requests decoded together at most")
+    g.add_argument(
+        "--max-prefill-tokens", type=int, metavar="N", help="prompt tokens per prefill step at most"
+    )
+    g.add_argument(
+        "--max-seq-len",
+        type=int,
+        metavar="N",
+        help="context length (prompt + output) per request (default: the model's)",
+    )
+    kv = g.add_mutually_exclusive_group()
+    kv.add_argument("--num-pages", type=int, metavar="N", help="KV cache size in pages")
+    kv.add_argument("--kv-cache-memory", metavar="SIZE", help="KV cache size in memory, e.g. 512MiB or 2GiB")
+    g.add_argument("--page-size", type=int, metavar="N", help="tokens per KV page")
+    g.add_argument("--seed", type=int, default=d.seed, help="sampling seed of requests that give none")
+
+
+def args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
+    known = {f.name for f in fields(ServerArgs)}
+    values: dict[str, Any] = {k: v for k, v in vars(ns).items() if k in known}
+    args = ServerArgs(**values)
+    args.check()
+    return args

@@ -1,0 +1,241 @@
+"""The tokenizer / detokenizer worker process.
+
+Roles (the launcher picks them from --num-tokenizer):
+  - "tokenizer": pulls TokenizeMsg/AbortMsg from the API server; pushes UserMsg/AbortBackendMsg to
+    scheduler rank 0 and, to the API server, an acknowledgement `UserReply("", finished=False,
+    prompt_tokens=n)` or a rejection `UserReply("", finished=True, finish_reason="error", error=...)`.
+    Several of these share the API server's PUSH socket, which deals requests round robin.
+  - "detokenizer": pulls DetokenizeMsg/ErrorMsg from the scheduler; pushes UserReply text deltas,
+    each with the request's completion token count so far, to the API server.
+  - "both" (--num-tokenizer 0): one process does both, pulling from the two pipes.
+
+Every socket of a worker connects (the API server and the scheduler bind), so workers may start in
+any order. A message that does not decode, or a request that cannot be served, is logged or
+answered and dropped; the worker never dies of bad input.
+
+Start-up handshake on the multiprocessing Connection: the worker loads its tokenizer, then waits for
+("start", ModelLimits fields as a dict) from the launcher (who learns them from the scheduler's
+ready report), answers ("ready", {"name": ...}) and serves until SIGTERM. A failure before that is
+reported as ("error", message).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import zmq
+
+from minisgl.message import (
+    AbortBackendMsg,
+    AbortMsg,
+    BaseBackendMsg,
+    BaseFrontendMsg,
+    BaseTokenizerMsg,
+    BatchBackendMsg,
+    BatchFrontendMsg,
+    BatchTokenizerMsg,
+    DetokenizeMsg,
+    ErrorMsg,
+    TokenizeMsg,
+    UserReply,
+)
+
+from .detokenize import DetokenizeManager
+from .tokenize import ModelLimits, RequestRejected, TokenizeManager
+
+logger = logging.getLogger("minisgl.tokenizer")
+
+ROLES = ("tokenizer", "detokenizer", "both")
+
+
+@dataclass(frozen=True)
+class TokenizerWorkerConfig:
+    """Where one worker reads and writes. All addresses are connected to, never bound."""
+
+    model_path: str
+    role: str
+    tokenizer_addr: str  # API server -> tokenizers (PUSH binds there)
+    detokenizer_addr: str  # scheduler rank 0 -> detokenizer (PUSH binds there)
+    backend_addr: str  # -> scheduler rank 0 (PULL binds there)
+    frontend_addr: str  # -> API server (PULL binds there)
+    index: int = 0
+    max_batch: int = 256
+    log_level: str = "info"
+
+    @property
+    def name(self) -> str:
+        if self.role == "both":
+            return "tokenizer+detokenizer"
+        return f"tokenizer-{self.index}" if self.role == "tokenizer" else "detokenizer"
+
+    @property
+    def tokenizes(self) -> bool:
+        return self.role in ("tokenizer", "both")
+
+    @property
+    def detokenizes(self) -> bool:
+        return self.role in ("detokenizer", "both")
+
+
+def _flatten(msg: Any) -> list[Any]:
+    if isinstance(msg, (BatchTokenizerMsg, BatchFrontendMsg, BatchBackendMsg)):
+        return [m for inner in msg.data for m in _flatten(inner)]
+    return [msg]
+
+
+def _one_or_batch(msgs: list[Any], batch_cls: type) -> Any:
+    return msgs[0] if len(msgs) == 1 else batch_cls(data=msgs)
+
+
+class TokenizerWorker:
+    """The worker's state and loop; built inside the child process."""
+
+    def __init__(self, config: TokenizerWorkerConfig, tokenizer: Any, limits: ModelLimits) -> None:
+        from minisgl.utils import ZmqPullQueue, ZmqPushQueue
+
+        self.config = config
+        self.tokenize = TokenizeManager(tokenizer, limits) if config.tokenizes else None
+        self.detokenize = DetokenizeManager(tokenizer) if config.detokenizes else None
+        self.pulls = []
+        if config.tokenizes:
+            self.pulls.append(
+                ZmqPullQueue(config.tokenizer_addr, create=False, decoder=BaseTokenizerMsg.decoder)
+            )
+        if config.detokenizes:
+            self.pulls.append(
+                ZmqPullQueue(config.detokenizer_addr, create=False, decoder=BaseTokenizerMsg.decoder)
+            )
+        self.to_frontend = ZmqPushQueue(config.frontend_addr, create=False, encoder=BaseFrontendMsg.encoder)
+        self.to_backend = (
+            ZmqPushQueue(config.backend_addr, create=False, encoder=BaseBackendMsg.encoder)
+            if config.tokenizes
+            else None
+        )
+        self.poller = zmq.Poller()
+        for q in self.pulls:
+            self.poller.register(q.socket, zmq.POLLIN)
+
+    def close(self) -> None:
+        for q in [*self.pulls, self.to_frontend, self.to_backend]:
+            if q is not None:
+                q.stop()
+
+    def receive(self) -> list[BaseTokenizerMsg]:
+        """Block until something arrives, then take up to max_batch messages without waiting."""
+        msgs: list[BaseTokenizerMsg] = []
+        while not msgs:
+            self.poller.poll()
+            for q in self.pulls:
+                while len(msgs) < self.config.max_batch and not q.empty():
+                    try:
+                        msgs.extend(_flatten(q.get()))
+                    except Exception as e:  # a malformed message: log it and go on
+                        logger.warning("%s: dropped a malformed message: %s", self.config.name, e)
+        return msgs
+
+    def handle(self, msgs: list[BaseTokenizerMsg]) -> None:
+        to_frontend: list[UserReply] = []
+        to_backend: list[BaseBackendMsg] = []
+        for msg in msgs:
+            if isinstance(msg, TokenizeMsg) and self.tokenize is not None:
+                to_frontend.append(self._tokenize(msg, to_backend))
+            elif isinstance(msg, AbortMsg) and self.tokenize is not None:
+                to_backend.append(AbortBackendMsg(uid=msg.uid))
+            elif isinstance(msg, DetokenizeMsg) and self.detokenize is not None:
+                to_frontend.append(self._detokenize(msg))
+            elif isinstance(msg, ErrorMsg) and self.detokenize is not None:
+                to_frontend.append(self.detokenize.reject(msg))
+            else:
+                logger.warning("%s: dropped an unexpected %s", self.config.name, type(msg).__name__)
+        # Acknowledgements go out before the requests reach the scheduler, so the API server sees a
+        # request's prompt token count before its first token.
+        if to_frontend:
+            self.to_frontend.put(_one_or_batch(to_frontend, BatchFrontendMsg))
+        if to_backend and self.to_backend is not None:
+            self.to_backend.put(_one_or_batch(to_backend, BatchBackendMsg))
+
+    def _tokenize(self, msg: TokenizeMsg, to_backend: list[BaseBackendMsg]) -> UserReply:
+        assert self.tokenize is not None
+        try:
+            user_msg = self.tokenize.prepare(msg)
+        except RequestRejected as e:
+            return UserReply(
+                uid=msg.uid, incremental_output="", finished=True, finish_reason="error", error=str(e)
+            )
+        except Exception as e:  # a bug or a tokenizer failure must not take the worker down
+            logger.exception("%s: cannot tokenize request %d", self.config.name, msg.uid)
+            return UserReply(
+                uid=msg.uid,
+                incremental_output="",
+                finished=True,
+                finish_reason="error",
+                error=f"cannot tokenize the prompt: {type(e).__name__}: {e}",
+            )
+        to_backend.append(user_msg)
+        return UserReply(
+            uid=msg.uid, incremental_output="", finished=False, prompt_tokens=len(user_msg.input_ids)
+        )
+
+    def _detokenize(self, msg: DetokenizeMsg) -> UserReply:
+        assert self.detokenize is not None
+        try:
+            return self.detokenize.detokenize(msg)
+        except Exception as e:  # e.g. a token id the tokenizer does not know
+            logger.exception("%s: cannot detokenize a token of request %d", self.config.name, msg.uid)
+            self.detokenize.states.pop(msg.uid, None)
+            return UserReply(
+                uid=msg.uid,
+                incremental_output="",
+                finished=True,
+                finish_reason="error",
+                error=f"cannot detokenize: {type(e).__name__}: {e}",
+            )
+
+    def serve_forever(self) -> None:
+        while True:
+            self.handle(self.receive())
+
+
+def _raise_exit(signum: int, _frame: Any) -> None:
+    raise SystemExit(0)
+
+
+def run_tokenizer_worker(config: TokenizerWorkerConfig, conn: Connection) -> None:
+    """Process entry of one tokenizer / detokenizer worker (see the module docstring)."""
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        stream=sys.stderr,
+        format=f"%(asctime)s [{config.name}] %(levelname)s %(message)s",
+    )
+    signal.signal(signal.SIGTERM, _raise_exit)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the launcher decides
+    worker: TokenizerWorker | None = None
+    try:
+        from minisgl.utils.hf import load_tokenizer
+
+        tokenizer = load_tokenizer(config.model_path)
+        kind, payload = conn.recv()
+        if kind != "start":
+            raise RuntimeError(f"expected the start message from the launcher, got {kind!r}")
+        worker = TokenizerWorker(config, tokenizer, ModelLimits(**payload))
+        conn.send(("ready", {"name": config.name}))
+    except (SystemExit, EOFError):
+        return
+    except Exception as e:
+        logger.exception("%s failed to start", config.name)
+        try:
+            conn.send(("error", f"{config.name}: {type(e).__name__}: {e}"))
+        except (BrokenPipeError, OSError):
+            pass
+        return
+    try:
+        worker.serve_forever()
+    except (SystemExit, KeyboardInterrupt):
+        pass
+    finally:
+        worker.close()
