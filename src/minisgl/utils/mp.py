@@ -1,0 +1,232 @@
+"""ZMQ queues: thin layers over "message codec + socket" (the chapter's five kinds, plus XPUB waiting).
+
+Every queue is built `(addr, create, encoder|decoder)`: the side with create=True binds, the other
+connects. Given a group's chapter-style `BaseXMsg.encoder` / `BaseXMsg.decoder` (or the group base
+class itself), a queue uses that group's one-step `to_bytes`/`from_bytes`; any other function is
+used the chapter's way (`msgpack.packb(encoder(obj))`, `decoder(msgpack.unpackb(raw))`).
+
+Malformed input policy: a receiving queue's `get()` raises `MessageDecodeError` for bytes that are
+not a valid message; the bytes are consumed, so the caller logs, drops and calls `get()` again (the
+next message is unaffected). `get_raw()` never decodes; `decode(raw)` raises the same error.
+
+`stop()` closes with linger 0 (pending outgoing messages are dropped, never waited for) and never
+hangs. ipc:// paths are checked against the platform's sun_path limit before ZMQ sees them.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import msgpack
+import zmq
+import zmq.asyncio
+
+from minisgl.message import MessageDecodeError
+from minisgl.message.utils import group_of
+
+T = TypeVar("T")
+
+# sockaddr_un.sun_path: 108 bytes on Linux, 104 on macOS/BSD, one of them the terminating NUL.
+IPC_PATH_MAX = 103 if sys.platform == "darwin" or "bsd" in sys.platform else 107
+
+
+def check_addr(addr: str) -> str:
+    """Raise ValueError for an ipc:// path too long for a Unix socket (ZMQ's own error is obscure)."""
+    if not isinstance(addr, str) or "://" not in addr:
+        raise ValueError(f"a ZMQ address looks like 'ipc:///tmp/x' or 'tcp://host:port', got {addr!r}")
+    if addr.startswith("ipc://"):
+        path = addr[len("ipc://") :]
+        size = len(path.encode())
+        if size > IPC_PATH_MAX:
+            raise ValueError(
+                f"ipc path is {size} bytes, longer than the {IPC_PATH_MAX} a Unix socket path may have on "
+                f"{sys.platform}: {path!r}; use a shorter directory (e.g. under /tmp)"
+            )
+        if size == 0:
+            raise ValueError("empty ipc path")
+    return addr
+
+
+def _packer(encoder: Any) -> Callable[[Any], bytes]:
+    group = group_of(encoder)
+    if group is not None:
+        return group.to_bytes
+    return lambda obj: msgpack.packb(encoder(obj), use_bin_type=True)
+
+
+def _unpacker(decoder: Any) -> Callable[[bytes], Any]:
+    group = group_of(decoder)
+    if group is not None:
+        return group.from_bytes
+
+    def decode(raw: bytes) -> Any:
+        try:
+            data = msgpack.unpackb(raw, raw=False)
+        except Exception as e:
+            raise MessageDecodeError(f"not valid msgpack ({type(e).__name__}: {e})") from None
+        return decoder(data)
+
+    return decode
+
+
+class _ZmqQueue:
+    """A socket with its own context; `stop()` closes both without waiting."""
+
+    _async = False
+
+    def __init__(self, addr: str, create: bool, kind: int) -> None:
+        check_addr(addr)
+        self.addr = addr
+        self.context = zmq.asyncio.Context() if self._async else zmq.Context()
+        self.socket = self.context.socket(kind)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        try:
+            self.socket.bind(addr) if create else self.socket.connect(addr)
+        except zmq.ZMQError as e:
+            self.stop()
+            raise OSError(f"cannot {'bind' if create else 'connect'} {addr}: {e}") from e
+        self._stopped = False
+
+    def stop(self) -> None:
+        """Close the socket (linger 0) and its context. Idempotent, never blocks."""
+        if getattr(self, "_stopped", False):
+            return
+        self._stopped = True
+        self.socket.close(linger=0)
+        self.context.term()
+
+    def __enter__(self) -> _ZmqQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class _Receiver(_ZmqQueue, Generic[T]):
+    def __init__(self, addr: str, create: bool, kind: int, decoder: Callable[[dict], T]) -> None:
+        super().__init__(addr, create, kind)
+        self._decode = _unpacker(decoder)
+
+    def get(self) -> T:
+        """Block for the next message; MessageDecodeError if its bytes are not one (they are consumed)."""
+        return self._decode(self.socket.recv())
+
+    def get_raw(self) -> bytes:
+        """Block for the next message's bytes, undecoded."""
+        return self.socket.recv()
+
+    def decode(self, raw: bytes) -> T:
+        return self._decode(raw)
+
+    def empty(self) -> bool:
+        """True if no message is waiting right now (never blocks)."""
+        return self.socket.poll(0, zmq.POLLIN) == 0
+
+    def poll(self, timeout_s: float) -> bool:
+        """Wait up to timeout_s for a message; True if one is waiting."""
+        return self.socket.poll(max(0, int(timeout_s * 1000)), zmq.POLLIN) != 0
+
+
+class _Sender(_ZmqQueue, Generic[T]):
+    def __init__(self, addr: str, create: bool, kind: int, encoder: Callable[[T], dict]) -> None:
+        super().__init__(addr, create, kind)
+        self._encode = _packer(encoder)
+
+    def put(self, obj: T) -> None:
+        self.socket.send(self._encode(obj), copy=False)
+
+    def put_raw(self, raw: bytes) -> None:
+        """Send bytes as they are (e.g. forwarding what another queue's `get_raw` returned)."""
+        self.socket.send(raw, copy=False)
+
+
+class ZmqPushQueue(_Sender[T]):
+    """One end of a pipe: messages arrive in order, none dropped (send blocks at the high-water mark)."""
+
+    def __init__(self, addr: str, create: bool, encoder: Callable[[T], dict]) -> None:
+        super().__init__(addr, create, zmq.PUSH, encoder)
+
+
+class ZmqPullQueue(_Receiver[T]):
+    """The other end of a pipe (several pushers may feed one puller)."""
+
+    def __init__(self, addr: str, create: bool, decoder: Callable[[dict], T]) -> None:
+        super().__init__(addr, create, zmq.PULL, decoder)
+
+
+class ZmqPubQueue(_Sender[T]):
+    """The broadcast queue. XPUB rather than PUB: XPUB hears each subscription, so the publisher can
+    wait for all subscribers before its first message (the "slow joiner": anything published before a
+    subscription takes effect is silently dropped for that subscriber)."""
+
+    def __init__(self, addr: str, create: bool, encoder: Callable[[T], dict]) -> None:
+        super().__init__(addr, create, zmq.XPUB, encoder)
+        self.socket.setsockopt(zmq.XPUB_VERBOSE, 1)  # one notification per subscriber, no dedup
+        self.subscribers = 0
+
+    def wait_for_subscribers(self, n: int, timeout: float | None = 60.0) -> None:
+        """Return once n subscriptions have arrived in total; TimeoutError after `timeout` seconds
+        (None: wait forever)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.subscribers < n:
+            wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            if not self.socket.poll(wait_ms, zmq.POLLIN):
+                raise TimeoutError(
+                    f"{self.addr}: {self.subscribers} of {n} subscriber(s) after {timeout:.1f}s "
+                    "(did every rank start?)"
+                )
+            event = self.socket.recv()
+            if event[:1] == b"\x01":  # subscribe (b"\x00" is an unsubscribe)
+                self.subscribers += 1
+            elif event[:1] == b"\x00":
+                self.subscribers -= 1
+
+
+class ZmqSubQueue(_Receiver[T]):
+    """A subscriber to everything a ZmqPubQueue publishes."""
+
+    def __init__(self, addr: str, create: bool, decoder: Callable[[dict], T]) -> None:
+        super().__init__(addr, create, zmq.SUB, decoder)
+        self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+
+
+class ZmqAsyncPushQueue(_ZmqQueue, Generic[T]):
+    """PUSH for an asyncio event loop (the API server): `await put(obj)` never blocks the loop."""
+
+    _async = True
+
+    def __init__(self, addr: str, create: bool, encoder: Callable[[T], dict]) -> None:
+        super().__init__(addr, create, zmq.PUSH)
+        self._encode = _packer(encoder)
+
+    async def put(self, obj: T) -> None:
+        await self.socket.send(self._encode(obj), copy=False)
+
+    async def put_raw(self, raw: bytes) -> None:
+        await self.socket.send(raw, copy=False)
+
+
+class ZmqAsyncPullQueue(_ZmqQueue, Generic[T]):
+    """PULL for an asyncio event loop; `await get()` (MessageDecodeError for malformed bytes)."""
+
+    _async = True
+
+    def __init__(self, addr: str, create: bool, decoder: Callable[[dict], T]) -> None:
+        super().__init__(addr, create, zmq.PULL)
+        self._decode = _unpacker(decoder)
+
+    async def get(self) -> T:
+        return self._decode(await self.socket.recv())
+
+    async def get_raw(self) -> bytes:
+        return await self.socket.recv()
+
+    def decode(self, raw: bytes) -> T:
+        return self._decode(raw)
+
+    def empty(self) -> bool:
+        """True if no message is waiting right now (never blocks, no await needed)."""
+        return not self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN
