@@ -289,7 +289,8 @@ def plot(results: list[RequestResult], path: str) -> None:
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
     for ax, (name, values) in zip(axes.flat, series, strict=True):
         if values:
-            ax.hist(values, bins=40, color="tab:blue", alpha=0.8)
+            spread = max(values) - min(values) > 1e-9 * max(abs(v) for v in values)
+            ax.hist(values, bins=40 if spread else 1, color="tab:blue", alpha=0.8)
             for q, style in ((50, "-"), (99, "--")):
                 ax.axvline(percentile(values, q), color="tab:red", linestyle=style, label=f"p{q}")
             ax.legend()
