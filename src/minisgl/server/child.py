@@ -3,7 +3,8 @@ child's real entry is imported).
 
 The child dies with the launcher even if the launcher is killed with SIGKILL (Linux parent-death
 signal), and ignores SIGINT: Ctrl-C in a terminal reaches the whole process group, and the launcher
-alone decides how to stop (it sends SIGTERM to each child)."""
+alone decides how to stop (it sends SIGTERM to each child). Logging goes to stderr (inherited from
+the launcher) at the level the launcher put in MINISGL_LOG_LEVEL."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ def _die_with_parent() -> None:
 
 
 def child_main(target: Callable[..., Any], *args: Any) -> None:
+    from minisgl.utils.logger import init_logger
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
+    init_logger("minisgl")  # one stderr handler for the minisgl tree, level from MINISGL_LOG_LEVEL
     target(*args)

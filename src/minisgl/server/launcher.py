@@ -19,7 +19,7 @@ all children are stopped (SIGTERM, then SIGKILL) and the private ipc directory i
 from __future__ import annotations
 
 import asyncio
-import logging
+import os
 import signal
 import socket
 import sys
@@ -29,6 +29,7 @@ from typing import Any
 
 from minisgl.message import BaseFrontendMsg, BaseTokenizerMsg
 from minisgl.tokenizer.server import TokenizerWorkerConfig, run_tokenizer_worker
+from minisgl.utils.logger import init_logger
 
 from .api_server import ServerState, create_app
 from .args import ServerArgs
@@ -36,7 +37,7 @@ from .frontend import FrontendManager
 from .metrics import ServerMetrics
 from .processes import Child, ProcessGroup, StartupError
 
-logger = logging.getLogger("minisgl.launcher")
+logger = init_logger("minisgl.launcher")
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,6 @@ class Launcher:
             detokenizer_addr=self.addrs.detokenizer,
             backend_addr=self.addrs.backend,
             frontend_addr=self.addrs.frontend,
-            log_level=self.args.log_level,
         )
         n = self.args.num_tokenizer
         if n == 0:
@@ -149,7 +149,6 @@ class Launcher:
         state = ServerState(manager, self.args.model_name, aliases)
         config = uvicorn.Config(
             create_app(state),
-            log_level=self.args.log_level,
             access_log=self.args.log_level == "debug",
             timeout_graceful_shutdown=3,
             lifespan="off",
@@ -232,9 +231,9 @@ class Launcher:
 
 
 def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), stream=sys.stderr, format="%(asctime)s [%(name)s] %(levelname)s %(message)s"
-    )
+    """The launcher and (through the environment) every child log at `level` to stderr."""
+    os.environ["MINISGL_LOG_LEVEL"] = level.upper()
+    init_logger("minisgl").setLevel(level.upper())
 
 
 def serve(args: ServerArgs) -> int:

@@ -21,9 +21,7 @@ reported as ("error", message).
 
 from __future__ import annotations
 
-import logging
 import signal
-import sys
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -44,11 +42,12 @@ from minisgl.message import (
     TokenizeMsg,
     UserReply,
 )
+from minisgl.utils.logger import init_logger
 
 from .detokenize import DetokenizeManager
 from .tokenize import ModelLimits, RequestRejected, TokenizeManager
 
-logger = logging.getLogger("minisgl.tokenizer")
+logger = init_logger("minisgl.tokenizer")
 
 ROLES = ("tokenizer", "detokenizer", "both")
 
@@ -65,7 +64,6 @@ class TokenizerWorkerConfig:
     frontend_addr: str  # -> API server (PULL binds there)
     index: int = 0
     max_batch: int = 256
-    log_level: str = "info"
 
     @property
     def name(self) -> str:
@@ -207,11 +205,6 @@ def _raise_exit(signum: int, _frame: Any) -> None:
 
 def run_tokenizer_worker(config: TokenizerWorkerConfig, conn: Connection) -> None:
     """Process entry of one tokenizer / detokenizer worker (see the module docstring)."""
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        stream=sys.stderr,
-        format=f"%(asctime)s [{config.name}] %(levelname)s %(message)s",
-    )
     signal.signal(signal.SIGTERM, _raise_exit)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the launcher decides
     worker: TokenizerWorker | None = None
