@@ -54,7 +54,6 @@ class SchedulerIOMixin:
     subscriber_timeout_s: float = 120.0  # rank 0 waits this long for the other ranks to subscribe
 
     def __init__(self, config: SchedulerConfig, tp_cpu_group: Any) -> None:
-        tp_info = config.tp_info
         self.tp_cpu_group = tp_cpu_group
         self._io_queues: list[Any] = []
         if config.offline_mode:  # the offline LLM class does its own IO: no sockets at all
