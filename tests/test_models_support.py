@@ -37,8 +37,9 @@ class ContiguousCausalAttention:
 def run_prompts(model: torch.nn.Module, prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
     """All-position float32 logits of each prompt, the prompts run together as one flattened batch."""
     lens = [len(p) for p in prompts]
-    ids = torch.tensor([t for p in prompts for t in p])
-    pos = torch.cat([torch.arange(n) for n in lens])
+    device = model.model.embed_tokens.weight.device
+    ids = torch.tensor([t for p in prompts for t in p], device=device)
+    pos = torch.cat([torch.arange(n) for n in lens]).to(device)
     backend = ContiguousCausalAttention(lens)
     set_global_ctx(Context(attn_backend=backend))
     try:

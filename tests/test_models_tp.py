@@ -28,7 +28,8 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 tests_dir, init, rank, size, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-model_dirs = sys.argv[6:]
+backend, device = sys.argv[6], sys.argv[7].replace("RANK", str(rank))
+model_dirs = sys.argv[8:]
 sys.path.insert(0, tests_dir)
 torch.set_num_threads(1)
 from test_models_support import run_prompts
@@ -36,12 +37,14 @@ from test_models_tp import PROMPTS
 from minisgl.layers import TPInfo
 from minisgl.models import load_model
 
-dist.init_process_group("gloo", init_method=init, rank=rank, world_size=size)
+if device.startswith("cuda"):
+    torch.cuda.set_device(device)
+dist.init_process_group(backend, init_method=init, rank=rank, world_size=size)
 result = {}
 for i, d in enumerate(model_dirs):
-    model, _ = load_model(d, torch.float32, "cpu", tp_info=TPInfo(rank, size), progress=False)
+    model, _ = load_model(d, torch.float32, device, tp_info=TPInfo(rank, size), progress=False)
     for j, logits in enumerate(run_prompts(model, PROMPTS)):
-        result[f"{i}.{j}"] = logits.contiguous()
+        result[f"{i}.{j}"] = logits.cpu().contiguous()
     result[f"{i}.local_heads"] = torch.tensor([model.num_local_heads, model.num_local_kv_heads])
 save_file(result, out)
 dist.destroy_process_group()
@@ -56,15 +59,25 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     ]
 
 
-@pytest.mark.timeout(180)
-def test_two_ranks_match_one(model_dirs: list[Path], tmp_path: Path) -> None:
-    size = 2
+def run_ranks(model_dirs: list[Path], tmp_path: Path, size: int, backend: str, device: str) -> list[dict]:
+    """Run RANK_SCRIPT in `size` processes; each rank's logits per model and prompt."""
     init = f"file://{tmp_path / 'rendezvous'}"
     outs = [tmp_path / f"rank{r}.safetensors" for r in range(size)]
     tests_dir = str(Path(__file__).parent)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", RANK_SCRIPT, tests_dir, init, str(r), str(size), str(outs[r])]
+            [
+                sys.executable,
+                "-c",
+                RANK_SCRIPT,
+                tests_dir,
+                init,
+                str(r),
+                str(size),
+                str(outs[r]),
+                backend,
+                device,
+            ]
             + [str(d) for d in model_dirs],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -79,7 +92,10 @@ def test_two_ranks_match_one(model_dirs: list[Path], tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
-    ranks = [load_file(str(o)) for o in outs]
+    return [load_file(str(o)) for o in outs]
+
+
+def check_ranks_match_one(model_dirs: list[Path], ranks: list[dict], size: int, tol: float = 1e-5) -> None:
     for i, d in enumerate(model_dirs):
         model, cfg = load_model(d, torch.float32, "cpu", progress=False)
         want = run_prompts(model, PROMPTS)
@@ -87,7 +103,20 @@ def test_two_ranks_match_one(model_dirs: list[Path], tmp_path: Path) -> None:
             heads = ranks[r][f"{i}.local_heads"].tolist()
             assert heads == [cfg.num_heads // size, max(1, cfg.num_kv_heads // size)]
             for j, w in enumerate(want):
-                torch.testing.assert_close(ranks[r][f"{i}.{j}"], w, atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(ranks[r][f"{i}.{j}"], w, atol=tol, rtol=tol)
+
+
+@pytest.mark.timeout(180)
+def test_two_ranks_match_one(model_dirs: list[Path], tmp_path: Path) -> None:
+    check_ranks_match_one(model_dirs, run_ranks(model_dirs, tmp_path, 2, "gloo", "cpu"), 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_two_gpus_match_one(model_dirs: list[Path], tmp_path: Path) -> None:
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    check_ranks_match_one(model_dirs, run_ranks(model_dirs, tmp_path, 2, "nccl", "cuda:RANK"), 2, tol=1e-4)
 
 
 def test_indivisible_heads_are_a_clear_error(model_dirs: list[Path]) -> None:
