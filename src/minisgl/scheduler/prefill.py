@@ -23,6 +23,7 @@ class PrefillManager:
         self.max_prefill_tokens = max_prefill_tokens
         self.waiting: deque[Req] = deque()
         self.prefilling: list[Req] = []
+        self.num_page_waits = 0  # steps in which the queue's head waited for KV pages
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.prefilling)
@@ -57,6 +58,8 @@ class PrefillManager:
             reqs.append(r)
             lens.append(n)
             budget -= n
+        if not admit and self.waiting:
+            self.num_page_waits += 1
         while budget > 0 and admit and self.waiting and self._admit(self.waiting[0], reserve_pages):
             r = self.waiting.popleft()
             self.prefilling.append(r)
@@ -69,7 +72,10 @@ class PrefillManager:
     def _admit(self, req: Req, reserve_pages: int) -> bool:
         table = self.table
         need = -(-req.seq_len // table.page_size)
-        if table.num_free_rows == 0 or need + reserve_pages > table.allocator.num_free:
+        if table.num_free_rows == 0:
+            return False
+        if need + reserve_pages > table.allocator.num_free:
+            self.num_page_waits += 1
             return False
         req.table_row = table.alloc_row(req.uid)
         ok = table.reserve(req.table_row, req.seq_len)

@@ -69,6 +69,7 @@ class Scheduler(SchedulerIOMixin):
         self._under_pressure = False  # set by a retraction; cleared when a request frees its pages
         self._idle_logged = False
         self._exit = False
+        self.num_retractions = 0  # observability (and tests): how often the pool forced a retraction
         self._replies: list[BaseTokenizerMsg] = []
         super().__init__(config, tp_cpu_group)
 
@@ -226,6 +227,7 @@ class Scheduler(SchedulerIOMixin):
         req.table_row, req.cached_len, req.admit_seq = -1, 0, -1
         self.prefill.add(req, front=True)
         self._under_pressure = True
+        self.num_retractions += 1
         logger.info(
             "scheduler: KV pool full, retracted request %d (%d tokens to recompute)", req.uid, req.seq_len
         )
