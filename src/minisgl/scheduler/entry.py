@@ -17,21 +17,16 @@ def init_distributed(config: Any) -> Any:
     Tensors travel on the default group (NCCL between GPUs, gloo on the CPU); the scheduler's small
     control messages (message counts) always go over a gloo group.
     """
+    from minisgl.distributed import init_process_groups, set_tp_info
+
     tp = config.tp_info
+    set_tp_info(tp)
     if tp.size == 1:
         return None
-    import torch.distributed as dist
-
     on_gpu = str(config.device).startswith("cuda")
     if on_gpu:
         torch.cuda.set_device(tp.rank)
-    dist.init_process_group(
-        backend="nccl" if on_gpu else "gloo",
-        init_method=config.dist_init_addr,
-        rank=tp.rank,
-        world_size=tp.size,
-    )
-    return dist.new_group(backend="gloo") if on_gpu else dist.group.WORLD
+    return init_process_groups(tp, config.dist_init_addr, backend="nccl" if on_gpu else "gloo")
 
 
 def run_scheduler(config: Any, ready_conn: Any) -> None:
@@ -59,11 +54,9 @@ def run_scheduler(config: Any, ready_conn: Any) -> None:
         logger.info("scheduler rank %d: stopping", config.tp_info.rank)
     finally:
         _close_sockets(scheduler)
-        if config.tp_info.size > 1:
-            import torch.distributed as dist
+        from minisgl.distributed import destroy_process_groups
 
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        destroy_process_groups()
 
 
 def _close_sockets(scheduler: Any) -> None:
