@@ -125,20 +125,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=1.5, help="seconds per contender and case")
     args = parser.parse_args()
-    print(f"python {platform.python_version()}, msgpack {'.'.join(map(str, msgpack.version))}, "
-          f"msgspec fast path: {'on' if fastpath.AVAILABLE else 'off (pip install msgspec)'}, "
-          f"{platform.machine()} {platform.processor() or ''}".rstrip())
+    print(
+        f"python {platform.python_version()}, msgpack {'.'.join(map(str, msgpack.version))}, "
+        f"msgspec fast path: {'on' if fastpath.AVAILABLE else 'off (pip install msgspec)'}, "
+        f"{platform.machine()} {platform.processor() or ''}".rstrip()
+    )
 
     tok_map = {name: getattr(tokenizer, name) for name in ("BatchTokenizerMsg", "DetokenizeMsg")}
-    batch = BatchTokenizerMsg(data=[DetokenizeMsg(uid=i, next_token=1000 + 37 * i, finished=i % 9 == 0,
-                                                  finish_reason="stop" if i % 9 == 0 else "")
-                                    for i in range(256)])
+    batch = BatchTokenizerMsg(
+        data=[
+            DetokenizeMsg(
+                uid=i,
+                next_token=1000 + 37 * i,
+                finished=i % 9 == 0,
+                finish_reason="stop" if i % 9 == 0 else "",
+            )
+            for i in range(256)
+        ]
+    )
     assert BaseTokenizerMsg.from_bytes(batch.to_bytes()) == batch
     assert generic_round_trip(batch, tok_map) == batch
     r1 = bench_case("BatchTokenizerMsg of 256 DetokenizeMsg", batch, BaseTokenizerMsg, tok_map, args.seconds)
 
-    user = UserMsg(uid=12345, input_ids=torch.randint(0, 150_000, (8000,), dtype=torch.int32),
-                   sampling_params=SamplingParams(temperature=0.7, top_p=0.9, max_tokens=256))
+    user = UserMsg(
+        uid=12345,
+        input_ids=torch.randint(0, 150_000, (8000,), dtype=torch.int32),
+        sampling_params=SamplingParams(temperature=0.7, top_p=0.9, max_tokens=256),
+    )
     back = BaseBackendMsg.from_bytes(user.to_bytes())
     assert torch.equal(back.input_ids, user.input_ids) and back.sampling_params == user.sampling_params
     be_map = {"UserMsg": UserMsg, "SamplingParams": SamplingParams}

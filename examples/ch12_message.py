@@ -15,10 +15,15 @@ from minisgl.core import SamplingParams
 from minisgl.message import BaseBackendMsg, BatchBackendMsg, MessageDecodeError, UserMsg
 from minisgl.utils import ZmqPubQueue, ZmqPullQueue, ZmqPushQueue, ZmqSubQueue
 
-msg = BatchBackendMsg(data=[
-    UserMsg(uid=7, input_ids=torch.tensor([9707, 11, 1879], dtype=torch.int32),
-            sampling_params=SamplingParams(temperature=0.6, max_tokens=64)),
-])
+msg = BatchBackendMsg(
+    data=[
+        UserMsg(
+            uid=7,
+            input_ids=torch.tensor([9707, 11, 1879], dtype=torch.int32),
+            sampling_params=SamplingParams(temperature=0.6, max_tokens=64),
+        ),
+    ]
+)
 d = msg.encoder()
 print("the dict encoder() produces:")
 print(" ", {k: v for k, v in d.items() if k != "data"}, "data[0] =")
@@ -28,9 +33,15 @@ print(f"{len(raw)} bytes after msgpack; to_bytes() gives the same bytes: {msg.to
 back = BaseBackendMsg.decoder(msgpack.unpackb(raw, raw=False))
 print("decoded back:", back.data[0].uid, back.data[0].input_ids, back.data[0].sampling_params)
 
-grid = UserMsg(uid=8, input_ids=torch.arange(6, dtype=torch.int64).reshape(2, 3), sampling_params=SamplingParams())
+grid = UserMsg(
+    uid=8, input_ids=torch.arange(6, dtype=torch.int64).reshape(2, 3), sampling_params=SamplingParams()
+)
 print("a 2-D tensor round trip:", BaseBackendMsg.from_bytes(grid.to_bytes()).input_ids.tolist())
-for bad in (msgpack.packb({"__type__": "Evil"}), msgpack.packb({"__type__": "AbortBackendMsg", "uid": "7"}), raw[:40]):
+for bad in (
+    msgpack.packb({"__type__": "Evil"}),
+    msgpack.packb({"__type__": "AbortBackendMsg", "uid": "7"}),
+    raw[:40],
+):
     try:
         BaseBackendMsg.from_bytes(bad)
     except MessageDecodeError as e:
@@ -42,9 +53,16 @@ try:
     addr = f"ipc://{tmp}/pushpull"
     pull = ZmqPullQueue(addr, create=True, decoder=BaseBackendMsg.decoder)
     push = ZmqPushQueue(addr, create=False, encoder=BaseBackendMsg.encoder)
-    sender = threading.Thread(target=lambda: [
-        push.put(UserMsg(uid=i, input_ids=torch.tensor([i], dtype=torch.int32), sampling_params=SamplingParams()))
-        for i in range(3)])
+    sender = threading.Thread(
+        target=lambda: [
+            push.put(
+                UserMsg(
+                    uid=i, input_ids=torch.tensor([i], dtype=torch.int32), sampling_params=SamplingParams()
+                )
+            )
+            for i in range(3)
+        ]
+    )
     sender.start()
     print("PULL received uid:", [pull.get().uid for _ in range(3)], " queue empty:", pull.empty())
     sender.join()

@@ -52,11 +52,20 @@ if __name__ == "__main__":
         for _ in range(2):
             out.get(timeout=120)
         push = ZmqPushQueue(config.zmq_backend_addr, create=False, encoder=BaseBackendMsg.encoder)
-        push.put(UserMsg(uid=0, input_ids=torch.tensor([1, 2], dtype=torch.int32), sampling_params=SamplingParams()))
+        push.put(
+            UserMsg(
+                uid=0, input_ids=torch.tensor([1, 2], dtype=torch.int32), sampling_params=SamplingParams()
+            )
+        )
         push.put_raw(b"\x92not a message")  # logged by rank 0 and dropped on both ranks
         for uid in (1, 2):
-            push.put(UserMsg(uid=uid, input_ids=torch.tensor([1, 2], dtype=torch.int32),
-                             sampling_params=SamplingParams()))
+            push.put(
+                UserMsg(
+                    uid=uid,
+                    input_ids=torch.tensor([1, 2], dtype=torch.int32),
+                    sampling_params=SamplingParams(),
+                )
+            )
         results = dict(out.get(timeout=120) for _ in range(2))
         for rank in (0, 1):
             print(f"rank {rank} received uids: {results[rank]}")

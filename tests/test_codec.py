@@ -125,7 +125,10 @@ EXAMPLES: list[tuple[Any, Any]] = [
     (BaseTokenizerMsg, DetokenizeMsg(6, 0, False)),
     (BaseTokenizerMsg, AbortMsg(7)),
     (BaseTokenizerMsg, ErrorMsg(8, "prompt too long")),
-    (BaseTokenizerMsg, BatchTokenizerMsg([DetokenizeMsg(i, i * 3, i == 2) for i in range(3)] + [ErrorMsg(9, "x")])),
+    (
+        BaseTokenizerMsg,
+        BatchTokenizerMsg([DetokenizeMsg(i, i * 3, i == 2) for i in range(3)] + [ErrorMsg(9, "x")]),
+    ),
     (BaseTokenizerMsg, BatchTokenizerMsg([])),
     (BaseBackendMsg, user(10, [9707, 11, 1879])),
     (BaseBackendMsg, user(11, [])),
@@ -171,7 +174,14 @@ def test_encoder_is_the_chapter_dict() -> None:
         "buffer": b"\xeb%\x00\x00\x0b\x00\x00\x00W\x07\x00\x00",
         "dtype": "torch.int32",
     }
-    assert list(inner["sampling_params"])[:6] == ["__type__", "temperature", "top_k", "top_p", "ignore_eos", "max_tokens"]
+    assert list(inner["sampling_params"])[:6] == [
+        "__type__",
+        "temperature",
+        "top_k",
+        "top_p",
+        "ignore_eos",
+        "max_tokens",
+    ]
     assert d == chapter_serialize(msg)
 
 
@@ -211,7 +221,10 @@ def test_tensor_non_contiguous_is_sent_in_c_order() -> None:
 # -- interop with the chapter's serializer -------------------------------------------------------------
 
 INTEROP = [(b, m) for b, m in EXAMPLES if not isinstance(m, UserMsg) and not isinstance(m, BatchBackendMsg)]
-INTEROP += [(BaseBackendMsg, BatchBackendMsg([user(1, [5, 6]), ExitMsg()])), (BaseBackendMsg, user(2, [1, 2, 3]))]
+INTEROP += [
+    (BaseBackendMsg, BatchBackendMsg([user(1, [5, 6]), ExitMsg()])),
+    (BaseBackendMsg, user(2, [1, 2, 3])),
+]
 
 
 @pytest.mark.parametrize("base,msg", INTEROP, ids=lambda x: type(x).__name__)
@@ -230,10 +243,19 @@ def test_our_bytes_decode_there(path: str, base: Any, msg: Any) -> None:
 def test_chapter_sampling_params_without_our_extra_fields_decode() -> None:
     """The chapter's SamplingParams has five fields; ours adds fields with defaults, so they may be omitted."""
     raw = msgpack.packb(
-        {"__type__": "UserMsg", "uid": 7,
-         "input_ids": {"__type__": "Tensor", "buffer": b"\x01\x00\x00\x00", "dtype": "torch.int32"},
-         "sampling_params": {"__type__": "SamplingParams", "temperature": 0.6, "top_k": -1, "top_p": 1.0,
-                             "ignore_eos": False, "max_tokens": 64}},
+        {
+            "__type__": "UserMsg",
+            "uid": 7,
+            "input_ids": {"__type__": "Tensor", "buffer": b"\x01\x00\x00\x00", "dtype": "torch.int32"},
+            "sampling_params": {
+                "__type__": "SamplingParams",
+                "temperature": 0.6,
+                "top_k": -1,
+                "top_p": 1.0,
+                "ignore_eos": False,
+                "max_tokens": 64,
+            },
+        },
         use_bin_type=True,
     )
     msg = BaseBackendMsg.from_bytes(raw)
@@ -243,8 +265,10 @@ def test_chapter_sampling_params_without_our_extra_fields_decode() -> None:
 
 def test_int_for_float_field_is_accepted_as_float(path: str) -> None:
     raw = msgpack.packb({"__type__": "SamplingParams", "temperature": 1}, use_bin_type=True)
-    raw = msgpack.packb({"__type__": "TokenizeMsg", "uid": 1, "text": "a",
-                         "sampling_params": msgpack.unpackb(raw)}, use_bin_type=True)
+    raw = msgpack.packb(
+        {"__type__": "TokenizeMsg", "uid": 1, "text": "a", "sampling_params": msgpack.unpackb(raw)},
+        use_bin_type=True,
+    )
     got = BaseTokenizerMsg.from_bytes(raw).sampling_params.temperature
     assert got == 1.0 and type(got) is float
 
@@ -252,8 +276,16 @@ def test_int_for_float_field_is_accepted_as_float(path: str) -> None:
 # -- errors -------------------------------------------------------------------------------------------
 
 T_OK = {"__type__": "Tensor", "buffer": b"\x01\x00\x00\x00", "dtype": "torch.int32"}
-SP_OK = {"__type__": "SamplingParams", "temperature": 0.0, "top_k": -1, "top_p": 1.0, "ignore_eos": False,
-         "max_tokens": 4, "stop_token_ids": [], "seed": None}
+SP_OK = {
+    "__type__": "SamplingParams",
+    "temperature": 0.0,
+    "top_k": -1,
+    "top_p": 1.0,
+    "ignore_eos": False,
+    "max_tokens": 4,
+    "stop_token_ids": [],
+    "seed": None,
+}
 
 
 def user_dict(**over: Any) -> dict:
@@ -264,58 +296,176 @@ def user_dict(**over: Any) -> dict:
 
 BAD: list[tuple[str, Any, Any, str]] = [
     ("unknown type", BaseBackendMsg, {"__type__": "Evil", "x": 1}, "unknown backend message type 'Evil'"),
-    ("other group's type", BaseBackendMsg, {"__type__": "DetokenizeMsg", "uid": 1, "next_token": 2,
-                                            "finished": False}, "unknown backend message type 'DetokenizeMsg'"),
+    (
+        "other group's type",
+        BaseBackendMsg,
+        {"__type__": "DetokenizeMsg", "uid": 1, "next_token": 2, "finished": False},
+        "unknown backend message type 'DetokenizeMsg'",
+    ),
     ("SamplingParams at top", BaseBackendMsg, dict(SP_OK), "unknown backend message type 'SamplingParams'"),
     ("Tensor at top", BaseBackendMsg, dict(T_OK), "unknown backend message type 'Tensor'"),
     ("no __type__", BaseBackendMsg, {"uid": 1}, "missing '__type__'"),
     ("__type__ not str", BaseBackendMsg, {"__type__": 3}, "unknown backend message type 3"),
     ("top-level list", BaseBackendMsg, [1, 2], "expected a map, got list"),
     ("top-level int", BaseTokenizerMsg, 5, "expected a map, got int"),
-    ("missing field", BaseBackendMsg, {"__type__": "AbortBackendMsg"}, "AbortBackendMsg: missing required field 'uid'"),
+    (
+        "missing field",
+        BaseBackendMsg,
+        {"__type__": "AbortBackendMsg"},
+        "AbortBackendMsg: missing required field 'uid'",
+    ),
     ("extra field", BaseBackendMsg, {"__type__": "ExitMsg", "now": True}, "ExitMsg: unexpected field"),
-    ("wrong int", BaseBackendMsg, {"__type__": "AbortBackendMsg", "uid": "1"}, r"AbortBackendMsg\.uid: expected int"),
-    ("bool is not int", BaseBackendMsg, {"__type__": "AbortBackendMsg", "uid": True}, r"\.uid: expected int, got bool"),
-    ("float is not int", BaseTokenizerMsg, {"__type__": "AbortMsg", "uid": 1.0}, r"AbortMsg\.uid: expected int"),
-    ("wrong bool", BaseTokenizerMsg, {"__type__": "DetokenizeMsg", "uid": 1, "next_token": 2, "finished": 1},
-     r"DetokenizeMsg\.finished: expected bool"),
-    ("bytes for str", BaseFrontendMsg, {"__type__": "UserReply", "uid": 1, "incremental_output": b"hi",
-                                        "finished": False}, r"UserReply\.incremental_output: expected str"),
-    ("sp wrong type", BaseBackendMsg, user_dict(sampling_params={**SP_OK, "top_k": "5"}),
-     r"UserMsg\.sampling_params\.top_k: expected int"),
-    ("sp extra field", BaseBackendMsg, user_dict(sampling_params={**SP_OK, "beam": 4}),
-     r"UserMsg\.sampling_params: unexpected field\(s\) 'beam'"),
-    ("sp nested list", BaseBackendMsg, user_dict(sampling_params={**SP_OK, "stop_token_ids": [1, "2"]}),
-     r"UserMsg\.sampling_params\.stop_token_ids\[1\]: expected int"),
-    ("sp no __type__", BaseBackendMsg, user_dict(sampling_params={k: v for k, v in SP_OK.items() if k != "__type__"}),
-     r"UserMsg\.sampling_params: missing '__type__'"),
-    ("sp as message", BaseBackendMsg, user_dict(sampling_params={"__type__": "ExitMsg"}),
-     r"UserMsg\.sampling_params: expected __type__ 'SamplingParams'|UserMsg\.sampling_params"),
-    ("seed str", BaseBackendMsg, user_dict(sampling_params={**SP_OK, "seed": "x"}),
-     r"sampling_params\.seed: expected int \| None"),
-    ("tensor bad dtype", BaseBackendMsg, user_dict(input_ids={**T_OK, "dtype": "torch.complex64"}),
-     r"UserMsg\.input_ids: unsupported tensor dtype 'torch.complex64'"),
-    ("tensor dtype not str", BaseBackendMsg, user_dict(input_ids={**T_OK, "dtype": 3}), r"'dtype' must be a str"),
-    ("tensor buffer str", BaseBackendMsg, user_dict(input_ids={**T_OK, "buffer": "abcd"}), r"'buffer' must be bytes"),
-    ("tensor ragged buffer", BaseBackendMsg, user_dict(input_ids={**T_OK, "buffer": b"\x01\x02\x03"}),
-     r"buffer of 3 bytes is not a whole number"),
-    ("tensor shape mismatch", BaseBackendMsg, user_dict(input_ids={**T_OK, "shape": [2, 2]}),
-     r"holds 4 bytes but shape \[2, 2\]"),
-    ("tensor negative shape", BaseBackendMsg, user_dict(input_ids={**T_OK, "shape": [-1]}), r"non-negative ints"),
-    ("tensor shape None", BaseBackendMsg, user_dict(input_ids={**T_OK, "shape": None}), r"'shape' must be a list"),
-    ("tensor extra key", BaseBackendMsg, user_dict(input_ids={**T_OK, "stride": [1]}), r"input_ids: bad Tensor map"),
-    ("tensor wrong tag", BaseBackendMsg, user_dict(input_ids={**T_OK, "__type__": "Tensr"}), r"expected a Tensor"),
+    (
+        "wrong int",
+        BaseBackendMsg,
+        {"__type__": "AbortBackendMsg", "uid": "1"},
+        r"AbortBackendMsg\.uid: expected int",
+    ),
+    (
+        "bool is not int",
+        BaseBackendMsg,
+        {"__type__": "AbortBackendMsg", "uid": True},
+        r"\.uid: expected int, got bool",
+    ),
+    (
+        "float is not int",
+        BaseTokenizerMsg,
+        {"__type__": "AbortMsg", "uid": 1.0},
+        r"AbortMsg\.uid: expected int",
+    ),
+    (
+        "wrong bool",
+        BaseTokenizerMsg,
+        {"__type__": "DetokenizeMsg", "uid": 1, "next_token": 2, "finished": 1},
+        r"DetokenizeMsg\.finished: expected bool",
+    ),
+    (
+        "bytes for str",
+        BaseFrontendMsg,
+        {"__type__": "UserReply", "uid": 1, "incremental_output": b"hi", "finished": False},
+        r"UserReply\.incremental_output: expected str",
+    ),
+    (
+        "sp wrong type",
+        BaseBackendMsg,
+        user_dict(sampling_params={**SP_OK, "top_k": "5"}),
+        r"UserMsg\.sampling_params\.top_k: expected int",
+    ),
+    (
+        "sp extra field",
+        BaseBackendMsg,
+        user_dict(sampling_params={**SP_OK, "beam": 4}),
+        r"UserMsg\.sampling_params: unexpected field\(s\) 'beam'",
+    ),
+    (
+        "sp nested list",
+        BaseBackendMsg,
+        user_dict(sampling_params={**SP_OK, "stop_token_ids": [1, "2"]}),
+        r"UserMsg\.sampling_params\.stop_token_ids\[1\]: expected int",
+    ),
+    (
+        "sp no __type__",
+        BaseBackendMsg,
+        user_dict(sampling_params={k: v for k, v in SP_OK.items() if k != "__type__"}),
+        r"UserMsg\.sampling_params: missing '__type__'",
+    ),
+    (
+        "sp as message",
+        BaseBackendMsg,
+        user_dict(sampling_params={"__type__": "ExitMsg"}),
+        r"UserMsg\.sampling_params: expected __type__ 'SamplingParams'|UserMsg\.sampling_params",
+    ),
+    (
+        "seed str",
+        BaseBackendMsg,
+        user_dict(sampling_params={**SP_OK, "seed": "x"}),
+        r"sampling_params\.seed: expected int \| None",
+    ),
+    (
+        "tensor bad dtype",
+        BaseBackendMsg,
+        user_dict(input_ids={**T_OK, "dtype": "torch.complex64"}),
+        r"UserMsg\.input_ids: unsupported tensor dtype 'torch.complex64'",
+    ),
+    (
+        "tensor dtype not str",
+        BaseBackendMsg,
+        user_dict(input_ids={**T_OK, "dtype": 3}),
+        r"'dtype' must be a str",
+    ),
+    (
+        "tensor buffer str",
+        BaseBackendMsg,
+        user_dict(input_ids={**T_OK, "buffer": "abcd"}),
+        r"'buffer' must be bytes",
+    ),
+    (
+        "tensor ragged buffer",
+        BaseBackendMsg,
+        user_dict(input_ids={**T_OK, "buffer": b"\x01\x02\x03"}),
+        r"buffer of 3 bytes is not a whole number",
+    ),
+    (
+        "tensor shape mismatch",
+        BaseBackendMsg,
+        user_dict(input_ids={**T_OK, "shape": [2, 2]}),
+        r"holds 4 bytes but shape \[2, 2\]",
+    ),
+    (
+        "tensor negative shape",
+        BaseBackendMsg,
+        user_dict(input_ids={**T_OK, "shape": [-1]}),
+        r"non-negative ints",
+    ),
+    (
+        "tensor shape None",
+        BaseBackendMsg,
+        user_dict(input_ids={**T_OK, "shape": None}),
+        r"'shape' must be a list",
+    ),
+    (
+        "tensor extra key",
+        BaseBackendMsg,
+        user_dict(input_ids={**T_OK, "stride": [1]}),
+        r"input_ids: bad Tensor map",
+    ),
+    (
+        "tensor wrong tag",
+        BaseBackendMsg,
+        user_dict(input_ids={**T_OK, "__type__": "Tensr"}),
+        r"expected a Tensor",
+    ),
     ("tensor as list", BaseBackendMsg, user_dict(input_ids=[1, 2]), r"input_ids: expected a Tensor map"),
-    ("batch member bad", BaseBackendMsg, {"__type__": "BatchBackendMsg",
-                                          "data": [{"__type__": "ExitMsg"}, {"__type__": "AbortBackendMsg"}]},
-     r"BatchBackendMsg\.data\[1\]: missing required field 'uid'"),
-    ("batch member foreign", BaseTokenizerMsg, {"__type__": "BatchTokenizerMsg", "data": [{"__type__": "UserMsg"}]},
-     r"BatchTokenizerMsg\.data\[0\]: unknown tokenizer message type 'UserMsg'"),
-    ("batch data not list", BaseFrontendMsg, {"__type__": "BatchFrontendMsg", "data": {}}, r"data: expected a list"),
-    ("text wrong", BaseTokenizerMsg, {"__type__": "TokenizeMsg", "uid": 1, "text": [1, "a"],
-                                      "sampling_params": SP_OK}, r"TokenizeMsg\.text: expected str \| "),
-    ("chat wrong", BaseTokenizerMsg, {"__type__": "TokenizeMsg", "uid": 1, "text": [{"role": 1}],
-                                      "sampling_params": SP_OK}, r"TokenizeMsg\.text: expected"),
+    (
+        "batch member bad",
+        BaseBackendMsg,
+        {"__type__": "BatchBackendMsg", "data": [{"__type__": "ExitMsg"}, {"__type__": "AbortBackendMsg"}]},
+        r"BatchBackendMsg\.data\[1\]: missing required field 'uid'",
+    ),
+    (
+        "batch member foreign",
+        BaseTokenizerMsg,
+        {"__type__": "BatchTokenizerMsg", "data": [{"__type__": "UserMsg"}]},
+        r"BatchTokenizerMsg\.data\[0\]: unknown tokenizer message type 'UserMsg'",
+    ),
+    (
+        "batch data not list",
+        BaseFrontendMsg,
+        {"__type__": "BatchFrontendMsg", "data": {}},
+        r"data: expected a list",
+    ),
+    (
+        "text wrong",
+        BaseTokenizerMsg,
+        {"__type__": "TokenizeMsg", "uid": 1, "text": [1, "a"], "sampling_params": SP_OK},
+        r"TokenizeMsg\.text: expected str \| ",
+    ),
+    (
+        "chat wrong",
+        BaseTokenizerMsg,
+        {"__type__": "TokenizeMsg", "uid": 1, "text": [{"role": 1}], "sampling_params": SP_OK},
+        r"TokenizeMsg\.text: expected",
+    ),
 ]
 
 
@@ -329,8 +479,16 @@ def test_bad_input_raises_named_error(path: str, name: str, base: Any, data: Any
 
 @pytest.mark.parametrize(
     "raw",
-    [b"", b"\x81", b"\x82\xa8__type__", b"\xc1", b"\xff\xff\xff", b"not msgpack at all",
-     msgpack.packb({"__type__": "ExitMsg"}) + b"\x00", b"\x81\xa8__type__\xa4\xff\xfe\xfd\xfc"],
+    [
+        b"",
+        b"\x81",
+        b"\x82\xa8__type__",
+        b"\xc1",
+        b"\xff\xff\xff",
+        b"not msgpack at all",
+        msgpack.packb({"__type__": "ExitMsg"}) + b"\x00",
+        b"\x81\xa8__type__\xa4\xff\xfe\xfd\xfc",
+    ],
     ids=["empty", "truncated-map", "truncated-key", "reserved-byte", "ints", "text", "trailing", "bad-utf8"],
 )
 def test_bad_bytes_raise_named_error(path: str, raw: bytes) -> None:
@@ -382,18 +540,44 @@ def test_random_bytes_only_ever_raise_decode_error(raw: bytes) -> None:
             pass
 
 
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=False),
-                     st.text(max_size=8), st.binary(max_size=8))
-_values = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                         st.dictionaries(st.text(max_size=6), inner, max_size=3)),
-                       max_leaves=8)
-_names = st.sampled_from(["UserMsg", "ExitMsg", "AbortBackendMsg", "BatchBackendMsg", "Tensor", "SamplingParams",
-                          "DetokenizeMsg", "uid", "data"])
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_names = st.sampled_from(
+    [
+        "UserMsg",
+        "ExitMsg",
+        "AbortBackendMsg",
+        "BatchBackendMsg",
+        "Tensor",
+        "SamplingParams",
+        "DetokenizeMsg",
+        "uid",
+        "data",
+    ]
+)
 
 
 @FUZZ
-@given(st.dictionaries(st.sampled_from(["__type__", "uid", "data", "input_ids", "sampling_params", "x"]),
-                       st.one_of(_values, _names), max_size=5))
+@given(
+    st.dictionaries(
+        st.sampled_from(["__type__", "uid", "data", "input_ids", "sampling_params", "x"]),
+        st.one_of(_values, _names),
+        max_size=5,
+    )
+)
 def test_random_maps_only_ever_raise_decode_error(data: dict) -> None:
     raw = msgpack.packb(data, use_bin_type=True)
     for base in BASES:
@@ -404,17 +588,38 @@ def test_random_maps_only_ever_raise_decode_error(data: dict) -> None:
         assert isinstance(msg, base)
 
 
-_detok = st.builds(DetokenizeMsg, st.integers(0, 2**63 - 1), st.integers(-(2**31), 2**31), st.booleans(),
-                   st.sampled_from(["", "stop", "length", "abort"]))
-_tok = st.builds(TokenizeMsg, st.integers(0, 2**40),
-                 st.one_of(st.text(max_size=20), st.lists(st.integers(0, 2**31), max_size=5),
-                           st.lists(st.dictionaries(st.sampled_from(["role", "content"]), st.text(max_size=5)),
-                                    max_size=2)),
-                 st.builds(SamplingParams, st.floats(0, 2, allow_nan=False), st.integers(-1, 100),
-                           st.floats(0.01, 1), st.booleans(), st.integers(1, 10**6),
-                           st.lists(st.integers(0, 2**20), max_size=3), st.one_of(st.none(), st.integers(0, 2**32))))
-_tok_msgs = st.one_of(_detok, _tok, st.builds(AbortMsg, st.integers(0, 2**50)),
-                      st.builds(ErrorMsg, st.integers(0, 9), st.text(max_size=30)))
+_detok = st.builds(
+    DetokenizeMsg,
+    st.integers(0, 2**63 - 1),
+    st.integers(-(2**31), 2**31),
+    st.booleans(),
+    st.sampled_from(["", "stop", "length", "abort"]),
+)
+_tok = st.builds(
+    TokenizeMsg,
+    st.integers(0, 2**40),
+    st.one_of(
+        st.text(max_size=20),
+        st.lists(st.integers(0, 2**31), max_size=5),
+        st.lists(st.dictionaries(st.sampled_from(["role", "content"]), st.text(max_size=5)), max_size=2),
+    ),
+    st.builds(
+        SamplingParams,
+        st.floats(0, 2, allow_nan=False),
+        st.integers(-1, 100),
+        st.floats(0.01, 1),
+        st.booleans(),
+        st.integers(1, 10**6),
+        st.lists(st.integers(0, 2**20), max_size=3),
+        st.one_of(st.none(), st.integers(0, 2**32)),
+    ),
+)
+_tok_msgs = st.one_of(
+    _detok,
+    _tok,
+    st.builds(AbortMsg, st.integers(0, 2**50)),
+    st.builds(ErrorMsg, st.integers(0, 9), st.text(max_size=30)),
+)
 
 
 @FUZZ

@@ -31,9 +31,20 @@ def test_fields_in_order_with_defaults() -> None:
     assert names[-1] == "_unique_suffix"
     c = make()
     assert (c.device, c.engine, c.dummy_weights, c.page_size, c.num_pages, c.kv_cache_memory) == (
-        "cpu", "model", False, 16, None, None)
+        "cpu",
+        "model",
+        False,
+        16,
+        None,
+        None,
+    )
     assert (c.gpu_memory_fraction, c.max_running_requests, c.max_prefill_tokens, c.max_seq_len, c.seed) == (
-        0.85, 256, 4096, None, 42)
+        0.85,
+        256,
+        4096,
+        None,
+        42,
+    )
     assert c.offline_mode is False and c.dist_init_addr == "" and c.backend_create_detokenizer_link is True
 
 
@@ -57,7 +68,9 @@ def test_two_configs_get_different_addresses(ipc_root: Path) -> None:
 
 def test_same_suffix_same_addresses_for_every_rank() -> None:
     r0 = make(_unique_suffix="srv1")
-    r1 = SchedulerConfig(model_path="m", tp_info=DistributedInfo(1, 2), dtype=torch.float16, _unique_suffix="srv1")
+    r1 = SchedulerConfig(
+        model_path="m", tp_info=DistributedInfo(1, 2), dtype=torch.float16, _unique_suffix="srv1"
+    )
     assert r0.zmq_scheduler_broadcast_addr == r1.zmq_scheduler_broadcast_addr
     assert r0.zmq_backend_addr == r1.zmq_backend_addr
     assert r0.ipc_addr("frontend") == r0.zmq_frontend_addr != r0.zmq_tokenizer_addr
@@ -116,9 +129,14 @@ def test_odd_or_long_suffix_is_hashed_short() -> None:
 
 @pytest.mark.parametrize(
     "kw,match",
-    [({"engine": "fast"}, "engine"), ({"page_size": 0}, "page_size"), ({"num_pages": 0}, "num_pages"),
-     ({"gpu_memory_fraction": 1.5}, "gpu_memory_fraction"), ({"dist_init_addr": "127.0.0.1:1"}, "tcp://"),
-     ({"_unique_suffix": ""}, "suffix")],
+    [
+        ({"engine": "fast"}, "engine"),
+        ({"page_size": 0}, "page_size"),
+        ({"num_pages": 0}, "num_pages"),
+        ({"gpu_memory_fraction": 1.5}, "gpu_memory_fraction"),
+        ({"dist_init_addr": "127.0.0.1:1"}, "tcp://"),
+        ({"_unique_suffix": ""}, "suffix"),
+    ],
 )
 def test_bad_values_rejected(kw: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):

@@ -14,8 +14,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_example(name: str, ipc_dir: Path, timeout: int) -> str:
     env = {**os.environ, "MINISGL_IPC_ROOT": str(ipc_dir)}
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / name)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 

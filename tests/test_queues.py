@@ -38,8 +38,10 @@ def test_push_pull_over_ipc(ipc_dir: Path) -> None:
     addr = f"ipc://{ipc_dir}/q"
     pull = ZmqPullQueue(addr, create=True, decoder=BaseTokenizerMsg.decoder)
     push = ZmqPushQueue(addr, create=False, encoder=BaseTokenizerMsg.encoder)
-    msgs = [TokenizeMsg(uid=1, text=[{"role": "user", "content": "你好"}], sampling_params=SamplingParams()),
-            DetokenizeMsg(uid=1, next_token=42, finished=True)]
+    msgs = [
+        TokenizeMsg(uid=1, text=[{"role": "user", "content": "你好"}], sampling_params=SamplingParams()),
+        DetokenizeMsg(uid=1, next_token=42, finished=True),
+    ]
     t = threading.Thread(target=lambda: [push.put(m) for m in msgs])
     t.start()
     got = [pull.get(), pull.get()]
@@ -136,7 +138,9 @@ def test_pub_sub_two_subscribers_first_message_not_lost(ipc_dir: Path) -> None:
         pub = ZmqPubQueue(addr, create=True, encoder=BaseBackendMsg.encoder)
         subs = [ZmqSubQueue(addr, create=False, decoder=BaseBackendMsg.decoder) for _ in range(2)]
         pub.wait_for_subscribers(2, timeout=10)
-        first = UserMsg(uid=attempt, input_ids=torch.tensor([1, 2], dtype=torch.int32), sampling_params=SamplingParams())
+        first = UserMsg(
+            uid=attempt, input_ids=torch.tensor([1, 2], dtype=torch.int32), sampling_params=SamplingParams()
+        )
         pub.put(first)
         pub.put(ExitMsg())
         for s in subs:
@@ -165,7 +169,9 @@ def test_raw_forwarding_is_byte_identical(ipc_dir: Path) -> None:
     pub = ZmqPubQueue(f"ipc://{ipc_dir}/out", create=True, encoder=BaseBackendMsg.encoder)
     sub = ZmqSubQueue(f"ipc://{ipc_dir}/out", create=False, decoder=BaseBackendMsg.decoder)
     pub.wait_for_subscribers(1, timeout=10)
-    msg = UserMsg(uid=3, input_ids=torch.arange(50, dtype=torch.int32), sampling_params=SamplingParams(top_k=4))
+    msg = UserMsg(
+        uid=3, input_ids=torch.arange(50, dtype=torch.int32), sampling_params=SamplingParams(top_k=4)
+    )
     sent = msg.to_bytes()
     push.put(msg)
     raw = pull.get_raw()

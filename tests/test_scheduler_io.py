@@ -61,12 +61,15 @@ def ipc_root(ipc_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def config_for(rank: int, size: int, suffix: str | None = None, **kw: Any) -> SchedulerConfig:
     extra = {"_unique_suffix": suffix} if suffix else {}
-    return SchedulerConfig(model_path="unused", tp_info=DistributedInfo(rank, size), dtype=torch.float32,
-                           **extra, **kw)
+    return SchedulerConfig(
+        model_path="unused", tp_info=DistributedInfo(rank, size), dtype=torch.float32, **extra, **kw
+    )
 
 
 def user(uid: int) -> UserMsg:
-    return UserMsg(uid=uid, input_ids=torch.tensor([uid % 1000, 1], dtype=torch.int32), sampling_params=SamplingParams())
+    return UserMsg(
+        uid=uid, input_ids=torch.tensor([uid % 1000, 1], dtype=torch.int32), sampling_params=SamplingParams()
+    )
 
 
 def uid_of(msg: BaseBackendMsg) -> int:
@@ -106,13 +109,19 @@ def test_single_rank_receive_and_reply() -> None:
         push.put(user(3))
         time.sleep(0.3)
         got = io.receive_msg(blocking=True)
-        assert [(type(m).__name__, m.uid) for m in got] == [("UserMsg", 2), ("AbortBackendMsg", 2), ("UserMsg", 3)]
+        assert [(type(m).__name__, m.uid) for m in got] == [
+            ("UserMsg", 2),
+            ("AbortBackendMsg", 2),
+            ("UserMsg", 3),
+        ]
 
         io.send_result([])
         io.send_result([DetokenizeMsg(1, 10, False)])
         io.send_result([DetokenizeMsg(2, 11, False), DetokenizeMsg(3, 12, True, "stop")])
         assert detok.get() == DetokenizeMsg(1, 10, False)
-        assert detok.get() == BatchTokenizerMsg([DetokenizeMsg(2, 11, False), DetokenizeMsg(3, 12, True, "stop")])
+        assert detok.get() == BatchTokenizerMsg(
+            [DetokenizeMsg(2, 11, False), DetokenizeMsg(3, 12, True, "stop")]
+        )
         time.sleep(0.1)
         assert detok.empty()
     finally:
@@ -154,7 +163,9 @@ def rank_worker(rank: int, size: int, suffix: str, port: int, out: Any) -> None:
             blocking = r % 3 != 2  # the same on every rank: a function of the round number only
             msgs = io.receive_msg(blocking=blocking)
             rounds.append([uid_of(m) for m in msgs])
-            replies = [DetokenizeMsg(rank * 1_000_000 + m.uid, 0, False) for m in msgs if isinstance(m, UserMsg)]
+            replies = [
+                DetokenizeMsg(rank * 1_000_000 + m.uid, 0, False) for m in msgs if isinstance(m, UserMsg)
+            ]
             io.send_result(replies)
             if any(isinstance(m, ExitMsg) for m in msgs):
                 break
@@ -181,8 +192,16 @@ def tokenizer_traffic(push: ZmqPushQueue, n_msgs: int, seed: int) -> tuple[list[
         for _ in range(rng.randint(1, 40)):
             kind = rng.random()
             if kind < 0.05:
-                push.put_raw(rng.choice([b"\xc1", b"garbage", msgpack.packb({"__type__": "Evil"}),
-                                         msgpack.packb({"__type__": "UserMsg", "uid": "x"})]))
+                push.put_raw(
+                    rng.choice(
+                        [
+                            b"\xc1",
+                            b"garbage",
+                            msgpack.packb({"__type__": "Evil"}),
+                            msgpack.packb({"__type__": "UserMsg", "uid": "x"}),
+                        ]
+                    )
+                )
                 malformed += 1
             elif kind < 0.2:
                 k = rng.randint(2, 4)
@@ -210,8 +229,10 @@ def run_ranks(size: int, n_msgs: int, seed: int) -> None:
     config = config_for(0, size)
     out = ctx.Queue()
     port = find_free_port()
-    procs = [ctx.Process(target=rank_worker, args=(r, size, config._unique_suffix, port, out), daemon=True)
-             for r in range(size)]
+    procs = [
+        ctx.Process(target=rank_worker, args=(r, size, config._unique_suffix, port, out), daemon=True)
+        for r in range(size)
+    ]
     for p in procs:
         p.start()
     push = detok = None

@@ -43,7 +43,9 @@ if AVAILABLE:
     _ENCODER = msgspec.msgpack.Encoder()
     # A struct no valid message uses, put in every union so that msgspec always requires the tag
     # (a lone tagged struct would otherwise also accept a map without "__type__").
-    _Never = msgspec.defstruct("_Never", [], tag_field="__type__", tag="\x00never", forbid_unknown_fields=True)
+    _Never = msgspec.defstruct(
+        "_Never", [], tag_field="__type__", tag="\x00never", forbid_unknown_fields=True
+    )
     _Tensor = msgspec.defstruct(
         "Tensor",
         [("buffer", bytes), ("dtype", str), ("shape", list[int] | msgspec.UnsetType, msgspec.UNSET)],
@@ -125,7 +127,13 @@ class FastCodec:
     def _unrolled_members(self, decode: bool) -> Callable[[list], list]:
         """A loop over a batch's members with the constructor of each flat class inlined."""
         env: dict[str, Any] = {"_other": self.from_m if decode else self.to_m, "_new": object.__new__}
-        src = ["def run(v):", "    out = []", "    ap = out.append", "    for x in v:", "        c = x.__class__"]
+        src = [
+            "def run(v):",
+            "    out = []",
+            "    ap = out.append",
+            "    for x in v:",
+            "        c = x.__class__",
+        ]
         kw = "if"
         for i, cls in enumerate(self.group.classes.values()):
             if not _is_flat(cls, self.hints[cls]):
@@ -142,7 +150,11 @@ class FastCodec:
             else:
                 src.append(f"            ap(D{i}({', '.join(f'x.{n}' for n in names)}))")
             kw = "elif"
-        src += ["        else:" if kw == "elif" else "        if True:", "            ap(_other[c](x))", "    return out"]
+        src += [
+            "        else:" if kw == "elif" else "        if True:",
+            "            ap(_other[c](x))",
+            "    return out",
+        ]
         exec("\n".join(src), env)  # noqa: S102 - generated from dataclass field names only
         return env["run"]
 

@@ -271,7 +271,7 @@ class _Compiler:
             "    if d.keys() != _keys:",
             "        d = _fill(d)",
             f'    if d["__type__"] != "{name}":',
-            f'        raise _Invalid(f"expected __type__ {name!r}, got {{d[\'__type__\']!r:.60}}")',
+            f"        raise _Invalid(f\"expected __type__ {name!r}, got {{d['__type__']!r:.60}}\")",
         ]
         for i, f in enumerate(fields):
             tp = hints[f.name]
@@ -460,7 +460,9 @@ class MessageGroup:
         try:
             data = msgpack.unpackb(raw, raw=False)
         except Exception as e:  # truncated, trailing bytes, bad UTF-8, non-str keys, not bytes, ...
-            raise MessageDecodeError(f"{self.name} message: not valid msgpack ({type(e).__name__}: {e})") from None
+            raise MessageDecodeError(
+                f"{self.name} message: not valid msgpack ({type(e).__name__}: {e})"
+            ) from None
         return self.decode(data)
 
     def _make_base(self) -> type:

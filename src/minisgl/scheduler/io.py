@@ -84,18 +84,24 @@ class SchedulerIOMixin:
             if tp_info.is_primary():
                 recv = self._recv_msg_multi_rank0
                 self._send_into_ranks = self._keep(
-                    ZmqPubQueue(config.zmq_scheduler_broadcast_addr, create=True, encoder=BaseBackendMsg.encoder)
+                    ZmqPubQueue(
+                        config.zmq_scheduler_broadcast_addr, create=True, encoder=BaseBackendMsg.encoder
+                    )
                 )
                 # Until every other rank has subscribed, a broadcast could be dropped for one of them,
                 # which would then wait forever for it: wait for all subscriptions, with a deadline.
                 try:
-                    self._send_into_ranks.wait_for_subscribers(tp_info.size - 1, timeout=self.subscriber_timeout_s)
+                    self._send_into_ranks.wait_for_subscribers(
+                        tp_info.size - 1, timeout=self.subscriber_timeout_s
+                    )
                 except TimeoutError as e:
                     raise TimeoutError(f"scheduler rank 0: not every rank subscribed: {e}") from None
             else:
                 recv, send = self._recv_msg_multi_rank1, self._reply_tokenizer_rank1
                 self._recv_from_rank0 = self._keep(
-                    ZmqSubQueue(config.zmq_scheduler_broadcast_addr, create=False, decoder=BaseBackendMsg.decoder)
+                    ZmqSubQueue(
+                        config.zmq_scheduler_broadcast_addr, create=False, decoder=BaseBackendMsg.decoder
+                    )
                 )
         self.receive_msg = recv
         self.send_result = send
