@@ -23,7 +23,6 @@ import os
 import signal
 import socket
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +37,6 @@ from .metrics import ServerMetrics
 from .processes import Child, ProcessGroup, StartupError
 
 logger = init_logger("minisgl.launcher")
-
-
-@dataclass(frozen=True)
-class Addresses:
-    """Every pipe of one server, all in its private ipc directory."""
-
-    tokenizer: str  # API server PUSH (binds) -> tokenizers PULL
-    frontend: str  # tokenizers / detokenizer PUSH -> API server PULL (binds)
-    backend: str  # tokenizers PUSH -> scheduler rank 0 PULL (binds)
-    detokenizer: str  # scheduler rank 0 PUSH (binds) -> detokenizer PULL
 
 
 def resolve_device(device: str) -> str:
@@ -77,13 +66,13 @@ class Launcher:
     """One server's processes, pipes and HTTP front end."""
 
     def __init__(self, args: ServerArgs, model_dir: Path) -> None:
-        from . import scheduler_configs
+        from . import configs
 
         self.args = args
         self.model_dir = model_dir
         self.device = resolve_device(args.device)
-        self.sched_configs = scheduler_configs.build(args, model_dir, self.device)
-        self.addrs = scheduler_configs.addresses(self.sched_configs[0])
+        self.sched_configs = configs.build(args, model_dir, self.device)
+        self.addrs = configs.addresses(self.sched_configs[0])
         self.group = ProcessGroup()
         self.stop_requested = False
         self.exit_code = 0
@@ -224,10 +213,10 @@ class Launcher:
             signal.signal(sig, on_signal)
 
     def shutdown(self) -> None:
-        from . import scheduler_configs
+        from . import configs
 
         self.group.shutdown()
-        scheduler_configs.cleanup(self.sched_configs[0])
+        configs.cleanup(self.sched_configs[0])
 
 
 def _configure_logging(level: str) -> None:

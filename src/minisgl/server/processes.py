@@ -58,7 +58,7 @@ class ProcessGroup:
         child_end.close()
         child = Child(name, proc, parent_end)
         self.children.append(child)
-        logger.debug("started %s (pid %d)", name, proc.pid)
+        logger.info("started %s (pid %d)", name, proc.pid)
         return child
 
     async def wait_ready(

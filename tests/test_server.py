@@ -1,0 +1,262 @@
+"""The real server on a free port with the embedded model (CPU): the official `openai` client
+(chat, completions, streaming, n=2, stop, usage), every client error, and a disconnect that aborts
+the request and frees its KV pages (read from the scheduler's "scheduler idle" log line).
+
+`ServerProcess` is shared with tests/test_server_lifecycle.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+
+_IDLE = re.compile(r"scheduler idle: .*pages free (\d+)/(\d+)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`python -m minisgl serve ...` in the background, its stderr in a file, its ipc root private."""
+
+    def __init__(self, *args: str, startup_timeout: float = 180.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ipc_root = Path(tempfile.mkdtemp(prefix="msgl-t", dir="/tmp"))
+        self.log_path = self.ipc_root.with_suffix(".log")
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
+        env = {**os.environ, "MINISGL_IPC_ROOT": str(self.ipc_root)}
+        cmd = [sys.executable, "-m", "minisgl", "serve", "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.wait_healthy(startup_timeout)
+        self.children = psutil.Process(self.proc.pid).children(recursive=True)
+        self.orphans: list[str] | None = None
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"server not healthy after {timeout} s:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, pattern: re.Pattern, after: int, timeout: float = 30.0) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = pattern.search(self.output(), after)
+            if m:
+                return m
+            time.sleep(0.1)
+        raise AssertionError(
+            f"no {pattern.pattern!r} in the log after offset {after}:\n{self.output()[after:]}"
+        )
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        """Signal the launcher and wait for it; children still alive a few seconds after it exited
+        are recorded in `orphans` (then killed, so a failing test leaves nothing behind)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.orphans is None:
+            # multiprocessing's resource tracker exits when it sees the launcher's end of its pipe close
+            _, alive = psutil.wait_procs(self.children, timeout=5)
+            self.orphans = []
+            for p in alive:
+                try:
+                    self.orphans.append(f"pid {p.pid}: {' '.join(p.cmdline()[:4])}")
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+        self.log.close()
+        return self.proc.returncode
+
+    def leftovers(self) -> list[str]:
+        """Processes that outlived the launcher, and files left in its ipc root (after stop())."""
+        assert self.orphans is not None, "call stop() first"
+        files = [str(p) for p in self.ipc_root.iterdir()] if self.ipc_root.exists() else []
+        return self.orphans + files
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.ipc_root, ignore_errors=True)
+        self.log_path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess("--max-seq-len", "512", "--served-model-name", "smol", "--log-level", "info")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        srv.cleanup()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+
+
+def test_chat_answers_sensibly(client) -> None:
+    r = client.chat.completions.create(model="smol", messages=QUESTION, temperature=0, max_tokens=30)
+    assert "Paris" in r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.role == "assistant"
+    u = r.usage
+    assert u.prompt_tokens > 10 and 0 < u.completion_tokens <= 30
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+
+
+def test_completion_length_and_n(client) -> None:
+    r = client.completions.create(
+        model="smol", prompt="The capital of France is", max_tokens=5, n=2, temperature=0.8, seed=3
+    )
+    assert [c.index for c in r.choices] == [0, 1]
+    assert all(c.finish_reason in ("length", "stop") and c.text for c in r.choices)
+    assert r.usage.prompt_tokens == 5  # counted once for the two choices
+    assert r.usage.completion_tokens <= 10
+
+
+def test_greedy_stream_matches_non_stream(client) -> None:
+    kw = dict(model="smol", messages=QUESTION, temperature=0, max_tokens=20)
+    full = client.chat.completions.create(**kw).choices[0].message.content
+    pieces, reasons, usage = [], [], None
+    for chunk in client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            pieces.append(c.delta.content or "")
+            reasons.append(c.finish_reason)
+    assert "".join(pieces) == full
+    assert reasons[-1] == "stop" and usage is not None and usage.completion_tokens > 0
+
+
+def test_stop_string_is_not_shown(client) -> None:
+    kw = dict(model="smol", messages=QUESTION, temperature=0, max_tokens=30)
+    full = client.chat.completions.create(**kw).choices[0].message.content
+    assert "Paris" in full
+    r = client.chat.completions.create(**kw, stop=["Paris"])
+    assert r.choices[0].message.content == full[: full.index("Paris")]
+    assert r.choices[0].finish_reason == "stop"
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(**kw, stop="aris", stream=True)
+        if c.choices
+    )
+    assert streamed == full[: full.index("aris")]
+
+
+def test_native_generate(server) -> None:
+    r = httpx.post(
+        server.url + "/generate", json={"prompt": "Hello", "max_tokens": 4, "ignore_eos": True}, timeout=60
+    )
+    lines = [ln[6:] for ln in r.text.split("\n\n") if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    events = [json.loads(x) for x in lines[:-1]]
+    assert events[-1]["finish_reason"] == "length" and "".join(e["text"] for e in events)
+
+
+def test_models_and_metrics(server) -> None:
+    models = httpx.get(server.url + "/v1/models").json()
+    assert models["data"][0]["id"] == "smol" and models["data"][0]["max_model_len"] == 512
+    metrics = httpx.get(server.url + "/metrics").text
+    assert re.search(r"^minisgl_generation_tokens_total [1-9]", metrics, re.M)
+    assert "minisgl_time_to_first_token_seconds_count" in metrics
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        ("/v1/chat/completions", b'{"model": "smol", "messages": [', 400),  # malformed JSON
+        ("/v1/chat/completions", {"model": "smol", "messages": "hi"}, 400),  # wrong type
+        ("/v1/chat/completions", {"model": "smol", "messages": [], "max_tokens": 3}, 400),  # empty messages
+        ("/v1/chat/completions", {"model": "smol", "messages": QUESTION, "n": 0}, 400),
+        ("/v1/chat/completions", {"model": "smol", "messages": QUESTION, "temperature": -1}, 400),
+        (
+            "/v1/chat/completions",
+            {"model": "smol", "messages": QUESTION, "max_tokens": 600},
+            400,
+        ),  # > context
+        ("/v1/completions", {"model": "smol", "prompt": "word " * 600}, 400),  # prompt alone > context
+        ("/v1/completions", {"model": "smol", "prompt": [1, 2, 10**7]}, 400),  # token id outside the vocab
+        ("/v1/completions", {"model": "smol", "prompt": ""}, 400),  # empty prompt
+        ("/v1/chat/completions", {"model": "gpt-4o", "messages": QUESTION}, 404),  # unknown model
+        ("/v1/unknown", {"model": "smol"}, 404),  # unknown route
+    ],
+)
+def test_client_errors(server, path: str, body, status: int) -> None:
+    kw = (
+        {"content": body, "headers": {"content-type": "application/json"}}
+        if isinstance(body, bytes)
+        else {"json": body}
+    )
+    r = httpx.post(server.url + path, timeout=60, **kw)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+
+
+def test_openai_client_raises_on_context_overflow(client) -> None:
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.chat.completions.create(model="smol", messages=QUESTION, max_tokens=10_000)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=QUESTION)
+
+
+def test_disconnect_aborts_and_frees_pages(server) -> None:
+    body = {
+        "model": "smol",
+        "prompt": "Once upon a time",
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    start = len(server.output())
+    with httpx.Client(timeout=60) as c, c.stream("POST", server.url + "/v1/completions", json=body) as r:
+        got = 0
+        for line in r.iter_lines():
+            got += line.startswith("data: ")
+            if got >= 3:
+                break  # leave with the request running: the connection closes here
+    t_closed = time.monotonic()
+    aborted = server.wait_for_log(re.compile(r"aborted request \d+"), start, timeout=20)
+    idle = server.wait_for_log(_IDLE, aborted.end(), timeout=20)
+    assert idle.group(1) == idle.group(2), idle.group(0)  # every KV page is free again
+    assert time.monotonic() - t_closed < 20
+    m = httpx.get(server.url + "/metrics").text
+    assert re.search(r"^minisgl_num_requests_running 0\.0$", m, re.M)

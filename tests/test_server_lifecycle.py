@@ -1,0 +1,140 @@
+"""The server's life with the dummy engine (no model: fast): --num-tokenizer N>0, overload 503,
+SIGTERM leaving no process and no socket file, a killed worker making /health 503 and the server
+exit, and the serving benchmark client producing sane figures."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+from test_server import ServerProcess
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def chat(url: str, **kw) -> httpx.Response:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, **kw}
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def pool_server():
+    """A dummy-engine server with two tokenizer processes and room for 4 requests in flight.
+    The last test of this module stops it with SIGTERM."""
+    srv = ServerProcess("--engine", "dummy", "--num-tokenizer", "2", "--max-queued-requests", "4")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        srv.cleanup()
+
+
+def test_tokenizer_pool(pool_server) -> None:
+    srv = pool_server
+    assert len(srv.children) >= 4  # scheduler, 2 tokenizers, detokenizer
+    for _ in range(4):  # dealt round robin over both tokenizers
+        r = chat(srv.url, n=2)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert [c["finish_reason"] for c in body["choices"]] == ["length", "length"]
+        assert body["usage"]["prompt_tokens"] > 0 and body["usage"]["completion_tokens"] == 16
+
+
+def test_overload_is_503(pool_server) -> None:
+    """Four endless streams fill --max-queued-requests 4: one more request gets 503."""
+    srv = pool_server
+    long = {"prompt": "x", "max_tokens": 7000, "ignore_eos": True, "stream": True}
+    started = threading.Barrier(5)
+    stop = threading.Event()
+
+    def stream() -> None:
+        with httpx.Client(timeout=60) as c, c.stream("POST", srv.url + "/v1/completions", json=long) as r:
+            lines = r.iter_lines()
+            next(lines)
+            started.wait()
+            stop.wait(30)
+
+    threads = [threading.Thread(target=stream) for _ in range(4)]
+    for t in threads:
+        t.start()
+    started.wait(30)
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert r.status_code == 503 and r.json()["error"]["message"].startswith("the server is busy")
+
+
+def test_bench_client_against_dummy_server(pool_server, tmp_path) -> None:
+    from minisgl.__main__ import main
+
+    srv = pool_server
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    code = main(
+        "bench serve --base-url".split()
+        + [srv.url]
+        + "--num-prompts 12 --concurrency 4 --output-len 16 --input-len 8 --output-json".split()
+        + [str(out)]
+        + "--plot".split()
+        + [str(png)]
+    )
+    assert code == 0
+    s = json.loads(out.read_text())
+    assert s["completed"] == 12 and s["failed"] == 0
+    assert s["output_tokens"] == 12 * 16  # ignore_eos: every request has exactly --output-len tokens
+    assert s["input_tokens"] >= 12 * 8
+    assert s["output_throughput"] > 0 and s["request_throughput"] > 0
+    for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+        d = s[key]
+        assert 0 < d["p50"] <= d["p90"] <= d["p99"], (key, d)
+    assert s["ttft_ms"]["p50"] <= s["e2e_ms"]["p50"]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    # The same requests at a fixed rate.
+    code = main(
+        "bench serve --base-url".split()
+        + [srv.url]
+        + "--num-prompts 6 --request-rate 20 --output-len 4 --warmup 0 --endpoint chat --output-json".split()
+        + [str(out)]
+    )
+    assert code == 0 and json.loads(out.read_text())["completed"] == 6
+
+
+def test_sigterm_leaves_no_process_and_no_socket(pool_server) -> None:
+    srv = pool_server
+    assert srv.stop(signal.SIGTERM) == 0
+    assert srv.leftovers() == []
+    assert not srv.ipc_root.exists() or not any(srv.ipc_root.iterdir())
+
+
+def test_killed_worker_makes_health_503_and_server_exit() -> None:
+    srv = ServerProcess("--engine", "dummy")
+    try:
+        m = re.search(r"started tokenizer\+detokenizer \(pid (\d+)\)", srv.output())
+        assert m, srv.output()
+        psutil.Process(int(m.group(1))).kill()
+        saw_503 = False
+        deadline = time.monotonic() + 30
+        while srv.proc.poll() is None and time.monotonic() < deadline:
+            try:
+                r = httpx.get(srv.url + "/health", timeout=1)
+                if r.status_code == 503:
+                    saw_503 = True
+                    assert "tokenizer+detokenizer was killed by signal 9" in r.json()["detail"]
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        assert saw_503
+        srv.proc.wait(30)
+        assert srv.stop() == 1
+        assert "tokenizer+detokenizer was killed by signal 9; shutting the server down" in srv.output()
+        assert srv.leftovers() == []
+    finally:
+        srv.stop()
+        srv.cleanup()
