@@ -15,9 +15,12 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +103,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
     _save_tokenizer(gguf_path, out_dir)
 
 
-def _metadata(reader) -> dict[str, Any]:  # noqa: ANN001
+def _metadata(reader: GGUFReader) -> dict[str, Any]:
     """Scalar and short-array metadata fields (the tokenizer's big arrays are skipped)."""
     meta: dict[str, Any] = {}
     for key, fld in reader.fields.items():
@@ -118,7 +121,7 @@ def _metadata(reader) -> dict[str, Any]:  # noqa: ANN001
     return meta
 
 
-def _hf_config(meta: dict[str, Any], arch: str, reader, gguf_path: Path) -> dict[str, Any]:  # noqa: ANN001
+def _hf_config(meta: dict[str, Any], arch: str, reader: GGUFReader, gguf_path: Path) -> dict[str, Any]:
     def get(key: str, default: Any = None) -> Any:
         value = meta.get(f"{arch}.{key}", default)
         if value is None:
@@ -187,8 +190,8 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def _dequantized_tensors(
-    reader, config: dict[str, Any], gguf_path: Path, progress: bool
-) -> dict[str, np.ndarray]:  # noqa: ANN001
+    reader: GGUFReader, config: dict[str, Any], gguf_path: Path, progress: bool
+) -> dict[str, np.ndarray]:
     from gguf.quants import dequantize
     from tqdm.auto import tqdm
 

@@ -26,6 +26,8 @@ from minisgl.layers import (
 from minisgl.models.config import ModelConfig
 from minisgl.models.weights import WeightSlot
 
+Device = torch.device | str
+
 
 class HeadLayout:
     """Which q and kv heads this rank holds. kv heads are replicated when there are fewer than ranks."""
@@ -56,7 +58,13 @@ class HeadLayout:
 
 class Attention(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, layer_id: int, heads: HeadLayout, tp: TPInfo, dtype: torch.dtype, device
+        self,
+        cfg: ModelConfig,
+        layer_id: int,
+        heads: HeadLayout,
+        tp: TPInfo,
+        dtype: torch.dtype,
+        device: Device,
     ) -> None:
         super().__init__()
         d = cfg.head_dim
@@ -88,7 +96,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPInfo, dtype: torch.dtype, device) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPInfo, dtype: torch.dtype, device: Device) -> None:
         super().__init__()
         inter = cfg.intermediate_size // tp.size
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * inter, False, dtype, device)
@@ -100,7 +108,13 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, layer_id: int, heads: HeadLayout, tp: TPInfo, dtype: torch.dtype, device
+        self,
+        cfg: ModelConfig,
+        layer_id: int,
+        heads: HeadLayout,
+        tp: TPInfo,
+        dtype: torch.dtype,
+        device: Device,
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
@@ -116,7 +130,9 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     """The `model.` part of the checkpoint: embedding, layers, final norm."""
 
-    def __init__(self, cfg: ModelConfig, heads: HeadLayout, tp: TPInfo, dtype: torch.dtype, device) -> None:
+    def __init__(
+        self, cfg: ModelConfig, heads: HeadLayout, tp: TPInfo, dtype: torch.dtype, device: Device
+    ) -> None:
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype, device)
         self.layers = nn.ModuleList(
@@ -128,7 +144,7 @@ class DecoderModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Runs Llama, Mistral, Qwen2 and Qwen3 checkpoints (the differences are flags in ModelConfig)."""
 
-    def __init__(self, cfg: ModelConfig, tp: TPInfo, dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPInfo, dtype: torch.dtype, device: Device) -> None:
         super().__init__()
         self.config, self.tp, self.dtype = cfg, tp, dtype
         self.heads = HeadLayout(cfg, tp)

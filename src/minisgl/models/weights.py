@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -29,7 +30,7 @@ class WeightSlot:
     length: int = 0
     dst: int = 0  # row offset inside `param`
 
-    def read(self, sl) -> torch.Tensor:  # noqa: ANN001 - a safetensors slice
+    def read(self, sl: Any) -> torch.Tensor:  # sl: a safetensors slice (PySafeSlice)
         """This rank's part of the tensor from a safetensors slice."""
         if self.shard_dim is None:
             return sl[:]
@@ -96,7 +97,7 @@ def load_checkpoint(
         )
 
 
-def _load_one(f: Path, name: str, sl, targets: list[WeightSlot]) -> None:  # noqa: ANN001
+def _load_one(f: Path, name: str, sl: Any, targets: list[WeightSlot]) -> None:
     shape = tuple(sl.get_shape())
     for slot in targets:
         if shape != slot.full_shape:
