@@ -25,7 +25,7 @@ import torch
 
 from minisgl.core import SamplingParams
 
-from .tensor import DTYPES, decode_tensor
+from .tensor import decode_tensor, encode_tensor
 
 if TYPE_CHECKING:
     from .utils import MessageGroup, _Compiler
@@ -37,7 +37,6 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 AVAILABLE = msgspec is not None
 _PLAIN = (int, float, bool, str, bytes, type(None))
-_TENSOR_NAME = {t: name for name, (t, _) in DTYPES.items()}
 
 if AVAILABLE:
     _ENCODER = msgspec.msgpack.Encoder()
@@ -58,10 +57,8 @@ if AVAILABLE:
         return decode_tensor(s.buffer, s.dtype, None if s.shape is msgspec.UNSET else s.shape)
 
     def _tensor_to_mirror(t: torch.Tensor) -> Any:
-        name = _TENSOR_NAME[t.dtype]  # KeyError -> the reference encoder gives the TypeError
-        t = t.detach().cpu().contiguous()
-        buf = (t.view(torch.int16) if t.dtype is torch.bfloat16 else t).numpy().tobytes()
-        return _Tensor(buf, name, list(t.shape) if t.dim() != 1 else msgspec.UNSET)
+        d = encode_tensor(t)  # the one place that turns a tensor into bytes
+        return _Tensor(d["buffer"], d["dtype"], d.get("shape", msgspec.UNSET))
 
 
 def _is_flat(cls: type, hints: dict[str, Any]) -> bool:

@@ -38,13 +38,13 @@ def encode_tensor(t: torch.Tensor) -> dict[str, Any]:
     name = _NAME_OF.get(t.dtype)
     if name is None:
         raise TypeError(f"tensor dtype {t.dtype} cannot be sent (supported: {', '.join(DTYPES)})")
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.detach().contiguous()
-    if t.dtype is torch.bfloat16:
-        buf = t.view(torch.int16).numpy().tobytes()
+    if name == "torch.bfloat16":  # numpy has no bfloat16: send its bits as int16
+        buf = t.detach().cpu().contiguous().view(torch.int16).numpy().tobytes()
     else:
-        buf = t.numpy().tobytes()
+        try:
+            buf = t.numpy().tobytes()  # C order even for a non-contiguous view
+        except (RuntimeError, TypeError):  # on a GPU, or requires grad
+            buf = t.detach().cpu().numpy().tobytes()
     if t.dim() == 1:
         return {"__type__": "Tensor", "buffer": buf, "dtype": name}
     return {"__type__": "Tensor", "buffer": buf, "dtype": name, "shape": list(t.shape)}
@@ -77,7 +77,10 @@ def decode_tensor(buffer: Any, dtype: Any, shape: Any = None) -> torch.Tensor:
             raise TensorFormatError(
                 f"buffer holds {size} bytes but shape {list(dims)} of {dtype} needs {count * np_dtype.itemsize}"
             )
-    arr = np.frombuffer(buffer, dtype=np_dtype).reshape(dims).copy()  # copy: bytes are read-only
+    arr = np.frombuffer(buffer, dtype=np_dtype)
+    if shape is not None:
+        arr = arr.reshape(dims)
+    arr = arr.copy()  # bytes are read-only; the tensor gets its own memory
     out = torch.from_numpy(arr)
     return out.view(torch.bfloat16) if torch_dtype is torch.bfloat16 else out
 

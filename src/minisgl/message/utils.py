@@ -156,9 +156,21 @@ def _dict_check(key: Callable[[Any], Any], value: Callable[[Any], Any]) -> Calla
     return check
 
 
-def _union_check(options: list[Callable[[Any], Any]], names: list[str]) -> Callable[[Any], Any]:
+def _union_check(
+    options: list[Any], checks: list[Callable[[Any], Any]], names: list[str]
+) -> Callable[[Any], Any]:
+    # Values of an exact simple type (int, bool, str, bytes, None) are accepted without trying each
+    # option in turn (a failed try costs an exception).
+    exact = {
+        t if t is not None else type(None) for t in options if t in (int, bool, str, bytes, None, type(None))
+    }
+    if float in options:
+        exact.add(float)
+
     def check(v: Any) -> Any:
-        for option in options:
+        if v.__class__ in exact:
+            return v
+        for option in checks:
             try:
                 return option(v)
             except _Invalid:
@@ -206,7 +218,7 @@ class _Compiler:
             return self._nested_check(tp)
         origin, args = typing.get_origin(tp), typing.get_args(tp)
         if origin in (typing.Union, types.UnionType):
-            return _union_check([self.check_for(a) for a in args], [_type_name(a) for a in args])
+            return _union_check(list(args), [self.check_for(a) for a in args], [_type_name(a) for a in args])
         if origin is list:
             return _list_check(self.check_for(args[0]) if args else _check_any)
         if origin is dict:
