@@ -632,3 +632,61 @@ def test_random_messages_round_trip_byte_exact(msgs: list) -> None:
     assert BaseTokenizerMsg.from_bytes(raw) == batch
     for m in msgs:
         assert BaseTokenizerMsg.from_bytes(m.to_bytes()) == m
+
+
+def _reference_decode(base: Any, raw: bytes) -> Any:
+    try:
+        return base.decoder(msgpack.unpackb(raw, raw=False))
+    except (MessageDecodeError, ValueError):
+        return MessageDecodeError
+
+
+_field_values = st.one_of(
+    _values,
+    _names,
+    st.just(T_OK),
+    st.just({**T_OK, "shape": [1]}),
+    st.just(SP_OK),
+    st.just({**SP_OK, "temperature": 1}),
+    st.just({"__type__": "ExitMsg"}),
+    st.just({"__type__": "AbortBackendMsg", "uid": 3}),
+    st.lists(st.just({"__type__": "ExitMsg"}), max_size=2),
+)
+
+
+_VALID = {
+    "UserMsg": user_dict(),
+    "ExitMsg": {"__type__": "ExitMsg"},
+    "AbortBackendMsg": {"__type__": "AbortBackendMsg", "uid": 3},
+    "BatchBackendMsg": {"__type__": "BatchBackendMsg", "data": [user_dict(), {"__type__": "ExitMsg"}]},
+}
+
+
+@FUZZ
+@given(
+    st.sampled_from(sorted(_VALID)),
+    st.dictionaries(
+        st.sampled_from(["uid", "data", "input_ids", "sampling_params", "x", "__type__"]),
+        _field_values,
+        max_size=2,
+    ),
+    st.lists(st.sampled_from(["uid", "data", "input_ids", "sampling_params", "__type__"]), max_size=1),
+)
+def test_fast_path_never_accepts_what_the_reference_rejects(name: str, over: dict, drop: list) -> None:
+    """Where msgspec is installed: the fast decoder either agrees with the reference or steps aside.
+
+    Valid messages with up to two fields replaced by random values and maybe one removed."""
+    group = BaseBackendMsg._group
+    group._ensure()
+    if group._fast is None:
+        pytest.skip("msgspec is not installed")
+    data = {**_VALID[name], **over}
+    for key in drop:
+        data.pop(key, None)
+    raw = msgpack.packb(data, use_bin_type=True)
+    fast = group._fast.decode(raw)
+    ref = _reference_decode(BaseBackendMsg, raw)
+    if fast is not None:
+        assert ref is not MessageDecodeError and same(fast, ref), (fast, ref)
+    if not over and not drop:
+        assert fast is not None  # the untouched valid messages do take the fast path
