@@ -9,7 +9,7 @@ import random
 import pytest
 
 from minisgl.message import DetokenizeMsg, ErrorMsg
-from minisgl.tokenizer.detokenize import DetokenizeManager, IncrementalDetokenizer
+from minisgl.tokenizer.detokenize import DetokenizeManager, IncrementalDetokenizer, fast_decoder
 
 TEXTS = [
     "Hello, world! How are you today?",
@@ -22,19 +22,13 @@ TEXTS = [
 ]
 
 
-def smol_tokenizer():
-    try:
-        from minisgl.utils.hf import load_tokenizer
-
-        from minisgl.models import resolve_model_path
-    except ImportError:  # the models layer has not landed in this checkout
-        pytest.skip("minisgl.models / minisgl.utils.hf not available")
-    return load_tokenizer(resolve_model_path(None))
-
-
 @pytest.fixture(scope="module")
 def smol():
-    return smol_tokenizer()
+    """The embedded model's tokenizer (byte-level BPE)."""
+    from minisgl.models import resolve_model_path
+    from minisgl.utils.hf import load_tokenizer
+
+    return load_tokenizer(resolve_model_path(None))
 
 
 def llama_style_tokenizer():
@@ -72,15 +66,16 @@ def llama_like():
     return llama_style_tokenizer()
 
 
-def stream(tokenizer, ids: list[int], skip_special_tokens: bool = True) -> list[str]:
-    det = IncrementalDetokenizer(tokenizer, skip_special_tokens)
+def stream(tokenizer, ids: list[int], skip_special_tokens: bool = True, fast: bool = True) -> list[str]:
+    """The deltas of `ids`, decoded with the Rust tokenizer (what the worker uses) or the HF wrapper."""
+    det = IncrementalDetokenizer(fast_decoder(tokenizer) if fast else tokenizer, skip_special_tokens)
     deltas = [det.step(t) for t in ids]
     deltas.append(det.finish())
     return deltas
 
 
-def assert_streams_like_full_decode(tokenizer, ids: list[int]) -> None:
-    deltas = stream(tokenizer, ids)
+def assert_streams_like_full_decode(tokenizer, ids: list[int], fast: bool = True) -> None:
+    deltas = stream(tokenizer, ids, fast=fast)
     assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
     # Only the final flush may show a replacement character (a sequence cut inside a character).
     for d in deltas[:-1]:
@@ -106,12 +101,14 @@ def test_cjk_and_emoji_never_split(smol) -> None:
     assert "".join(deltas) == text
 
 
-def test_random_sequences_match_full_decode(smol) -> None:
+@pytest.mark.parametrize("fast", [True, False])
+def test_random_sequences_match_full_decode(smol, fast: bool) -> None:
+    assert fast_decoder(smol) is smol.backend_tokenizer  # the worker's fast path applies to this model
     rng = random.Random(1234)
     vocab = len(smol)
     for _ in range(200):
         ids = [rng.randrange(vocab) for _ in range(rng.randint(1, 24))]
-        assert_streams_like_full_decode(smol, ids)
+        assert_streams_like_full_decode(smol, ids, fast)
 
 
 def test_random_real_token_mixes(smol) -> None:

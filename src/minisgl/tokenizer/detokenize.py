@@ -21,7 +21,7 @@ sequence, so the number of U+FFFD may differ from the full decode. Valid text is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from minisgl.message import DetokenizeMsg, ErrorMsg, UserReply
 
@@ -32,6 +32,15 @@ class Decoder(Protocol):
     """The part of a Hugging Face tokenizer the detokenizer uses."""
 
     def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+def fast_decoder(tokenizer: Any) -> Decoder:
+    """The Rust tokenizer behind a Hugging Face fast tokenizer when its `decode` gives the same text
+    (no Python-side clean-up of spaces): about 4x less time per call. Else the tokenizer itself."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return backend
+    return tokenizer
 
 
 @dataclass
@@ -73,8 +82,8 @@ class DetokenizeManager:
     Each reply carries the request's completion token count so far, so the API server knows the
     usage at any point (also when it stops a request early on a stop string)."""
 
-    def __init__(self, tokenizer: Decoder, skip_special_tokens: bool = True) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
+        self.tokenizer = fast_decoder(tokenizer)
         self.skip_special_tokens = skip_special_tokens
         self.states: dict[int, IncrementalDetokenizer] = {}
 
