@@ -219,6 +219,8 @@ class _Compiler:
         origin, args = typing.get_origin(tp), typing.get_args(tp)
         if origin in (typing.Union, types.UnionType):
             return _union_check(list(args), [self.check_for(a) for a in args], [_type_name(a) for a in args])
+        if origin is list and args and args[0] is self.group.base_cls:
+            return self._members_check()
         if origin is list:
             return _list_check(self.check_for(args[0]) if args else _check_any)
         if origin is dict:
@@ -233,6 +235,51 @@ class _Compiler:
             self._compile_class(cls)
         decoders = self.decoders
         return lambda v: decoders[cls](v)
+
+    def _members_check(self) -> Callable[[Any], list]:
+        """A batch's `data`: like `_list_check(group member)`, with the common flat messages
+        (only int/bool/str/float fields) checked and built inline, one Python frame for the batch."""
+        group = self.group
+        slow = _list_check(group._check_member)
+        env: dict[str, Any] = {"_Invalid": _Invalid, "_describe": _describe, "_new": object.__new__}
+        env["_member"], env["_slow"] = group._check_member, slow
+        src = [
+            "def run(v):",
+            "    if v.__class__ is not list:",
+            '        raise _Invalid(f"expected a list, got {_describe(v)}")',
+            "    out = []",
+            "    ap = out.append",
+            "    try:",
+            "        for x in v:",
+            "            t = x.get('__type__') if x.__class__ is dict else None",
+        ]
+        for i, cls in enumerate(group.classes.values()):
+            hints = typing.get_type_hints(cls)
+            fields = [f for f in dataclasses.fields(cls) if f.init]
+            if not all(hints[f.name] in (int, bool, str, float) for f in fields):
+                continue
+            env[f"K{i}"], env[f"C{i}"] = frozenset(["__type__", *(f.name for f in fields)]), cls
+            names = [f"v{j}" for j in range(len(fields))]
+            src.append(f"            if t == {cls.__name__!r} and x.keys() == K{i}:")
+            src += [f"                v{j} = x[{f.name!r}]" for j, f in enumerate(fields)]
+            conds = [f"v{j}.__class__ is {hints[f.name].__name__}" for j, f in enumerate(fields)] or ["True"]
+            src.append(f"                if {' and '.join(conds)}:")
+            if hasattr(cls, "__post_init__"):
+                src.append(f"                    ap(C{i}({', '.join(names)}))")
+            else:
+                src.append(f"                    o = _new(C{i})")
+                src += [f"                    o.{f.name} = v{j}" for j, f in enumerate(fields)]
+                src.append("                    ap(o)")
+            src.append("                    continue")
+        src += [
+            "            ap(_member(x))",  # anything else: the full check (it names what is wrong)
+            "    except _Invalid:",
+            "        _slow(v)",  # again, to find which element failed for the message
+            "        raise",
+            "    return out",
+        ]
+        exec("\n".join(src), env)  # noqa: S102 - generated from dataclass field names only
+        return env["run"]
 
     # -- encoders ----------------------------------------------------------------------------------
     def encoder_for(self, tp: Any) -> Callable[[Any], Any] | None:
@@ -249,11 +296,34 @@ class _Compiler:
             encoders = self.encoders
             return lambda v: encoders[tp](v)
         origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if origin is list and args and args[0] is self.group.base_cls:
+            return self._members_encoder()
         if origin is list and args:
             item = self.encoder_for(args[0])
             if item is not None:
                 return lambda v: [item(x) for x in v]
         return self.group._encode_any
+
+    def _members_encoder(self) -> Callable[[list], list]:
+        """A batch's `data` -> list of tagged dicts, the flat messages' dicts built inline."""
+        env: dict[str, Any] = {"_enc": self.group._encode_member}
+        src = [
+            "def run(v):",
+            "    out = []",
+            "    ap = out.append",
+            "    for x in v:",
+            "        c = x.__class__",
+        ]
+        for i, cls in enumerate(self.group.classes.values()):
+            fields = [f for f in dataclasses.fields(cls) if f.init]
+            if not all(_is_plain(t) for t in typing.get_type_hints(cls).values()):
+                continue
+            env[f"C{i}"] = cls
+            items = ", ".join([f'"__type__": {cls.__name__!r}', *(f'"{f.name}": x.{f.name}' for f in fields)])
+            src += [f"        if c is C{i}:", f"            ap({{{items}}})", "            continue"]
+        src += ["        ap(_enc(x))", "    return out"]
+        exec("\n".join(src), env)  # noqa: S102 - generated from dataclass field names only
+        return env["run"]
 
     # -- one class ---------------------------------------------------------------------------------
     def _compile_class(self, cls: type) -> None:
