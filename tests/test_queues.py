@@ -206,3 +206,16 @@ def test_stop_never_hangs_with_unsent_messages(ipc_dir: Path) -> None:
     push.stop()
     push.stop()  # idempotent
     assert time.monotonic() - start < 5
+
+
+def test_group_base_class_accepted_as_codec(ipc_dir: Path) -> None:
+    """The group base class (not only its encoder/decoder functions) selects the bytes path."""
+    addr = f"ipc://{ipc_dir}/cls"
+    pull = ZmqPullQueue(addr, create=True, decoder=BaseBackendMsg)
+    push = ZmqPushQueue(addr, create=False, encoder=BaseBackendMsg)
+    push.put(ExitMsg())
+    assert pull.get() == ExitMsg()
+    with pytest.raises(TypeError, match="not a registered backend message"):
+        push.put(DetokenizeMsg(1, 2, False))  # a tokenizer message on a backend queue
+    push.stop()
+    pull.stop()
