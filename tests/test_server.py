@@ -260,3 +260,30 @@ def test_disconnect_aborts_and_frees_pages(server) -> None:
     assert time.monotonic() - t_closed < 20
     m = httpx.get(server.url + "/metrics").text
     assert re.search(r"^minisgl_num_requests_running 0\.0$", m, re.M)
+
+
+def test_chat_cli_streams_and_keeps_history(server) -> None:
+    turns = "What is the capital of France?\nAnd of Italy?\n/reset\n/exit\n"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "minisgl",
+            "chat",
+            "--url",
+            server.url,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "30",
+        ],
+        input=turns,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    answers = out.stdout.split("model> ")[1:]
+    assert len(answers) == 2 and "Paris" in answers[0]
+    assert "Rome" in answers[1]  # "And of Italy?" only makes sense with the first turn in the history
+    assert "(conversation forgotten)" in out.stdout
