@@ -12,7 +12,7 @@ import json
 import httpx
 import pytest
 
-from minisgl.message import AbortMsg, BatchTokenizerMsg, TokenizeMsg, UserReply
+from minisgl.message import AbortMsg, BaseTokenizerMsg, BatchTokenizerMsg, TokenizeMsg, UserReply
 from minisgl.server.api_server import ServerState, create_app
 from minisgl.server.frontend import FrontendManager
 
@@ -32,6 +32,7 @@ class FakeWorkers:
         self.received: list[TokenizeMsg] = []
 
     async def send(self, msg) -> None:
+        msg = BaseTokenizerMsg.from_bytes(msg.to_bytes())  # through the wire format, like a real pipe
         for m in msg.data if isinstance(msg, BatchTokenizerMsg) else [msg]:
             if isinstance(m, TokenizeMsg):
                 self.received.append(m)
@@ -192,6 +193,12 @@ def assert_openai_error(r: httpx.Response, status: int, param: str | None = None
         (chat_body(top_p=0), "top_p"),
         (chat_body(top_k=0), "top_k"),
         (chat_body(stop=[1, 2]), None),
+        (chat_body(seed=10**30), "seed"),
+        (chat_body(max_tokens=10**30), "max_tokens"),
+        (chat_body(top_k=2**40), "top_k"),
+        (chat_body(n=1000), "n"),
+        (chat_body(presence_penalty=0.5), None),
+        (chat_body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]), None),
         ({"model": "smol", "messages": [{"role": "wizard", "content": "x"}]}, None),
     ],
 )
@@ -220,6 +227,23 @@ async def test_malformed_json_is_400(api) -> None:
     assert "JSON" in assert_openai_error(r, 400)["message"]
     r = await api.post("/v1/completions", content=b"[1, 2]", headers={"content-type": "application/json"})
     assert_openai_error(r, 400)
+    for raw in (b'{"prompt": "x", "temperature": NaN}', b'{"prompt": "x", "temperature": Infinity}'):
+        r = await api.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+        assert_openai_error(r, 400, "temperature")
+    r = await api.post("/v1/completions", json={"prompt": [10**30]})
+    assert_openai_error(r, 400)
+
+
+async def test_unencodable_text_is_an_error_not_a_hang(api) -> None:
+    """A lone surrogate cannot travel as UTF-8: the request fails at once instead of waiting forever."""
+    r = await api.post(
+        "/v1/completions",
+        content=b'{"prompt": "bad \\ud800 text"}',
+        headers={"content-type": "application/json"},
+    )
+    assert_openai_error(r, 400)
+    assert not api.state.manager.streams
+    assert (await api.post("/v1/completions", json={"prompt": "fine"})).status_code == 200
 
 
 async def test_rejected_by_tokenizer_is_400(api) -> None:

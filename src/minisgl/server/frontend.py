@@ -295,8 +295,14 @@ class FrontendManager:
                 msgs.append(self._outbox.get_nowait())
             try:
                 await self._send(msgs[0] if len(msgs) == 1 else BatchTokenizerMsg(data=msgs))
-            except Exception:
+            except Exception as e:  # the requests of this batch would wait forever: end them
                 logger.exception("cannot send %d message(s) to the tokenizer", len(msgs))
+                for m in msgs:
+                    stream = self.streams.get(m.uid) if isinstance(m, TokenizeMsg) else None
+                    if stream is not None:
+                        stream.push(
+                            UserReply(m.uid, "", True, "error", error=f"cannot send the request: {e}")
+                        )
 
     async def listen(self, recv: Callable[[], Awaitable[BaseFrontendMsg]]) -> None:
         while True:

@@ -15,10 +15,12 @@ from minisgl.core import SamplingParams
 from minisgl.tokenizer.tokenize import FILL_CONTEXT
 
 MAX_N = 64  # choices per prompt
+_INT32 = 2**31 - 1  # bounds keep every number encodable (msgpack) and meaningful downstream
+_SEED = 2**63 - 1 - MAX_N  # seed + choice index stays an int64
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(_Body):
@@ -46,15 +48,15 @@ class SamplingRequest(_Body):
     """Fields shared by both OpenAI endpoints."""
 
     model: str | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=_INT32)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=_INT32)] | None = None
     temperature: Annotated[float, Field(ge=0.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    top_k: int = -1
+    top_k: Annotated[int, Field(le=_INT32)] = -1
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     stop: str | list[str] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
-    seed: int | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=_INT32)]] | None = None
+    seed: Annotated[int, Field(ge=-_SEED, le=_SEED)] | None = None
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -108,7 +110,8 @@ class ChatCompletionRequest(SamplingRequest):
         return [{"role": m.role, "content": m.text()} for m in self.messages]
 
 
-Prompt = str | list[str] | list[int] | list[list[int]]
+TokenId = Annotated[int, Field(ge=-_INT32, le=_INT32)]  # the tokenizer checks the vocabulary
+Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
 
 
 class CompletionRequest(SamplingRequest):
@@ -142,11 +145,11 @@ class CompletionRequest(SamplingRequest):
 class GenerateRequest(_Body):
     """The chapters' native endpoint: a prompt, a token budget, and streamed text."""
 
-    prompt: str | list[int]
-    max_tokens: Annotated[int, Field(ge=1)] = 128
+    prompt: str | list[TokenId]
+    max_tokens: Annotated[int, Field(ge=1, le=_INT32)] = 128
     ignore_eos: bool = False
     temperature: Annotated[float, Field(ge=0.0)] = 0.0
-    top_k: int = -1
+    top_k: Annotated[int, Field(le=_INT32)] = -1
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     stop: str | list[str] | None = None
     stream: bool = True
