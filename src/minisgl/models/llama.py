@@ -20,6 +20,7 @@ from minisgl.layers import (
     RotaryEmbedding,
     RowParallelLinear,
     TPInfo,
+    apply_rotary,
     silu_and_mul,
     vocab_shard,
 )
@@ -81,7 +82,8 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm
         self.attn = AttentionLayer(layer_id, heads.num_heads, heads.num_kv_heads, d)
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, rotary: RotaryEmbedding) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """h (T, hidden), rope: this batch's (cos, sin) -> (T, hidden)."""
         t, d = h.shape[0], self.head_dim
         qkv = self.qkv_proj(h)  # (T, (Hq + 2 Hkv) D)
         q, k, v = qkv.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
@@ -89,7 +91,7 @@ class Attention(nn.Module):
         k = k.view(t, self.num_kv_heads, d)  # (T, Hkv, D)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q), rotary(positions, k)  # contiguous
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # contiguous
         v = v.reshape(t, self.num_kv_heads, d)  # (T, Hkv, D), contiguous copy
         o = self.attn(q, k, v)  # (T, Hq, D)
         return self.o_proj(o.reshape(t, self.num_heads * d))  # (T, hidden)
@@ -122,8 +124,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp = MLP(cfg, tp, dtype, device)
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, rotary: RotaryEmbedding) -> torch.Tensor:
-        h = h + self.self_attn(positions, self.input_layernorm(h), rotary)
+    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), rope)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -162,8 +164,9 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions (T,) of a flattened batch -> final-normed hidden states (T, hidden)."""
         h = self.model.embed_tokens(input_ids)  # (T, hidden)
+        rope = self.rotary.lookup(positions)  # (T, 1, D/2) cos and sin
         for layer in self.model.layers:
-            h = layer(positions, h, self.rotary)
+            h = layer(h, rope)
         return self.model.norm(h)
 
     @torch.inference_mode()
