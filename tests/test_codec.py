@@ -37,7 +37,7 @@ from minisgl.message import (
 BASES = (BaseTokenizerMsg, BaseBackendMsg, BaseFrontendMsg)
 
 
-@pytest.fixture(params=["reference", "fast"])
+@pytest.fixture(params=["reference", "fast"] if fastpath.AVAILABLE else ["reference"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run a test through the reference codec and (if msgspec is installed) the msgspec fast path."""
     for base in BASES:
