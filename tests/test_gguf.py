@@ -36,6 +36,8 @@ GGUF_NAMES = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
 }
 
 
@@ -60,8 +62,11 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str = "llama") -> dict[str, n
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base((cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0)))
     w.add_tokenizer_model("gpt2")
     w.add_token_list(tokens)
     w.add_token_types([3, 3] + [1] * (len(tokens) - 2))
@@ -81,7 +86,9 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str = "llama") -> dict[str, n
             _, _, layer, rest = name.split(".", 3)
             part, kind = rest.rsplit(".", 1)
             gname = f"blk.{layer}.{GGUF_NAMES[part]}.{kind}"
-            if part == "self_attn.q_proj":
+            if arch != "llama" or kind != "weight":
+                pass  # llama.cpp permutes Llama's q/k weights only
+            elif part == "self_attn.q_proj":
                 a = llamacpp_permute(a, cfg["num_attention_heads"])
             elif part == "self_attn.k_proj":
                 a = llamacpp_permute(a, cfg["num_key_value_heads"])
@@ -116,7 +123,7 @@ def test_round_trip_restores_hf_weights(tiny_gguf, tmp_path: Path, monkeypatch: 
         4,
         2,
     )
-    assert not cfg.tie_word_embeddings and cfg.rms_norm_eps == 1e-5 and cfg.vocab_size == 259
+    assert not cfg.tie_word_embeddings and cfg.rms_norm_eps == 1e-6 and cfg.vocab_size == 259
     assert 1 in cfg.eos_token_ids and cfg.bos_token_id == 0
     tok = load_tokenizer(out)
     assert tok.encode("hi", add_special_tokens=False) == [258]
@@ -124,6 +131,23 @@ def test_round_trip_restores_hf_weights(tiny_gguf, tmp_path: Path, monkeypatch: 
     model, _ = load_model(out, torch.float32, "cpu", progress=False)
     (logits,) = run_prompts(model, [[5, 6, 7]])
     assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize(
+    ("arch", "gguf_arch"), [("Qwen2ForCausalLM", "qwen2"), ("Qwen3ForCausalLM", "qwen3")]
+)
+def test_qwen_gguf_gives_the_same_model(arch: str, gguf_arch: str, tmp_path: Path) -> None:
+    """Qwen2 (q/k/v bias, tied) and Qwen3 (q/k norm, head_dim != hidden / heads): not permuted by llama.cpp."""
+    extra = {"head_dim": 32} if gguf_arch == "qwen3" else {}
+    hf_dir = save_tiny_hf_model(arch, tmp_path / "hf", tie=gguf_arch == "qwen2", vocab=259, **extra)
+    write_tiny_gguf(hf_dir, tmp_path / "m.gguf", arch=gguf_arch)
+    out = gc.convert_gguf_cached(tmp_path / "m.gguf", tmp_path / "cache", progress=False)
+    assert ModelConfig.from_dir(out).architecture == arch
+    prompts = [[5, 6, 7, 8], [100, 3]]
+    want = run_prompts(load_model(hf_dir, torch.float32, "cpu", progress=False)[0], prompts)
+    got = run_prompts(load_model(out, torch.float32, "cpu", progress=False)[0], prompts)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
 
 
 def test_conversion_is_cached(tiny_gguf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,8 +1,8 @@
 """Converting a GGUF file (llama.cpp's format) into a Hugging Face-style directory, once.
 
 The weights are dequantized (Q4_1, Q8_0, ... -> float32) with the `gguf` package and renamed to HF's
-names; llama.cpp's converter permutes the rows of attn_q/attn_k for its interleaved rope layout, and we
-undo that so the result is HF's Llama layout. The tokenizer is rebuilt from the GGUF metadata by
+names; for Llama, llama.cpp's converter permutes the rows of attn_q/attn_k for its interleaved rope
+layout, and we undo that so the result is HF's layout (Qwen2/Qwen3 files are not permuted). The tokenizer is rebuilt from the GGUF metadata by
 transformers' GGUF tokenizer loader (chat template included)."""
 
 from __future__ import annotations
@@ -37,9 +37,13 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# Only llama.cpp's Llama converter permutes attn_q/attn_k rows (its rope is interleaved for Llama only).
+_PERMUTED_ROPE = {"llama"}
 
 
 class GGUFConversionError(ValueError):
@@ -90,7 +94,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
     arch = meta.get("general.architecture")
     if arch not in _ARCHITECTURES:
         raise GGUFConversionError(
-            f"{gguf_path}: GGUF architecture {arch!r} is not supported (supported: llama)"
+            f"{gguf_path}: GGUF architecture {arch!r} is not supported (supported: {', '.join(_ARCHITECTURES)})"
         )
     config = _hf_config(meta, arch, reader, gguf_path)
     tensors = _dequantized_tensors(reader, config, gguf_path, progress)
@@ -134,7 +138,10 @@ def _hf_config(meta: dict[str, Any], arch: str, reader: GGUFReader, gguf_path: P
             f"{gguf_path}: rope scaling in GGUF files is not supported; use the HF directory"
         )
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-    vocab = int(meta.get(f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        raise GGUFConversionError(f"{gguf_path}: no tokenizer in the GGUF metadata (tokenizer.ggml.tokens)")
+    vocab = int(meta.get(f"{arch}.vocab_size") or len(tokens.data))
     bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
     return {
         "architectures": [_ARCHITECTURES[arch]],
@@ -151,7 +158,7 @@ def _hf_config(meta: dict[str, Any], arch: str, reader: GGUFReader, gguf_path: P
         "max_position_embeddings": int(get("context_length")),
         "tie_word_embeddings": "output.weight" not in names,
         "hidden_act": "silu",
-        "attention_bias": False,
+        "attention_bias": arch == "qwen2",
         "mlp_bias": False,
         "bos_token_id": int(bos) if bos is not None else None,
         "eos_token_id": int(eos) if eos is not None else None,
@@ -197,10 +204,14 @@ def _dequantized_tensors(
 
     out: dict[str, np.ndarray] = {}
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
+    if config["model_type"] not in _PERMUTED_ROPE:
+        heads = {}
     for t in tqdm(reader.tensors, desc=f"Converting {gguf_path.name}", unit="tensor", disable=not progress):
         hf = _hf_name(t.name)
         if hf is None:
-            raise GGUFConversionError(f"{gguf_path}: unexpected tensor {t.name!r} for a Llama model")
+            raise GGUFConversionError(
+                f"{gguf_path}: unexpected tensor {t.name!r} for a {config['model_type']} model"
+            )
         try:
             w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
         except Exception as e:  # unsupported quantization type
