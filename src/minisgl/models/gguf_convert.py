@@ -227,11 +227,14 @@ def _dequantized_tensors(
 
 
 def _save_tokenizer(gguf_path: Path, out_dir: Path) -> None:
-    """Tokenizer files (with the chat template) from the GGUF metadata, via transformers."""
-    from transformers import AutoTokenizer
+    """Tokenizer files (with the chat template) from the GGUF metadata, via transformers.
+
+    The fast-tokenizer class directly, not AutoTokenizer: the latter also builds the model config from
+    the GGUF, parsing all its metadata a second time (several seconds), for the same files."""
+    from transformers import PreTrainedTokenizerFast
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        tok = PreTrainedTokenizerFast.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     except Exception as e:
         raise GGUFConversionError(
             f"{gguf_path}: cannot build the tokenizer from the GGUF metadata: {e}"
