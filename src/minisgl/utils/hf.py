@@ -8,12 +8,19 @@ from typing import Any
 
 def load_tokenizer(model_dir: str | Path) -> Any:
     """The model directory's fast (Rust) tokenizer; nothing is downloaded."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:
         return AutoTokenizer.from_pretrained(str(model_dir), use_fast=True, local_files_only=True)
     except Exception as e:  # transformers raises many error types for a bad directory
-        raise ValueError(f"{model_dir}: cannot load the tokenizer: {e}") from None
+        error = e
+    if (Path(model_dir) / "tokenizer.json").is_file():
+        # e.g. a tokenizer_class this transformers version does not know: tokenizer.json is enough
+        try:
+            return PreTrainedTokenizerFast.from_pretrained(str(model_dir), local_files_only=True)
+        except Exception:
+            pass
+    raise ValueError(f"{model_dir}: cannot load the tokenizer: {error}") from None
 
 
 def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
