@@ -19,6 +19,19 @@ from test_server import ServerProcess
 pytestmark = pytest.mark.timeout(180)
 
 
+def wait_no_requests(url: str, timeout: float = 20.0) -> None:
+    """Until the API server has no request in flight (closed connections are noticed asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = httpx.get(url + "/metrics", timeout=5).text
+        if re.search(r"^minisgl_num_requests_running 0\.0$", m, re.M) and re.search(
+            r"^minisgl_num_requests_waiting 0\.0$", m, re.M
+        ):
+            return
+        time.sleep(0.1)
+    raise AssertionError("requests still in flight")
+
+
 def chat(url: str, **kw) -> httpx.Response:
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, **kw}
     return httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
@@ -28,7 +41,9 @@ def chat(url: str, **kw) -> httpx.Response:
 def pool_server():
     """A dummy-engine server with two tokenizer processes and room for 4 requests in flight.
     The last test of this module stops it with SIGTERM."""
-    srv = ServerProcess("--engine", "dummy", "--num-tokenizer", "2", "--max-queued-requests", "4")
+    srv = ServerProcess(
+        "--engine", "dummy", "--num-tokenizer", "2", "--max-queued-requests", "4", "--max-seq-len", "100000"
+    )
     try:
         yield srv
     finally:
@@ -70,6 +85,18 @@ def test_overload_is_503(pool_server) -> None:
     for t in threads:
         t.join(30)
     assert r.status_code == 503 and r.json()["error"]["message"].startswith("the server is busy")
+    wait_no_requests(srv.url)  # the closed streams were aborted and forgotten
+
+
+def test_non_streaming_disconnect_aborts(pool_server) -> None:
+    srv = pool_server
+    start = len(srv.output())
+    body = {"prompt": "x", "max_tokens": 90_000, "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(srv.url + "/v1/completions", json=body, timeout=0.5)
+    line = srv.wait_for_log(re.compile(r"scheduler: aborted request \d+ \((\d+) tokens generated\)"), start)
+    assert int(line.group(1)) < 90_000
+    wait_no_requests(srv.url)
 
 
 def test_bench_client_against_dummy_server(pool_server, tmp_path) -> None:
