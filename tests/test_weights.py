@@ -105,6 +105,22 @@ def test_sharded_checkpoint_loads_the_same(model_dir: Path, base_dir: Path) -> N
         assert torch.equal(a, b), name
 
 
+def test_shard_index_selects_the_files(model_dir: Path, base_dir: Path) -> None:
+    """With model.safetensors.index.json, other *.safetensors (Mistral's consolidated file) are ignored."""
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    (model_dir / "model.safetensors").rename(model_dir / "model-00001-of-00001.safetensors")
+    save_file({"layers.0.attention.wq.weight": torch.zeros(2)}, str(model_dir / "consolidated.safetensors"))
+    index = {"weight_map": {n: "model-00001-of-00001.safetensors" for n in tensors}}
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps(index))
+    model, _ = load_model(model_dir, torch.float32, "cpu", progress=False)
+    whole, _ = load_model(base_dir, torch.float32, "cpu", progress=False)
+    assert torch.equal(model.lm_head.weight, whole.lm_head.weight)
+    index["weight_map"]["lm_head.weight"] = "model-00002-of-00002.safetensors"
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(WeightLoadError, match=r"model-00002-of-00002\.safetensors: file not found"):
+        load_model(model_dir, torch.float32, "cpu", progress=False)
+
+
 def test_dummy_weights_read_no_weight_file(model_dir: Path) -> None:
     # A corrupt weight file proves it is never opened.
     (model_dir / "model.safetensors").write_bytes(b"garbage")

@@ -6,6 +6,7 @@ tensor-parallel rank keeps. The loader then reads only that part (`safe_open(...
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,19 @@ class WeightSlot:
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's files: those the shard index names when there is one (Mistral repos also ship a
+    `consolidated.safetensors` in another layout, which the index leaves out), else every *.safetensors."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise WeightLoadError(f"{index}: cannot read the shard index: {e}") from None
+        missing = [n for n in names if not (model_dir / n).is_file()]
+        if missing:
+            raise WeightLoadError(f"{model_dir / missing[0]}: file not found (named by {index.name})")
+        return [model_dir / n for n in names]
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise WeightLoadError(
