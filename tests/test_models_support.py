@@ -23,6 +23,8 @@ class ContiguousCausalAttention:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         self.calls.append(layer_id)
         assert q.shape[0] == k.shape[0] == v.shape[0] == sum(self.seq_lens)
+        assert k.shape == v.shape and q.shape[2] == k.shape[2]
+        assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()  # the documented interface
         group = q.shape[1] // k.shape[1]
         outs, start = [], 0
         for n in self.seq_lens:

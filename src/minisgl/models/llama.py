@@ -92,7 +92,7 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # contiguous
-        v = v.reshape(t, self.num_kv_heads, d)  # (T, Hkv, D), contiguous copy
+        v = v.reshape(t, self.num_kv_heads, d).contiguous()  # (T, Hkv, D); a strided view before
         o = self.attn(q, k, v)  # (T, Hq, D)
         return self.o_proj(o.reshape(t, self.num_heads * d))  # (T, hidden)
 
