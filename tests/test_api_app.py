@@ -305,3 +305,19 @@ async def test_health_models_metrics(api) -> None:
     api.state.status = "starting"
     assert (await api.get("/health")).status_code == 503
     assert_openai_error(await api.post("/v1/chat/completions", json=chat_body()), 503)
+
+
+def test_histogram_buckets_are_cumulative_and_inclusive() -> None:
+    from minisgl.server.metrics import ServerMetrics
+
+    m = ServerMetrics()
+    m.ttft.observe(0.001)  # on a bound: counted in that bucket (le = less or equal)
+    m.ttft.observe(0.003, times=2)
+    m.ttft.observe(99.0)
+    text = m.render().decode()
+    assert 'minisgl_time_to_first_token_seconds_bucket{le="0.001"} 1.0' in text
+    assert 'minisgl_time_to_first_token_seconds_bucket{le="0.005"} 3.0' in text
+    assert 'minisgl_time_to_first_token_seconds_bucket{le="30.0"} 3.0' in text
+    assert 'minisgl_time_to_first_token_seconds_bucket{le="+Inf"} 4.0' in text
+    assert "minisgl_time_to_first_token_seconds_count 4.0" in text
+    assert abs(m.ttft.sum - 99.007) < 1e-9

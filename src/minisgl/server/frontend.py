@@ -115,7 +115,7 @@ class RequestStream:
             if r.prompt_tokens and not self._acked:
                 self._acked = True
                 self.prompt_tokens = r.prompt_tokens
-                self.manager.metrics.prompt_tokens.inc(r.prompt_tokens)
+                self.manager.metrics.prompt_tokens += r.prompt_tokens
             if r.finished and r.finish_reason == "error":
                 self._finish("error")
                 raise RequestError(
@@ -140,9 +140,9 @@ class RequestStream:
             new_itl, gap = new - 1, 0.0
         else:
             new_itl, gap = new, (now - self._t_last) / new
-        for _ in range(new_itl):
-            m.itl.observe(gap)
-        m.generation_tokens.inc(new)
+        if new_itl:
+            m.itl.observe(gap, new_itl)
+        m.generation_tokens += new
         self._t_last = now
         self.completion_tokens = total
 
@@ -178,14 +178,14 @@ class RequestStream:
             if r.prompt_tokens and not self._acked:
                 self._acked = True
                 self.prompt_tokens = r.prompt_tokens
-                self.manager.metrics.prompt_tokens.inc(r.prompt_tokens)
+                self.manager.metrics.prompt_tokens += r.prompt_tokens
         self._replies = []
 
     def _finish(self, reason: str) -> None:
         if self.finish_reason is None or reason == "error":
             self.finish_reason = reason
         m = self.manager.metrics
-        m.requests.labels(finish_reason=self.finish_reason).inc()
+        m.finished[self.finish_reason] += 1
         m.e2e.observe(time.perf_counter() - self.t_start)
         self.manager.close(self.uid)
 
@@ -233,7 +233,7 @@ class FrontendManager:
         uid = next(self._uids)
         stream = RequestStream(self, uid, stops)
         self.streams[uid] = stream
-        self.metrics.waiting.inc()
+        self.metrics.waiting += 1
         self._post(TokenizeMsg(uid=uid, text=prompt, sampling_params=params))
         return stream
 
@@ -243,9 +243,9 @@ class FrontendManager:
             return
         if uid in self._started:
             self._started.discard(uid)
-            self.metrics.running.dec()
+            self.metrics.running -= 1
         else:
-            self.metrics.waiting.dec()
+            self.metrics.waiting -= 1
 
     def abort(self, uid: int) -> None:
         """Stop a request: the scheduler drops it and frees its KV pages."""
@@ -277,8 +277,8 @@ class FrontendManager:
         """Request `uid` produced its first token: it moves from waiting to running."""
         if uid in self.streams and uid not in self._started:
             self._started.add(uid)
-            self.metrics.waiting.dec()
-            self.metrics.running.inc()
+            self.metrics.waiting -= 1
+            self.metrics.running += 1
 
     # ---- plumbing --------------------------------------------------------------------------------
 
