@@ -24,8 +24,11 @@ def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> tor
     return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v.double()).float()
 
 
+@pytest.mark.parametrize("decode_copy", [True, False])
 @pytest.mark.parametrize("chunks", [[[5, 9, 1], [3, 6, 2]], [[7], [4]], [[2, 3], [1, 1]]])
-def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]]) -> None:
+def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]], decode_copy: bool) -> None:
+    """Fresh prefill, prefill over a prefix, then decode steps (the first rebuilds the contiguous
+    decode copy, the next ones append to it; without row ids every step gathers from the pool)."""
     torch.manual_seed(0)
     bsz = len(chunks[0])
     pool = KVPool(
@@ -44,7 +47,7 @@ def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]]) 
     hist_k = [[torch.empty(0, HKV, D) for _ in range(bsz)] for _ in range(2)]
     hist_v = [[torch.empty(0, HKV, D) for _ in range(bsz)] for _ in range(2)]
     cached = [0] * bsz
-    steps = [(c, False) for c in chunks] + [([1] * bsz, True)] * 3
+    steps = [(c, False) for c in chunks] + [([1] * bsz, True)] * 4
     for ext, is_decode in steps:
         for b in range(bsz):
             assert table.reserve(rows[b], cached[b] + ext[b])
@@ -54,7 +57,14 @@ def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]]) 
                 slots.append(int(table.table[rows[b], p // PS]) * PS + p % PS)
         seq = [c + e for c, e in zip(cached, ext, strict=True)]
         backend.prepare(
-            AttnInput(seq, ext, torch.tensor(slots), table.table[torch.tensor(rows)], is_decode=is_decode)
+            AttnInput(
+                seq,
+                ext,
+                torch.tensor(slots),
+                table.table[torch.tensor(rows)],
+                is_decode=is_decode,
+                row_ids=rows if decode_copy else None,
+            )
         )
         total = sum(ext)
         for layer in range(2):
@@ -70,3 +80,5 @@ def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]]) 
                 torch.testing.assert_close(out[off : off + n], ref, atol=1e-4, rtol=1e-4)
                 off += n
         cached = seq
+        if is_decode:
+            assert (backend._copy is not None) == decode_copy

@@ -25,6 +25,7 @@ class AttnInput:
     out_slots: torch.Tensor  # (T,) int64 on the device: pool slot of each new token
     page_rows: torch.Tensor  # (B, P) int32 on the CPU: the batch's page-table rows
     is_decode: bool
+    row_ids: list[int] | None = None  # the requests' page-table row numbers (identify the batch)
 
     @property
     def batch_size(self) -> int:

@@ -1,10 +1,16 @@
 """The reference attention backend in plain torch (CPU and GPU).
 
-Per batch (in `prepare`): the slot of every cached position of every request, as one padded
-(B, Lmax) index, and an additive mask. Per layer (in `forward`): store the new K/V, gather each
-request's K/V with one `index_select` into (B, Hkv, Lmax, D), and run one
-`scaled_dot_product_attention`. Decode folds the query heads of a KV group into the query length
-(q as (B, Hkv, G, D)), so grouped-query attention needs no K/V expansion.
+Per batch (`prepare`): the pool slot of every cached position of every request as one padded
+(B, Lmax) index, and an additive mask. Per layer (`forward`): store the new K/V in the pool, then
+attend with one `scaled_dot_product_attention` call:
+
+- prefill of fresh prompts (nothing cached): per request, causal attention over its own new K/V;
+- prefill with a cached prefix (chunked prefill): gather K/V with one `index_select` into
+  (B, Hkv, Lmax, D), queries padded to (B, Hq, Nmax, D), a causal mask offset by each prefix;
+- decode: queries folded as (B, Hkv, G, D) (a KV group's heads act as query positions), so
+  grouped-query attention needs no K/V expansion. Consecutive decode steps of the same requests keep
+  their K/V in a contiguous per-batch copy and only append the new token (the paged pool stays the
+  source of truth); any other batch rebuilds that copy with one gather.
 """
 
 from __future__ import annotations
@@ -18,20 +24,38 @@ from minisgl.kvcache import KVPool
 
 from .base import AttentionBackend, AttnInput
 
+_DECODE_CACHE_SLACK = 64  # positions a decode copy can grow before it is rebuilt
+
 
 @dataclass
 class _Meta:
-    out_slots: torch.Tensor  # (T,) int64
-    kv_idx: torch.Tensor  # (B * Lmax,) int64: pool slot per padded position (pad -> zero page)
-    mask: torch.Tensor | None  # additive; decode (B, 1, 1, Lmax), prefill (B, 1, Nmax, Lmax)
+    kind: str  # "fresh" (prefill, nothing cached), "extend" (prefill over a prefix), "decode"
+    out_slots: torch.Tensor  # (T,) int64: pool slot of each new token
     batch_size: int
     max_seq_len: int
     max_extend_len: int
-    q_rows: torch.Tensor | None  # (T,) int64: row of each new token in the padded (B * Nmax) layout
-    is_decode: bool
+    extend_lens: list[int]
+    kv_idx: torch.Tensor | None = None  # (B * Lmax,) int64 slots per padded position (pad -> zero page)
+    mask: torch.Tensor | None = None  # additive: decode (B, 1, 1, Lmax), extend (B, 1, Nmax, Lmax)
+    q_rows: torch.Tensor | None = None  # extend: (T,) row of each new token in the (B * Nmax) layout
+    new_pos: torch.Tensor | None = None  # decode: (B,) position of the new token
+    rebuild: bool = True  # decode: refill the contiguous copy from the pool in this step
+
+
+@dataclass
+class _DecodeCopy:
+    """Contiguous K/V of the current decode batch, per layer (B, Hkv, cap, D)."""
+
+    row_ids: list[int]
+    seq_lens: list[int]
+    cap: int
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
 
 
 class TorchAttentionBackend(AttentionBackend):
+    decode_copy_budget = 512 << 20  # bytes; larger decode batches gather from the pool every layer
+
     def __init__(self, pool: KVPool, num_q_heads: int, num_kv_heads: int, head_dim: int) -> None:
         if num_q_heads % num_kv_heads:
             raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
@@ -43,63 +67,142 @@ class TorchAttentionBackend(AttentionBackend):
         self.device = pool.k[0].device
         self.dtype = pool.k[0].dtype
         self.meta: _Meta | None = None
+        self._copy: _DecodeCopy | None = None
 
     # -- per batch ------------------------------------------------------------------------------------
     def prepare(self, inp: AttnInput) -> None:
-        ps = self.pool.page_size
+        bsz, max_len, max_ext = len(inp.seq_lens), max(inp.seq_lens), max(inp.extend_lens)
+        common = dict(
+            out_slots=inp.out_slots,
+            batch_size=bsz,
+            max_seq_len=max_len,
+            max_extend_len=max_ext,
+            extend_lens=list(inp.extend_lens),
+        )
+        if inp.is_decode:
+            self.meta = self._prepare_decode(inp, common)
+            return
+        self._copy = None  # the running set may change after a prefill: rebuild at the next decode
+        if inp.seq_lens == inp.extend_lens:
+            self.meta = _Meta(kind="fresh", **common)
+            return
         seq_lens = torch.tensor(inp.seq_lens, dtype=torch.int64)  # (B,)
         ext_lens = torch.tensor(inp.extend_lens, dtype=torch.int64)  # (B,)
-        bsz, max_len, max_ext = len(inp.seq_lens), max(inp.seq_lens), max(inp.extend_lens)
+        kv_idx, pos = self._gather_index(inp, seq_lens, max_len)
+        cached = seq_lens - ext_lens  # (B,)
+        i = torch.arange(max_ext, dtype=torch.int64)  # (Nmax,)
+        # Padded query rows (i >= extend_len) copy the last real row so no row is fully masked.
+        i = torch.minimum(i[None, :], ext_lens[:, None] - 1)  # (B, Nmax)
+        allowed = pos[None, None, :] <= (cached[:, None] + i)[:, :, None]  # (B, Nmax, Lmax)
+        mask = self._additive(allowed[:, None])  # (B, 1, Nmax, Lmax)
+        q_rows = None
+        if bsz > 1:
+            starts = torch.arange(bsz, dtype=torch.int64) * max_ext  # (B,)
+            q_rows = (torch.repeat_interleave(starts, ext_lens) + _ranges(ext_lens)).to(self.device)  # (T,)
+        self.meta = _Meta(kind="extend", kv_idx=kv_idx, mask=mask, q_rows=q_rows, **common)
+
+    def _prepare_decode(self, inp: AttnInput, common: dict) -> _Meta:
+        max_len = common["max_seq_len"]
+        seq_lens = torch.tensor(inp.seq_lens, dtype=torch.int64)  # (B,)
+        mask = None
+        if any(n != max_len for n in inp.seq_lens):
+            pos = torch.arange(max_len, dtype=torch.int64)
+            mask = self._additive((pos[None, :] < seq_lens[:, None])[:, None, None])  # (B, 1, 1, Lmax)
+        meta = _Meta(kind="decode", mask=mask, new_pos=(seq_lens - 1).to(self.device), **common)
+        c = self._copy
+        if (
+            c is not None
+            and inp.row_ids is not None
+            and c.row_ids == inp.row_ids
+            and max_len <= c.cap
+            and all(n == p + 1 for n, p in zip(inp.seq_lens, c.seq_lens, strict=True))
+        ):
+            c.seq_lens = list(inp.seq_lens)
+            meta.rebuild = False
+            return meta
+        meta.kv_idx, _ = self._gather_index(inp, seq_lens, max_len)
+        self._copy = self._new_copy(inp, max_len)
+        return meta
+
+    def _new_copy(self, inp: AttnInput, max_len: int) -> _DecodeCopy | None:
+        if inp.row_ids is None:
+            return None
+        cap = max_len + _DECODE_CACHE_SLACK
+        shape = (len(inp.seq_lens), self.num_kv_heads, cap, self.head_dim)
+        nbytes = 2 * self.pool.num_layers * torch.Size(shape).numel() * self.pool.k[0].element_size()
+        if nbytes > self.decode_copy_budget:
+            return None
+        old = self._copy
+        if old is not None and old.k[0].shape == shape:  # reuse the buffers
+            return _DecodeCopy(list(inp.row_ids), list(inp.seq_lens), cap, old.k, old.v)
+        # Zeroed, not empty: positions past a short request's length are masked, but a masked NaN
+        # from uninitialised memory would still poison the softmax. Later reuse leaves finite values.
+        alloc = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * self.pool.num_layers)
+        ]
+        n = self.pool.num_layers
+        return _DecodeCopy(list(inp.row_ids), list(inp.seq_lens), cap, alloc[:n], alloc[n:])
+
+    def _gather_index(
+        self, inp: AttnInput, seq_lens: torch.Tensor, max_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B * Lmax,) pool slots of every cached position (padding -> the zero page), and positions."""
+        ps = self.pool.page_size
         pos = torch.arange(max_len, dtype=torch.int64)  # (Lmax,)
         pages = inp.page_rows[:, pos // ps].to(torch.int64)  # (B, Lmax)
         valid = pos[None, :] < seq_lens[:, None]  # (B, Lmax)
         kv_idx = torch.where(valid, pages * ps + pos % ps, self.pool.pad_slot)  # (B, Lmax)
-        neg_inf = torch.finfo(self.dtype).min
-        mask: torch.Tensor | None
-        q_rows = None
-        if inp.is_decode:
-            uniform = all(n == max_len for n in inp.seq_lens)
-            mask = (
-                None
-                if uniform
-                else torch.zeros(bsz, 1, 1, max_len).masked_fill_(~valid[:, None, None], neg_inf)
-            )
-        else:
-            cached = seq_lens - ext_lens  # (B,)
-            i = torch.arange(max_ext, dtype=torch.int64)  # (Nmax,)
-            # Padded query rows (i >= extend_len) copy the last real row so no row is fully masked.
-            i = torch.minimum(i[None, :], ext_lens[:, None] - 1)  # (B, Nmax)
-            allowed = pos[None, None, :] <= (cached[:, None] + i)[:, :, None]  # (B, Nmax, Lmax)
-            mask = torch.zeros(bsz, 1, max_ext, max_len).masked_fill_(~allowed[:, None], neg_inf)
-            if bsz > 1:
-                starts = torch.arange(bsz, dtype=torch.int64) * max_ext  # (B,)
-                q_rows = torch.repeat_interleave(starts, ext_lens) + _ranges(ext_lens)  # (T,)
-                q_rows = q_rows.to(self.device)
-        if mask is not None:
-            mask = mask.to(device=self.device, dtype=self.dtype)
-        self.meta = _Meta(
-            out_slots=inp.out_slots,
-            kv_idx=kv_idx.reshape(-1).to(self.device),
-            mask=mask,
-            batch_size=bsz,
-            max_seq_len=max_len,
-            max_extend_len=max_ext,
-            q_rows=q_rows,
-            is_decode=inp.is_decode,
-        )
+        return kv_idx.reshape(-1).to(self.device), pos
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        neg = torch.finfo(self.dtype).min
+        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, neg)
+        return mask.to(self.device)
 
     # -- per layer ------------------------------------------------------------------------------------
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         m = self.meta
         assert m is not None, "prepare() must run before forward()"
         self.pool.store(layer_id, m.out_slots, k, v)
-        bsz, max_len, hkv, d = m.batch_size, m.max_seq_len, self.num_kv_heads, self.head_dim
-        kk = self.pool.k[layer_id].index_select(0, m.kv_idx).view(bsz, max_len, hkv, d).transpose(1, 2)
-        vv = self.pool.v[layer_id].index_select(0, m.kv_idx).view(bsz, max_len, hkv, d).transpose(1, 2)
-        if m.is_decode:  # q: (B, Hq, D) -> (B, Hkv, G, D): a KV group's heads act as query positions
-            out = F.scaled_dot_product_attention(q.view(bsz, hkv, self.group, d), kk, vv, attn_mask=m.mask)
-            return out.reshape(bsz, self.num_q_heads, d)  # (T=B, Hq, D)
-        n = m.max_extend_len
+        if m.kind == "fresh":
+            return self._fresh_prefill(q, k, v, m.extend_lens)
+        if m.kind == "decode":
+            return self._decode(q, k, v, layer_id, m)
+        return self._extend(q, layer_id, m)
+
+    def _gather(self, layer_id: int, m: _Meta) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the batch from the pool: (B, Hkv, Lmax, D) each (strided views)."""
+        assert m.kv_idx is not None
+        shape = (m.batch_size, m.max_seq_len, self.num_kv_heads, self.head_dim)
+        kk = self.pool.k[layer_id].index_select(0, m.kv_idx).view(shape).transpose(1, 2)
+        vv = self.pool.v[layer_id].index_select(0, m.kv_idx).view(shape).transpose(1, 2)
+        return kk, vv
+
+    def _decode(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, m: _Meta
+    ) -> torch.Tensor:
+        bsz, hkv, d, n = m.batch_size, self.num_kv_heads, self.head_dim, m.max_seq_len
+        c = self._copy
+        if c is None:
+            kk, vv = self._gather(layer_id, m)
+        else:
+            ck, cv = c.k[layer_id], c.v[layer_id]  # (B, Hkv, cap, D)
+            if m.rebuild:
+                gk, gv = self._gather(layer_id, m)
+                ck[:, :, :n].copy_(gk)
+                cv[:, :, :n].copy_(gv)
+            else:
+                rows = torch.arange(bsz, device=self.device)
+                ck[rows, :, m.new_pos] = k  # (B, Hkv, D) at each request's new position
+                cv[rows, :, m.new_pos] = v
+            kk, vv = ck[:, :, :n], cv[:, :, :n]
+        # q: (B, Hq, D) -> (B, Hkv, G, D): a KV group's query heads act as query positions.
+        out = F.scaled_dot_product_attention(q.view(bsz, hkv, self.group, d), kk, vv, attn_mask=m.mask)
+        return out.reshape(bsz, self.num_q_heads, d)  # (T=B, Hq, D)
+
+    def _extend(self, q: torch.Tensor, layer_id: int, m: _Meta) -> torch.Tensor:
+        bsz, n, d = m.batch_size, m.max_extend_len, self.head_dim
+        kk, vv = self._gather(layer_id, m)  # (B, Hkv, Lmax, D)
         if m.q_rows is None:  # one request: no padding
             qq = q.view(1, n, self.num_q_heads, d)
         else:
@@ -109,6 +212,19 @@ class TorchAttentionBackend(AttentionBackend):
         )  # (B, Hq, Nmax, D)
         out = out.transpose(1, 2).reshape(bsz * n, self.num_q_heads, d)  # (B * Nmax, Hq, D)
         return out if m.q_rows is None else out.index_select(0, m.q_rows)  # (T, Hq, D)
+
+    def _fresh_prefill(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int]
+    ) -> torch.Tensor:
+        """Causal attention of each request over its own new tokens (nothing cached before them)."""
+        outs = []
+        gqa = self.group > 1
+        for qi, ki, vi in zip(q.split(lens), k.split(lens), v.split(lens), strict=True):
+            o = F.scaled_dot_product_attention(  # (Hq, n, D)
+                qi.transpose(0, 1), ki.transpose(0, 1), vi.transpose(0, 1), is_causal=True, enable_gqa=gqa
+            )
+            outs.append(o.transpose(0, 1))  # (n, Hq, D)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)  # (T, Hq, D)
 
 
 def _ranges(lens: torch.Tensor) -> torch.Tensor:

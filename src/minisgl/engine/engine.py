@@ -147,6 +147,7 @@ class Engine:
             out_slots=slots.to(dev, non_blocking=True),
             page_rows=page_rows,
             is_decode=batch.is_decode,
+            row_ids=[r.table_row for r in reqs],
         )
         input_ids = torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True)
         return input_ids, pos.to(dev, non_blocking=True), attn_input, sample_rows
