@@ -154,12 +154,13 @@ class RequestStream:
         text = res.text
         if res.matched is not None:
             self.finish_reason = "stop"
-            self.manager.abort(self.uid)  # the scheduler stops generating and frees the pages
         elif self.finished:
             text += self.matcher.flush()
         if self.finished:
             if not self._acked:
                 await self._late_ack()
+            if res.matched is not None:
+                self.manager.abort(self.uid)  # the scheduler stops generating and frees the pages
             self._finish(self.finish_reason or "stop")
         return Chunk(text, self.finish_reason, self.prompt_tokens, self.completion_tokens)
 
