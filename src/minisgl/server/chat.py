@@ -161,15 +161,18 @@ def main(ns: argparse.Namespace) -> int:
         chat_loop(ns.url.rstrip("/"), ns)
         return 0
     server = LocalServer(ns)
+    code = 1
     try:
         print(f"starting a server ({ns.model or 'the embedded model'}); log: {server.log_path}", flush=True)
         server.wait_ready()
         chat_loop(server.url, ns)
-        return 0
+        code = 0
     except KeyboardInterrupt:
-        return 130
+        code = 130
     except RuntimeError as e:
         print(f"minisgl chat: {e}", file=sys.stderr)
-        return 1
     finally:
         server.stop()
+    if code != 1:  # the server's log is kept only when something went wrong
+        os.unlink(server.log_path)
+    return code
