@@ -10,6 +10,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
+_KEEP_ALIVE: list[Any] = []
+
 
 def init_distributed(config: Any) -> Any:
     """Join the tensor-parallel group when there is more than one rank; return the CPU (gloo) group.
@@ -41,22 +43,61 @@ def run_scheduler(config: Any, ready_conn: Any) -> None:
         logger.exception("scheduler rank %d failed to start", config.tp_info.rank)
         ready_conn.send(("error", f"{type(e).__name__}: {e}"))
         return
-
-    def _on_sigterm(signum: int, frame: Any) -> None:
-        raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    ready_conn.send(("ready", scheduler.info()))
-    logger.info("scheduler rank %d ready: %s", config.tp_info.rank, scheduler.info())
+    rank = config.tp_info.rank
     try:
+        _exit_on_sigterm(config)
+        info = scheduler.info()
+        ready_conn.send(("ready", info))
+        logger.info("scheduler rank %d ready: %s", rank, info)
         scheduler.run_forever()
-    except (SystemExit, KeyboardInterrupt):
-        logger.info("scheduler rank %d: stopping", config.tp_info.rank)
+        logger.info("scheduler rank %d: stopping", rank)
+    except KeyboardInterrupt:
+        logger.info("scheduler rank %d: interrupted", rank)
     finally:
         _close_sockets(scheduler)
         from minisgl.distributed import destroy_process_groups
 
         destroy_process_groups()
+
+
+def _exit_on_sigterm(config: Any) -> None:
+    """Turn SIGTERM into an ExitMsg sent to rank 0's own input.
+
+    A Python signal handler only runs in the main thread between bytecodes, so it cannot wake a
+    main thread blocked in a ZMQ receive (and the signal may land on another thread). Instead the
+    C-level handler writes to a wakeup fd that a small thread watches; that thread pushes an ExitMsg
+    into rank 0's backend queue. Rank 0 forwards it to every rank like any message, so all ranks
+    leave their loop in the same round and close their sockets.
+    """
+    import socket
+    import threading
+
+    from minisgl.message import BaseBackendMsg, ExitMsg
+    from minisgl.utils import ZmqPushQueue
+
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    _KEEP_ALIVE.extend((reader, writer))  # the fds must outlive this function
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)  # replaces "terminate at once"
+    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while True:
+            data = reader.recv(64)
+            if not data:
+                return
+            if signal.SIGTERM in data:
+                logger.info(
+                    "scheduler rank %d: SIGTERM, asking the scheduler loop to exit", config.tp_info.rank
+                )
+                push = ZmqPushQueue(config.zmq_backend_addr, create=False, encoder=BaseBackendMsg.encoder)
+                try:
+                    push.put(ExitMsg())
+                finally:
+                    push.stop()
+                return
+
+    threading.Thread(target=watch, name="sigterm-watch", daemon=True).start()
 
 
 def _close_sockets(scheduler: Any) -> None:
