@@ -11,18 +11,19 @@ import psutil
 import pytest
 
 from minisgl.server.processes import ProcessGroup, StartupError
+from minisgl.utils.handshake import send_status
 
 pytestmark = pytest.mark.timeout(60)
 
 
 # Child entries (module level: the spawn method imports them by name). Each gets its pipe last.
 def child_ready(conn) -> None:
-    conn.send(("ready", {"pid": os.getpid()}))
+    send_status(conn, "ready", {"pid": os.getpid()})
     time.sleep(60)
 
 
 def child_error(conn) -> None:
-    conn.send(("error", "no model here"))
+    send_status(conn, "error", "no model here")
 
 
 def child_exit(conn) -> None:
@@ -35,7 +36,7 @@ def child_silent(conn) -> None:
 
 def child_ignores_sigterm(conn) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    conn.send(("ready", None))
+    send_status(conn, "ready", None)
     time.sleep(60)
 
 

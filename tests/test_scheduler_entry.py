@@ -25,6 +25,7 @@ from minisgl.message import (
 from minisgl.scheduler import run_scheduler
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.utils import ZmqPullQueue, ZmqPushQueue
+from minisgl.utils.handshake import recv_status
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,7 +49,7 @@ def _start(config: SchedulerConfig) -> tuple[mp.process.BaseProcess, dict]:
     proc = ctx.Process(target=run_scheduler, args=(config, child), daemon=True)
     proc.start()
     assert parent.poll(60), "the scheduler did not report in time"
-    status, info = parent.recv()
+    status, info = recv_status(parent)
     assert status == "ready", info
     return proc, info
 
@@ -119,6 +120,6 @@ def test_scheduler_process_stops_on_sigterm_and_reports_start_errors(
     p = ctx.Process(target=run_scheduler, args=(bad, child), daemon=True)
     p.start()
     assert parent.poll(60)
-    status, why = parent.recv()
+    status, why = recv_status(parent)
     p.join(30)
     assert status == "error" and "nonexistent" in why

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from minisgl.utils.handshake import send_status
+
 logger = logging.getLogger(__name__)
 
 _KEEP_ALIVE: list[Any] = []
@@ -41,13 +43,13 @@ def run_scheduler(config: Any, ready_conn: Any) -> None:
         scheduler = Scheduler(config, group)
     except Exception as e:
         logger.exception("scheduler rank %d failed to start", config.tp_info.rank)
-        ready_conn.send(("error", f"{type(e).__name__}: {e}"))
+        send_status(ready_conn, "error", f"{type(e).__name__}: {e}")
         return
     rank = config.tp_info.rank
     try:
         _exit_on_sigterm(config)
         info = scheduler.info()
-        ready_conn.send(("ready", info))
+        send_status(ready_conn, "ready", info)
         logger.info("scheduler rank %d ready: %s", rank, info)
         scheduler.run_forever()
         logger.info("scheduler rank %d: stopping", rank)

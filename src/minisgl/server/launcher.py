@@ -28,6 +28,7 @@ from typing import Any
 
 from minisgl.message import BaseFrontendMsg, BaseTokenizerMsg
 from minisgl.tokenizer.server import TokenizerWorkerConfig, run_tokenizer_worker
+from minisgl.utils.handshake import send_status
 from minisgl.utils.logger import init_logger
 
 from .api_server import ServerState, create_app
@@ -117,7 +118,7 @@ class Launcher:
         limits = {"max_seq_len": int(info["max_seq_len"]), "vocab_size": int(info["vocab_size"])}
         for w in workers:
             try:
-                w.conn.send(("start", limits))
+                send_status(w.conn, "start", limits)
             except (BrokenPipeError, OSError):
                 raise StartupError(f"{w.name} {w.describe_exit()} during start-up") from None
         await self.group.wait_ready(workers, timeout, lambda: self.stop_requested)

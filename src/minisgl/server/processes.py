@@ -19,6 +19,8 @@ from typing import Any
 
 import psutil
 
+from minisgl.utils.handshake import recv_status
+
 from .child import child_main
 
 logger = logging.getLogger("minisgl.launcher")
@@ -85,7 +87,7 @@ class ProcessGroup:
     def _check_one(child: Child) -> bool:
         if child.conn.poll():
             try:
-                kind, payload = child.conn.recv()
+                kind, payload = recv_status(child.conn)
             except (EOFError, OSError):
                 child.process.join(1.0)
                 raise StartupError(f"{child.name} {child.describe_exit()} during start-up") from None

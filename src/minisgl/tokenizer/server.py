@@ -42,6 +42,7 @@ from minisgl.message import (
     TokenizeMsg,
     UserReply,
 )
+from minisgl.utils.handshake import recv_status, send_status
 from minisgl.utils.logger import init_logger
 
 from .detokenize import DetokenizeManager
@@ -212,17 +213,17 @@ def run_tokenizer_worker(config: TokenizerWorkerConfig, conn: Connection) -> Non
         from minisgl.utils.hf import load_tokenizer
 
         tokenizer = load_tokenizer(config.model_path)
-        kind, payload = conn.recv()
+        kind, payload = recv_status(conn)
         if kind != "start":
             raise RuntimeError(f"expected the start message from the launcher, got {kind!r}")
         worker = TokenizerWorker(config, tokenizer, ModelLimits(**payload))
-        conn.send(("ready", {"name": config.name}))
+        send_status(conn, "ready", {"name": config.name})
     except (SystemExit, EOFError):
         return
     except Exception as e:
         logger.exception("%s failed to start", config.name)
         try:
-            conn.send(("error", f"{config.name}: {type(e).__name__}: {e}"))
+            send_status(conn, "error", f"{config.name}: {type(e).__name__}: {e}")
         except (BrokenPipeError, OSError):
             pass
         return
