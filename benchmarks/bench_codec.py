@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 import msgpack
-import numpy as np
 import torch
 
+from minisgl.benchmark import generic_codec
 from minisgl.core import SamplingParams
 from minisgl.message import (
     BaseBackendMsg,
@@ -33,51 +33,9 @@ from minisgl.message import (
     tokenizer,
 )
 
-# -- the chapter's generic serializer, written the chapter's way (the baseline) --------------------
-
-
-def _serialize_any(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _serialize_any(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_serialize_any(v) for v in value)
-    if isinstance(value, (int, float, str, type(None), bool, bytes)):
-        return value
-    return serialize_type(value)
-
-
-def serialize_type(obj: Any) -> dict:
-    if isinstance(obj, torch.Tensor):
-        assert obj.dim() == 1, "only 1D tensors are supported"
-        return {"__type__": "Tensor", "buffer": obj.numpy().tobytes(), "dtype": str(obj.dtype)}
-    result: dict[str, Any] = {"__type__": type(obj).__name__}
-    for k, v in obj.__dict__.items():
-        result[k] = _serialize_any(v)
-    return result
-
-
-def _deserialize_any(cls_map: dict[str, type], data: Any) -> Any:
-    if isinstance(data, dict):
-        if "__type__" in data:
-            return deserialize_type(cls_map, data)
-        return {k: _deserialize_any(cls_map, v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return type(data)(_deserialize_any(cls_map, d) for d in data)
-    return data
-
-
-def deserialize_type(cls_map: dict[str, type], data: dict) -> Any:
-    type_name = data["__type__"]
-    if type_name == "Tensor":
-        np_dtype = getattr(np, data["dtype"].replace("torch.", ""))
-        return torch.from_numpy(np.frombuffer(data["buffer"], dtype=np_dtype).copy())
-    kwargs = {k: _deserialize_any(cls_map, v) for k, v in data.items() if k != "__type__"}
-    return cls_map[type_name](**kwargs)
-
 
 def generic_round_trip(msg: Any, cls_map: dict[str, type]) -> Any:
-    raw = msgpack.packb(serialize_type(msg), use_bin_type=True)
-    return deserialize_type(cls_map, msgpack.unpackb(raw, raw=False))
+    return generic_codec.unpack(cls_map, generic_codec.pack(msg))
 
 
 # -- measurement ------------------------------------------------------------------------------------
@@ -109,7 +67,7 @@ def bench_case(title: str, msg: Any, base: Any, cls_map: dict[str, type], second
     )
     sizes = {
         "ours": len(msg.to_bytes()),
-        "generic": len(msgpack.packb(serialize_type(msg), use_bin_type=True)),
+        "generic": len(generic_codec.pack(msg)),
         "pickle": len(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)),
     }
     labels = {"ours": "minisgl to_bytes/from_bytes", "generic": "generic + msgpack", "pickle": "pickle"}

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
-import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from minisgl.benchmark import generic_codec
 from minisgl.core import SamplingParams
 from minisgl.message import (
     AbortBackendMsg,
@@ -49,38 +49,10 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     return request.param
 
 
-# -- the chapter's generic serializer, written the chapter's way (interop partner) -----------------
+# -- the chapter-style generic serializer (interop partner): minisgl.benchmark.generic_codec ----------
 
-
-def chapter_serialize(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: chapter_serialize(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(chapter_serialize(v) for v in obj)
-    if isinstance(obj, (int, float, str, type(None), bool, bytes)):
-        return obj
-    if isinstance(obj, torch.Tensor):
-        assert obj.dim() == 1
-        return {"__type__": "Tensor", "buffer": obj.numpy().tobytes(), "dtype": str(obj.dtype)}
-    result = {"__type__": type(obj).__name__}
-    for k, v in obj.__dict__.items():
-        result[k] = chapter_serialize(v)
-    return result
-
-
-def chapter_deserialize(cls_map: dict[str, type], data: Any) -> Any:
-    if isinstance(data, dict):
-        if "__type__" not in data:
-            return {k: chapter_deserialize(cls_map, v) for k, v in data.items()}
-        if data["__type__"] == "Tensor":
-            np_dtype = getattr(np, data["dtype"].replace("torch.", ""))
-            return torch.from_numpy(np.frombuffer(data["buffer"], dtype=np_dtype).copy())
-        kwargs = {k: chapter_deserialize(cls_map, v) for k, v in data.items() if k != "__type__"}
-        return cls_map[data["__type__"]](**kwargs)
-    if isinstance(data, (list, tuple)):
-        return type(data)(chapter_deserialize(cls_map, d) for d in data)
-    return data
-
+chapter_serialize = generic_codec.to_tagged
+chapter_deserialize = generic_codec.from_tagged
 
 CHAPTER_MAP = {
     name: getattr(mod, name)

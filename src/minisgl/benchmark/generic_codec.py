@@ -1,0 +1,59 @@
+"""A generic tagged-dict serializer, the way the chapters build their first one.
+
+It is the yardstick that `minisgl.message`'s codec is measured against (`benchmarks/bench_codec.py`)
+and the interop partner of the codec tests: any object becomes `{"__type__": class name, **fields}`
+through its `__dict__`, a 1-D tensor becomes raw bytes plus a dtype string, containers are walked,
+primitives pass through; decoding reverses it through a name -> class table. It checks nothing,
+which is what makes it a fair picture of "generic": one walk, one isinstance chain per value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+import torch
+
+_PRIMITIVES = (int, float, str, bytes, bool, type(None))
+
+
+def to_tagged(value: Any) -> Any:
+    """An object tree -> a tree of msgpack-able primitives."""
+    if isinstance(value, _PRIMITIVES):
+        return value
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_tagged(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_tagged(v) for k, v in value.items()}
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1:
+            raise ValueError("the generic serializer sends 1-D tensors only")
+        return {"__type__": "Tensor", "buffer": value.numpy().tobytes(), "dtype": str(value.dtype)}
+    tagged: dict[str, Any] = {"__type__": type(value).__name__}
+    tagged.update((k, to_tagged(v)) for k, v in vars(value).items())
+    return tagged
+
+
+def from_tagged(classes: dict[str, type], value: Any) -> Any:
+    """The inverse of `to_tagged`, building classes by name from `classes`."""
+    if isinstance(value, list):
+        return [from_tagged(classes, v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    name = value.get("__type__")
+    if name is None:
+        return {k: from_tagged(classes, v) for k, v in value.items()}
+    if name == "Tensor":
+        dtype = np.dtype(value["dtype"].removeprefix("torch."))
+        return torch.from_numpy(np.frombuffer(value["buffer"], dtype=dtype).copy())
+    fields = {k: from_tagged(classes, v) for k, v in value.items() if k != "__type__"}
+    return classes[name](**fields)
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(to_tagged(obj), use_bin_type=True)
+
+
+def unpack(classes: dict[str, type], raw: bytes) -> Any:
+    return from_tagged(classes, msgpack.unpackb(raw, raw=False))
