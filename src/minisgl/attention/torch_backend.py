@@ -11,6 +11,11 @@ attend with one `scaled_dot_product_attention` call:
   grouped-query attention needs no K/V expansion. Consecutive decode steps of the same requests keep
   their K/V in a contiguous per-batch copy and only append the new token (the paged pool stays the
   source of truth); any other batch rebuilds that copy with one gather.
+
+On the CPU, decode and short fresh prefills use two batched matmuls and a softmax instead of
+`scaled_dot_product_attention`, whose CPU flash kernel is slow for these shapes (a few query rows per
+KV head, or a short causal block): ~20% less time for decode attention, ~30% for prefill. The result
+is the same attention up to float32 rounding. GPUs keep SDPA.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from minisgl.kvcache import KVPool
 from .base import AttentionBackend, AttnInput
 
 _DECODE_CACHE_SLACK = 64  # positions a decode copy can grow before it is rebuilt
+_MATMUL_PREFILL_MAX = 1024  # fresh prefills longer than this use SDPA (the scores are Hq * n^2 floats)
 
 
 @dataclass
@@ -40,6 +46,9 @@ class _Meta:
     q_rows: torch.Tensor | None = None  # extend: (T,) row of each new token in the (B * Nmax) layout
     new_pos: torch.Tensor | None = None  # decode: (B,) position of the new token
     rebuild: bool = True  # decode: refill the contiguous copy from the pool in this step
+    copy_idx: torch.Tensor | None = None  # decode: (B * Hkv,) row of each new K/V in the flat copy
+    scores_mask: torch.Tensor | None = None  # CPU decode: additive (B * Hkv, G, Lmax), or None
+    causal: list[torch.Tensor] | None = None  # CPU fresh prefill: additive (G * n, n) per request
 
 
 @dataclass
@@ -84,7 +93,7 @@ class TorchAttentionBackend(AttentionBackend):
             return
         self._copy = None  # the running set may change after a prefill: rebuild at the next decode
         if inp.seq_lens == inp.extend_lens:
-            self.meta = _Meta(kind="fresh", **common)
+            self.meta = _Meta(kind="fresh", causal=self._causal_masks(inp.extend_lens), **common)
             return
         seq_lens = torch.tensor(inp.seq_lens, dtype=torch.int64)  # (B,)
         ext_lens = torch.tensor(inp.extend_lens, dtype=torch.int64)  # (B,)
@@ -109,6 +118,9 @@ class TorchAttentionBackend(AttentionBackend):
             pos = torch.arange(max_len, dtype=torch.int64)
             mask = self._additive((pos[None, :] < seq_lens[:, None])[:, None, None])  # (B, 1, 1, Lmax)
         meta = _Meta(kind="decode", mask=mask, new_pos=(seq_lens - 1).to(self.device), **common)
+        if mask is not None and self.device.type == "cpu":
+            bsz, hkv = len(inp.seq_lens), self.num_kv_heads
+            meta.scores_mask = mask.expand(bsz, hkv, self.group, max_len).reshape(bsz * hkv, self.group, -1)
         c = self._copy
         if (
             c is not None
@@ -119,10 +131,31 @@ class TorchAttentionBackend(AttentionBackend):
         ):
             c.seq_lens = list(inp.seq_lens)
             meta.rebuild = False
+            meta.copy_idx = self._copy_index(seq_lens - 1, c.cap)
             return meta
         meta.kv_idx, _ = self._gather_index(inp, seq_lens, max_len)
         self._copy = self._new_copy(inp, max_len)
         return meta
+
+    def _copy_index(self, new_pos: torch.Tensor, cap: int) -> torch.Tensor:
+        """(B * Hkv,) rows of the new tokens in a copy viewed as (B * Hkv * cap, D): one index_copy_
+        per layer writes them, cheaper than advanced-index assignment."""
+        bsz, hkv = new_pos.shape[0], self.num_kv_heads
+        b = torch.arange(bsz, dtype=torch.int64)[:, None] * (hkv * cap)
+        h = torch.arange(hkv, dtype=torch.int64)[None, :] * cap
+        return (b + h + new_pos[:, None]).reshape(-1).to(self.device)
+
+    def _causal_masks(self, lens: list[int]) -> list[torch.Tensor] | None:
+        """CPU only: per request an additive causal mask (G * n, n), the G query heads of a KV head
+        stacked (see `_fresh_prefill`); None when some prompt is too long for explicit scores."""
+        if self.device.type != "cpu" or max(lens) > _MATMUL_PREFILL_MAX:
+            return None
+        neg = torch.finfo(self.dtype).min
+        out = []
+        for n in lens:
+            m = torch.full((n, n), neg, dtype=self.dtype).triu_(1)  # (n, n): 0 on and below the diagonal
+            out.append(m.repeat(self.group, 1))  # (G * n, n)
+        return out
 
     def _new_copy(self, inp: AttnInput, max_len: int) -> _DecodeCopy | None:
         if inp.row_ids is None:
@@ -165,6 +198,8 @@ class TorchAttentionBackend(AttentionBackend):
         assert m is not None, "prepare() must run before forward()"
         self.pool.store(layer_id, m.out_slots, k, v)
         if m.kind == "fresh":
+            if m.causal is not None:
+                return self._fresh_prefill_matmul(q, k, v, m)
             return self._fresh_prefill(q, k, v, m.extend_lens)
         if m.kind == "decode":
             return self._decode(q, k, v, layer_id, m)
@@ -192,10 +227,18 @@ class TorchAttentionBackend(AttentionBackend):
                 ck[:, :, :n].copy_(gk)
                 cv[:, :, :n].copy_(gv)
             else:
-                rows = torch.arange(bsz, device=self.device)
-                ck[rows, :, m.new_pos] = k  # (B, Hkv, D) at each request's new position
-                cv[rows, :, m.new_pos] = v
+                assert m.copy_idx is not None  # each request's new K/V at its new position
+                ck.view(-1, d).index_copy_(0, m.copy_idx, k.reshape(bsz * hkv, d))
+                cv.view(-1, d).index_copy_(0, m.copy_idx, v.reshape(bsz * hkv, d))
             kk, vv = ck[:, :, :n], cv[:, :, :n]
+            if self.device.type == "cpu":
+                kk, vv = kk.reshape(bsz * hkv, n, d), vv.reshape(bsz * hkv, n, d)  # views
+                qq = q.reshape(bsz * hkv, self.group, d)  # a KV head's G query heads as G rows
+                if m.scores_mask is None:
+                    s = torch.bmm(qq, kk.transpose(1, 2)).mul_(d**-0.5)  # (B * Hkv, G, Lmax)
+                else:
+                    s = torch.baddbmm(m.scores_mask, qq, kk.transpose(1, 2), alpha=d**-0.5)
+                return torch.bmm(s.softmax(-1), vv).view(bsz, self.num_q_heads, d)  # (T=B, Hq, D)
         # q: (B, Hq, D) -> (B, Hkv, G, D): a KV group's query heads act as query positions.
         out = F.scaled_dot_product_attention(q.view(bsz, hkv, self.group, d), kk, vv, attn_mask=m.mask)
         return out.reshape(bsz, self.num_q_heads, d)  # (T=B, Hq, D)
@@ -224,6 +267,24 @@ class TorchAttentionBackend(AttentionBackend):
                 qi.transpose(0, 1), ki.transpose(0, 1), vi.transpose(0, 1), is_causal=True, enable_gqa=gqa
             )
             outs.append(o.transpose(0, 1))  # (n, Hq, D)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)  # (T, Hq, D)
+
+    def _fresh_prefill_matmul(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: _Meta
+    ) -> torch.Tensor:
+        """`_fresh_prefill` with explicit scores (CPU, short prompts): per request and KV head, its G
+        query heads stacked as G * n rows, so grouped-query attention is one bmm without K/V expansion."""
+        assert m.causal is not None
+        hkv, g, d = self.num_kv_heads, self.group, self.head_dim
+        outs = []
+        for qi, ki, vi, mask in zip(
+            q.split(m.extend_lens), k.split(m.extend_lens), v.split(m.extend_lens), m.causal, strict=True
+        ):
+            n = qi.shape[0]
+            qq = qi.view(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)  # (Hkv, G * n, D)
+            s = torch.baddbmm(mask, qq, ki.permute(1, 2, 0), alpha=d**-0.5)  # (Hkv, G * n, n)
+            o = torch.bmm(s.softmax(-1), vi.transpose(0, 1))  # (Hkv, G * n, D)
+            outs.append(o.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hkv * g, d))  # (n, Hq, D)
         return outs[0] if len(outs) == 1 else torch.cat(outs)  # (T, Hq, D)
 
 

@@ -8,6 +8,8 @@ model, computes logits only for the rows that sample, and samples.
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -23,6 +25,19 @@ from .sampler import Sampler
 logger = logging.getLogger(__name__)
 
 _CPU_KV_BUDGET = 1 << 30  # bytes of KV cache on the CPU when no size is given (at most 1/4 of free RAM)
+
+
+@dataclass
+class EngineStats:
+    """Cumulative wall-clock seconds and tokens of prefill and decode passes (for benchmarks: two
+    `perf_counter` calls per batch). On a GPU the times include only what the host waited for."""
+
+    prefill_s: float = 0.0
+    prefill_tokens: int = 0
+    prefill_batches: int = 0
+    decode_s: float = 0.0
+    decode_tokens: int = 0
+    decode_batches: int = 0
 
 
 class Engine:
@@ -61,6 +76,7 @@ class Engine:
             options.attention_backend, self.pool, num_q_heads, num_kv_heads, model_config.head_dim
         )
         self.sampler = Sampler(self.device, options.seed)
+        self.stats = EngineStats()
         logger.info(
             "KV pool: %d pages x %d tokens (%.1f MiB), context limit %d tokens",
             self.num_pages,
@@ -89,6 +105,21 @@ class Engine:
     @torch.inference_mode()
     def forward_batch(self, batch: Batch) -> list[int]:
         """Run one batch; return the sampled token of each request whose chunk ends its tokens, in order."""
+        t0 = time.perf_counter()
+        try:
+            return self._forward_batch(batch)
+        finally:
+            st, dt = self.stats, time.perf_counter() - t0
+            if batch.is_decode:
+                st.decode_s += dt
+                st.decode_tokens += len(batch.reqs)
+                st.decode_batches += 1
+            else:
+                st.prefill_s += dt
+                st.prefill_tokens += sum(batch.extend_lens)
+                st.prefill_batches += 1
+
+    def _forward_batch(self, batch: Batch) -> list[int]:
         input_ids, positions, attn_input, sample_rows = self._prepare(batch)
         self.attn_backend.prepare(attn_input)
         set_global_ctx(Context(attn_backend=self.attn_backend, batch=batch))

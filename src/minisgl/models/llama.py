@@ -125,8 +125,10 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, tp, dtype, device)
 
     def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), rope)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        """h (T, hidden) -> (T, hidden). The residual adds are in place: h is this forward's own
+        activation (the embedding lookup makes a new tensor), so nothing else holds it."""
+        h.add_(self.self_attn(self.input_layernorm(h), rope))
+        return h.add_(self.mlp(self.post_attention_layernorm(h)))
 
 
 class DecoderModel(nn.Module):
