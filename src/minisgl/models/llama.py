@@ -86,12 +86,16 @@ class Attention(nn.Module):
         """h (T, hidden), rope: this batch's (cos, sin) -> (T, hidden)."""
         t, d = h.shape[0], self.head_dim
         qkv = self.qkv_proj(h)  # (T, (Hq + 2 Hkv) D)
-        q, k, v = qkv.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
-        q = q.view(t, self.num_heads, d)  # (T, Hq, D)
-        k = k.view(t, self.num_kv_heads, d)  # (T, Hkv, D)
+        hq, hkv = self.num_heads, self.num_kv_heads
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # contiguous
+            q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+            q, k = self.q_norm(q.view(t, hq, d)), self.k_norm(k.view(t, hkv, d))  # (T, Hq|Hkv, D)
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # contiguous
+        else:
+            # q and k rotated together: half the element-wise calls (they dominate small batches).
+            qk = apply_rotary(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), *rope)  # (T, Hq + Hkv, D)
+            q, k = qk[:, :hq].contiguous(), qk[:, hq:].contiguous()  # (T, Hq, D), (T, Hkv, D)
+            v = qkv[:, (hq + hkv) * d :]
         v = v.reshape(t, self.num_kv_heads, d).contiguous()  # (T, Hkv, D); a strided view before
         o = self.attn(q, k, v)  # (T, Hq, D)
         return self.o_proj(o.reshape(t, self.num_heads * d))  # (T, hidden)
