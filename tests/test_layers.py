@@ -1,4 +1,4 @@
-"""Layer building blocks: the oneDNN-prepacked linear and the fused RMSNorm against the plain torch ops."""
+"""Layer building blocks: the oneDNN-prepacked linear against F.linear, RMSNorm against HF's formula."""
 
 from __future__ import annotations
 
