@@ -19,13 +19,18 @@ _PRIMITIVES = (int, float, str, bytes, bool, type(None))
 
 
 def to_tagged(value: Any) -> Any:
-    """An object tree -> a tree of msgpack-able primitives."""
-    if isinstance(value, _PRIMITIVES):
-        return value
-    if isinstance(value, (list, tuple)):
-        return type(value)(to_tagged(v) for v in value)
+    """An object tree -> a tree of msgpack-able primitives (containers are tested first, as the
+    chapters do, so a plain field value goes through three isinstance checks)."""
     if isinstance(value, dict):
         return {k: to_tagged(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_tagged(v) for v in value)
+    if isinstance(value, _PRIMITIVES):
+        return value
+    return _tag_object(value)
+
+
+def _tag_object(value: Any) -> dict[str, Any]:
     if isinstance(value, torch.Tensor):
         if value.dim() != 1:
             raise ValueError("the generic serializer sends 1-D tensors only")
@@ -37,13 +42,17 @@ def to_tagged(value: Any) -> Any:
 
 def from_tagged(classes: dict[str, type], value: Any) -> Any:
     """The inverse of `to_tagged`, building classes by name from `classes`."""
-    if isinstance(value, list):
-        return [from_tagged(classes, v) for v in value]
-    if not isinstance(value, dict):
-        return value
-    name = value.get("__type__")
-    if name is None:
+    if isinstance(value, dict):
+        if "__type__" in value:
+            return _build_object(classes, value)
         return {k: from_tagged(classes, v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(from_tagged(classes, v) for v in value)
+    return value
+
+
+def _build_object(classes: dict[str, type], value: dict[str, Any]) -> Any:
+    name = value["__type__"]
     if name == "Tensor":
         dtype = np.dtype(value["dtype"].removeprefix("torch."))
         return torch.from_numpy(np.frombuffer(value["buffer"], dtype=dtype).copy())
