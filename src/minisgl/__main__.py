@@ -14,10 +14,12 @@ minisgl: a compact, fast LLM serving engine with an OpenAI-compatible API.
   minisgl serve --model DIR|FILE    serve a Hugging Face model directory or a .gguf file
   minisgl chat                      chat with a model in the terminal
   minisgl bench serve               measure a running OpenAI-compatible server
+  minisgl bench offline             minisgl's LLM vs transformers' generate, same workload
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from minisgl.benchmark import offline_args
     from minisgl.benchmark import serve as bench_serve
     from minisgl.server import chat
     from minisgl.server.args import add_serve_arguments
@@ -52,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=fmt,
     )
     bench_serve.add_arguments(b)
+    b = bench.add_parser(
+        "offline",
+        help="offline throughput: minisgl's LLM vs transformers' batched generate",
+        description=offline_args.__doc__,
+        formatter_class=fmt,
+    )
+    offline_args.add_arguments(b)
     return parser
 
 
@@ -75,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         from minisgl.benchmark.serve import main as bench_main
 
         return bench_main(ns)
+    if ns.command == "bench" and ns.bench_command == "offline":
+        from minisgl.benchmark.offline import main as offline_main
+
+        return offline_main(ns)
     parser.print_help()
     return 2
 

@@ -24,6 +24,10 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from .offline_args import add_arguments
+
+__all__ = ["add_arguments", "main", "run_offline_bench"]
+
 
 def make_workload(num_prompts: int, min_len: int, max_len: int, vocab: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
@@ -197,18 +201,6 @@ def print_phases(ph: dict[str, float], num_prompts: int) -> None:
             f"{step_ms:.1f} ms/step, matmuls {flops / ph['decode_s'] / 1e9:.0f} GFLOP/s, "
             f"weights read {(lw + hw) * nb * steps / ph['decode_s'] / 1e9:.1f} GB/s"
         )
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", default=None, help="HF dir or GGUF file (default: the embedded model)")
-    ap.add_argument("--num-prompts", type=int, default=16)
-    ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--min-input-len", type=int, default=16)
-    ap.add_argument("--max-input-len", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=2, help="alternating runs per engine; the best counts")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads for both engines")
-    ap.add_argument("--skip-hf", action="store_true", help="measure minisgl only")
 
 
 def main(ns: argparse.Namespace) -> int:
