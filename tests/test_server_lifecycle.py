@@ -137,6 +137,8 @@ def test_sigterm_leaves_no_process_and_no_socket(pool_server) -> None:
     srv = pool_server
     assert srv.stop(signal.SIGTERM) == 0
     assert srv.leftovers() == []
+    assert "did not stop" not in srv.output(), srv.output()  # every child left on its own, none killed
+    assert "scheduler rank 0: stopping" in srv.output()
     assert not srv.ipc_root.exists() or not any(srv.ipc_root.iterdir())
 
 

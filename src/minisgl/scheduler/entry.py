@@ -96,7 +96,7 @@ def _exit_on_sigterm(config: Any) -> None:
                 try:
                     push.put(ExitMsg())
                 finally:
-                    push.stop()
+                    push.stop(linger_ms=2000)  # a fresh connect may not be up yet: let it deliver
                 return
 
     threading.Thread(target=watch, name="sigterm-watch", daemon=True).start()

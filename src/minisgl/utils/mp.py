@@ -90,12 +90,13 @@ class _ZmqQueue:
             raise OSError(f"cannot {'bind' if create else 'connect'} {addr}: {e}") from e
         self._stopped = False
 
-    def stop(self) -> None:
-        """Close the socket (linger 0) and its context. Idempotent, never blocks."""
+    def stop(self, linger_ms: int = 0) -> None:
+        """Close the socket and its context. Idempotent. By default (linger 0) it never blocks and
+        drops what is still unsent; a one-shot sender that must deliver passes a bounded linger."""
         if getattr(self, "_stopped", False):
             return
         self._stopped = True
-        self.socket.close(linger=0)
+        self.socket.close(linger=linger_ms)
         self.context.term()
 
     def __enter__(self) -> _ZmqQueue:
