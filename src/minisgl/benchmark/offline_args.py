@@ -1,16 +1,5 @@
-"""Offline throughput: minisgl's LLM vs transformers' batched `generate` on the same workload, same run.
-
-N prompts of random lengths (uniform in [min, max], seeded) of random token ids, greedy, exactly `output_len` new tokens
-each (ignore_eos / min_new_tokens); transformers gets the batch left-padded in one `generate` call.
-Both engines run alternately `repeats` times and each keeps its best run (on a shared machine other
-processes only ever add time). Prints output tokens/s of both, the ratio, wall-clock and CPU time,
-and minisgl's prefill and decode phases (time, achieved GFLOP/s of the matmuls, weight GB/s).
-
-    minisgl bench offline [--num-prompts 16] [--output-len 64] [--repeats 2]
-    .venv/bin/python benchmarks/bench_offline.py (the same)
-
-`run_offline_bench(...) -> dict` is the function form.
-"""
+"""The options of `minisgl bench offline` (see `minisgl.benchmark.offline`), in a module that does not
+import torch, so that building the CLI parser (and `minisgl --help`) stays instant."""
 
 from __future__ import annotations
 

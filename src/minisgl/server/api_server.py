@@ -285,6 +285,16 @@ def create_app(state: ServerState) -> FastAPI:
     async def metrics() -> Response:
         return Response(manager.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    async def _finish_all(request: Request, streams: list[RequestStream]) -> tuple[list[str], list[str]]:
+        """Wait for every choice of a non-streaming request (aborting them if the client leaves)."""
+        try:
+            texts, reasons, err = await _until_disconnect(request, _collect(streams))
+        finally:
+            _release_all(manager, streams)
+        if err is not None:
+            raise APIError(500, str(err), "server_error")
+        return texts, reasons
+
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         _check_ready(state, body.model)
@@ -294,26 +304,12 @@ def create_app(state: ServerState) -> FastAPI:
             return _StreamResponse(
                 _chat_events(rid, name, streams, body), lambda: _release_all(manager, streams)
             )
-        try:
-            texts, reasons, err = await _until_disconnect(request, _collect(streams))
-        finally:
-            _release_all(manager, streams)
-        if err is not None:
-            raise APIError(500, str(err), "server_error")
+        texts, reasons = await _finish_all(request, streams)
         choices = [
             {"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None, "finish_reason": r}
             for i, (t, r) in enumerate(zip(texts, reasons, strict=True))
         ]
-        return JSONResponse(
-            {
-                "id": rid,
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": name,
-                "choices": choices,
-                "usage": _usage(streams, body.n),
-            }
-        )
+        return _completion_response(rid, "chat.completion", name, choices, _usage(streams, body.n))
 
     async def _chat_events(
         rid: str, name: str, streams: list[RequestStream], body: ChatCompletionRequest
@@ -362,26 +358,12 @@ def create_app(state: ServerState) -> FastAPI:
             return _StreamResponse(
                 _completion_events(rid, name, streams, body), lambda: _release_all(manager, streams)
             )
-        try:
-            texts, reasons, err = await _until_disconnect(request, _collect(streams))
-        finally:
-            _release_all(manager, streams)
-        if err is not None:
-            raise APIError(500, str(err), "server_error")
+        texts, reasons = await _finish_all(request, streams)
         choices = [
             {"index": i, "text": t, "logprobs": None, "finish_reason": r}
             for i, (t, r) in enumerate(zip(texts, reasons, strict=True))
         ]
-        return JSONResponse(
-            {
-                "id": rid,
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": name,
-                "choices": choices,
-                "usage": _usage(streams, body.n),
-            }
-        )
+        return _completion_response(rid, "text_completion", name, choices, _usage(streams, body.n))
 
     async def _completion_events(
         rid: str, name: str, streams: list[RequestStream], body: CompletionRequest
@@ -462,3 +444,17 @@ def create_app(state: ServerState) -> FastAPI:
         yield _DONE
 
     return app
+
+
+def _completion_response(rid: str, obj: str, model: str, choices: list[dict], usage: dict) -> JSONResponse:
+    """The non-streaming body shared by chat completions and completions."""
+    return JSONResponse(
+        {
+            "id": rid,
+            "object": obj,
+            "created": int(time.time()),
+            "model": model,
+            "choices": choices,
+            "usage": usage,
+        }
+    )
