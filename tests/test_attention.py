@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from minisgl import kernels
 from minisgl.attention import AttnInput, TorchAttentionBackend
 from minisgl.kvcache import KVPool, PageAllocator, PageTable
 
@@ -24,11 +25,15 @@ def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> tor
     return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v.double()).float()
 
 
-@pytest.mark.parametrize("decode_copy", [True, False])
+@pytest.mark.parametrize("decode_path", ["kernel", "copy", "gather"])
 @pytest.mark.parametrize("chunks", [[[5, 9, 1], [3, 6, 2]], [[7], [4]], [[2, 3], [1, 1]]])
-def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]], decode_copy: bool) -> None:
-    """Fresh prefill, prefill over a prefix, then decode steps (the first rebuilds the contiguous
-    decode copy, the next ones append to it; without row ids every step gathers from the pool)."""
+def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]], decode_path: str) -> None:
+    """Fresh prefill, prefill over a prefix, then decode steps: through the C kernel reading the pool
+    ("kernel"), or in torch, where the first step rebuilds the contiguous decode copy and the next ones
+    append to it ("copy"), or, without row ids, every step gathers from the pool ("gather")."""
+    if decode_path == "kernel" and not kernels.available():
+        pytest.skip("the CPU kernels could not be built here")
+    decode_copy = decode_path == "copy"
     torch.manual_seed(0)
     bsz = len(chunks[0])
     pool = KVPool(
@@ -42,6 +47,7 @@ def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]], 
     )
     table = PageTable(PageAllocator(32), PS, max_rows=4, max_seq_len=64)
     backend = TorchAttentionBackend(pool, HQ, HKV, D)
+    backend.decode_kernel = decode_path == "kernel"
     # Rows allocated out of order so page ids interleave across requests.
     rows = [table.alloc_row(uid) for uid in range(bsz)][::-1]
     hist_k = [[torch.empty(0, HKV, D) for _ in range(bsz)] for _ in range(2)]
@@ -63,7 +69,7 @@ def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]], 
                 torch.tensor(slots),
                 table.table[torch.tensor(rows)],
                 is_decode=is_decode,
-                row_ids=rows if decode_copy else None,
+                row_ids=rows if decode_path != "gather" else None,
             )
         )
         total = sum(ext)
@@ -82,3 +88,4 @@ def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]], 
         cached = seq
         if is_decode:
             assert (backend._copy is not None) == decode_copy
+            assert (backend.meta.page_rows is not None) == (decode_path == "kernel")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from minisgl import kernels
 from minisgl.kvcache import KVPool
 
 from .base import AttentionBackend, AttnInput
@@ -46,6 +47,8 @@ class _Meta:
     q_rows: torch.Tensor | None = None  # extend: (T,) row of each new token in the (B * Nmax) layout
     new_pos: torch.Tensor | None = None  # decode: (B,) position of the new token
     rebuild: bool = True  # decode: refill the contiguous copy from the pool in this step
+    page_rows: torch.Tensor | None = None  # decode with the CPU kernel: (B, P) int32 page-table rows
+    seq_lens: torch.Tensor | None = None  # decode with the CPU kernel: (B,) int32
     copy_idx: torch.Tensor | None = None  # decode: (B * Hkv,) row of each new K/V in the flat copy
     scores_mask: torch.Tensor | None = None  # CPU decode: additive (B * Hkv, G, Lmax), or None
     causal: list[torch.Tensor] | None = None  # CPU fresh prefill: additive (G * n, n) per request
@@ -77,6 +80,8 @@ class TorchAttentionBackend(AttentionBackend):
         self.dtype = pool.k[0].dtype
         self.meta: _Meta | None = None
         self._copy: _DecodeCopy | None = None
+        # CPU float32 decode reads the paged pool directly with the C kernel (minisgl.kernels)
+        self.decode_kernel = self.device.type == "cpu" and self.dtype == torch.float32 and kernels.available()
 
     # -- per batch ------------------------------------------------------------------------------------
     def prepare(self, inp: AttnInput) -> None:
@@ -112,6 +117,13 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _prepare_decode(self, inp: AttnInput, common: dict) -> _Meta:
         max_len = common["max_seq_len"]
+        if self.decode_kernel:
+            return _Meta(
+                kind="decode",
+                page_rows=inp.page_rows.contiguous(),
+                seq_lens=torch.tensor(inp.seq_lens, dtype=torch.int32),
+                **common,
+            )
         seq_lens = torch.tensor(inp.seq_lens, dtype=torch.int64)  # (B,)
         mask = None
         if any(n != max_len for n in inp.seq_lens):
@@ -202,6 +214,16 @@ class TorchAttentionBackend(AttentionBackend):
                 return self._fresh_prefill_matmul(q, k, v, m)
             return self._fresh_prefill(q, k, v, m.extend_lens)
         if m.kind == "decode":
+            if m.page_rows is not None:
+                return kernels.decode_attention(
+                    q.contiguous(),
+                    self.pool.k[layer_id],
+                    self.pool.v[layer_id],
+                    m.page_rows,
+                    m.seq_lens,
+                    self.pool.page_size,
+                    self.head_dim**-0.5,
+                )
             return self._decode(q, k, v, layer_id, m)
         return self._extend(q, layer_id, m)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minisgl import kernels
 from minisgl.layers import (
     AttentionLayer,
     Embedding,
@@ -87,6 +88,11 @@ class Attention(nn.Module):
         t, d = h.shape[0], self.head_dim
         qkv = self.qkv_proj(h)  # (T, (Hq + 2 Hkv) D)
         hq, hkv = self.num_heads, self.num_kv_heads
+        cos, sin = rope
+        if not self.qk_norm and kernels.fits(qkv, cos, sin):
+            # one pass: rotate q and k, split out v (CPU float32); cos/sin (T, 1, D/2) -> (T, D/2)
+            q, k, v = kernels.rope_split(qkv, cos.view(t, -1), sin.view(t, -1), hq, hkv, d)
+            return self.o_proj(self.attn(q, k, v).reshape(t, hq * d))
         if self.qk_norm:
             q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
             q, k = self.q_norm(q.view(t, hq, d)), self.k_norm(k.view(t, hkv, d))  # (T, Hq|Hkv, D)
@@ -128,11 +134,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp = MLP(cfg, tp, dtype, device)
 
-    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """h (T, hidden) -> (T, hidden). The residual adds are in place: h is this forward's own
-        activation (the embedding lookup makes a new tensor), so nothing else holds it."""
-        h.add_(self.self_attn(self.input_layernorm(h), rope))
-        return h.add_(self.mlp(self.post_attention_layernorm(h)))
+    def forward(
+        self, h: torch.Tensor, delta: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        """h (T, hidden), the residual stream, still missing `delta` (the previous layer's MLP output,
+        None for the first layer) -> this layer's MLP output (T, hidden), likewise not yet added.
+        Deferring each add into the next norm fuses add + norm into one pass. The adds are in place:
+        h is this forward's own activation (the embedding lookup makes a new tensor)."""
+        a = self.self_attn(self.input_layernorm.add_forward(h, delta), rope)
+        return self.mlp(self.post_attention_layernorm.add_forward(h, a))
 
 
 class DecoderModel(nn.Module):
@@ -171,9 +181,10 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions (T,) of a flattened batch -> final-normed hidden states (T, hidden)."""
         h = self.model.embed_tokens(input_ids)  # (T, hidden)
         rope = self.rotary.lookup(positions)  # (T, 1, D/2) cos and sin
+        delta = None
         for layer in self.model.layers:
-            h = layer(h, rope)
-        return self.model.norm(h)
+            delta = layer(h, delta, rope)
+        return self.model.norm.add_forward(h, delta)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

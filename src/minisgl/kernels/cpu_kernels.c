@@ -1,0 +1,260 @@
+/* minisgl's CPU kernels: the small, memory-bound pieces of a forward pass that plain torch runs as
+ * many separate ops (each a dispatch, a temporary and a pass over memory).
+ *
+ * Built at first use by minisgl/kernels/build.py (gcc -O3 -march=native -fopenmp), called through
+ * ctypes with raw pointers of contiguous float32 tensors. No fast-math: every sum is written in a
+ * fixed order, so results do not depend on the thread count.
+ *
+ * OpenMP here shares torch's runtime (both load libgomp.so.1), so the two never fight over threads.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* The horizontal sums of r[0..7], as one vector. */
+static inline __m256 hsum8x8(const __m256 r[8]) {
+    const __m256 t0 = _mm256_hadd_ps(r[0], r[1]), t1 = _mm256_hadd_ps(r[2], r[3]);
+    const __m256 t2 = _mm256_hadd_ps(r[4], r[5]), t3 = _mm256_hadd_ps(r[6], r[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3); /* per 128-bit half */
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* exp(x) for 8 floats: x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial for e^r, times 2^n.
+ * Relative error ~2e-7 (about expf's); x below -87 gives 0, as the softmax wants. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.3f);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#define HAVE_AVX2 1
+#endif
+
+/* sum_d a[d] * b[d] */
+static inline float dot(const float *a, const float *b, int64_t D) {
+    int64_t d = 0;
+    float s = 0.f;
+#ifdef HAVE_AVX2
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (; d + 16 <= D; d += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), _mm256_loadu_ps(b + d + 8), a1);
+    }
+    for (; d + 8 <= D; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), a0);
+    s = hsum8(_mm256_add_ps(a0, a1));
+#endif
+    for (; d < D; ++d) s += a[d] * b[d];
+    return s;
+}
+
+/* x[0:n] <- softmax(scale * x), in place (scale > 0) */
+static void softmax_inplace(float *x, int64_t n, float scale) {
+    float m = x[0];
+    for (int64_t j = 1; j < n; ++j) m = x[j] > m ? x[j] : m;
+    float sum = 0.f;
+    int64_t j = 0;
+#ifdef HAVE_AVX2
+    const __m256 vm = _mm256_set1_ps(m), vscale = _mm256_set1_ps(scale);
+    __m256 vs = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8) {
+        const __m256 e = exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm), vscale));
+        _mm256_storeu_ps(x + j, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    sum = hsum8(vs);
+#endif
+    for (; j < n; ++j) {
+        x[j] = expf((x[j] - m) * scale);
+        sum += x[j];
+    }
+    const float inv = 1.f / sum;
+    for (j = 0; j < n; ++j) x[j] *= inv;
+}
+
+#ifdef HAVE_AVX2
+/* s[0:L] (+)= q[0:64] . K[j][0:64] where K[j] = k + offs[j]: 8 positions per step, q in registers. */
+static void scores64(const float *q, const float *k, const int64_t *offs, int64_t L, float *s, int first) {
+    __m256 qv[8];
+    for (int i = 0; i < 8; ++i) qv[i] = _mm256_loadu_ps(q + 8 * i);
+    int64_t j = 0;
+    for (; j + 8 <= L; j += 8) {
+        __m256 r[8];
+        for (int u = 0; u < 8; ++u) {
+            const float *kr = k + offs[j + u];
+            if (j + 16 < L) _mm_prefetch((const char *)(k + offs[j + u + 8]), _MM_HINT_T0);
+            __m256 a = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kr));
+            for (int i = 1; i < 8; ++i) a = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kr + 8 * i), a);
+            r[u] = a;
+        }
+        __m256 t = hsum8x8(r);
+        if (!first) t = _mm256_add_ps(t, _mm256_loadu_ps(s + j));
+        _mm256_storeu_ps(s + j, t);
+    }
+    for (; j < L; ++j) {
+        const float d = dot(q, k + offs[j], 64);
+        s[j] = first ? d : s[j] + d;
+    }
+}
+
+/* o[0:64] = sum_j p[j] * V[j][0:64] where V[j] = v + offs[j]: the 64 sums in 8 registers. */
+static void weighted_sum64(const float *p, const float *v, const int64_t *offs, int64_t L, float *o) {
+    __m256 a[8];
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < L; ++j) {
+        const __m256 pj = _mm256_broadcast_ss(p + j);
+        const float *vr = v + offs[j];
+        for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * i), a[i]);
+    }
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(o + 8 * i, a[i]);
+}
+#endif
+
+/* Decode attention over the paged KV pool of one layer, one new token per request.
+ *   q        (B, Hq, D)       the new tokens' queries
+ *   k, v     (S, Hkv, D)      the layer's pool; slot = page_rows[b, j / ps] * ps + j % ps
+ *   page_rows (B, P) int32    the requests' page-table rows
+ *   seq_lens (B,) int32       tokens in each request's cache, the new one included
+ *   out      (B, Hq, D)
+ * One task per request: its scratch holds the pool offset of every cached position and the (Hq, L)
+ * scores. Query head hq reads KV head hq / G (grouped-query attention without copies). Head widths
+ * that are multiples of 64 take the AVX2 path (64 columns of q, or of the output, in registers);
+ * others a plain loop. Returns 0, or -1 when scratch memory could not be had. */
+int minisgl_decode_attention(const float *q, const float *k, const float *v, const int32_t *page_rows,
+                             int64_t P, const int32_t *seq_lens, int64_t B, int64_t Hq, int64_t Hkv,
+                             int64_t D, int64_t ps, float scale, float *out) {
+    const int64_t G = Hq / Hkv, row = Hkv * D;
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t L = seq_lens[b];
+        const float *qb = q + b * Hq * D; /* (Hq, D) */
+        float *ob = out + b * Hq * D;     /* (Hq, D) */
+        float *s = (float *)malloc(sizeof(float) * (size_t)(Hq * L)); /* (Hq, L) scores */
+        int64_t *offs = (int64_t *)malloc(sizeof(int64_t) * (size_t)L);
+        if (s == NULL || offs == NULL) {
+            free(s);
+            free(offs);
+            failed = 1;
+            continue;
+        }
+        for (int64_t j = 0; j < L; ++j) offs[j] = ((int64_t)page_rows[b * P + j / ps] * ps + j % ps) * row;
+        for (int64_t hq = 0; hq < Hq; ++hq) {
+            const int64_t h = hq / G;
+            float *sr = s + hq * L;
+            int64_t c = 0;
+#ifdef HAVE_AVX2
+            for (; c + 64 <= D; c += 64) scores64(qb + hq * D + c, k + h * D + c, offs, L, sr, c == 0);
+#endif
+            if (c < D)
+                for (int64_t j = 0; j < L; ++j) {
+                    const float d = dot(qb + hq * D + c, k + offs[j] + h * D + c, D - c);
+                    sr[j] = c == 0 ? d : sr[j] + d;
+                }
+            softmax_inplace(sr, L, scale);
+            c = 0;
+#ifdef HAVE_AVX2
+            for (; c + 64 <= D; c += 64) weighted_sum64(sr, v + h * D + c, offs, L, ob + hq * D + c);
+#endif
+            for (; c < D; ++c) {
+                float a = 0.f;
+                for (int64_t j = 0; j < L; ++j) a += sr[j] * v[offs[j] + h * D + c];
+                ob[hq * D + c] = a;
+            }
+        }
+        free(s);
+        free(offs);
+    }
+    return failed ? -1 : 0;
+}
+
+/* ---- element-wise kernels (rows in parallel when there are many) ----------------------------------
+ * Built with -ffp-contract=off: a plain `a * b - c * d` rounds each product as torch does, so these
+ * match torch's element-wise results; only the RMS statistic (a sum) is summed in another order. */
+
+#define PAR_MIN_ELEMS 65536 /* below this many elements one thread does the work */
+
+/* h (T, H) += delta (when not NULL); out (T, H) = w * (h * rsqrt(mean(h^2) + eps)) */
+void minisgl_add_rmsnorm(float *restrict h, const float *restrict delta, const float *restrict w, float eps,
+                         int64_t T, int64_t H, float *restrict out) {
+#pragma omp parallel for if (T * H >= PAR_MIN_ELEMS)
+    for (int64_t t = 0; t < T; ++t) {
+        float *restrict x = h + t * H;
+        if (delta != NULL) {
+            const float *restrict dl = delta + t * H;
+#pragma omp simd
+            for (int64_t i = 0; i < H; ++i) x[i] += dl[i];
+        }
+        float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t i = 0; i < H; ++i) ss += x[i] * x[i];
+        const float r = 1.f / sqrtf(ss / (float)H + eps);
+        float *restrict o = out + t * H;
+#pragma omp simd
+        for (int64_t i = 0; i < H; ++i) o[i] = w[i] * (x[i] * r);
+    }
+}
+
+/* qkv (T, (Hq + 2 Hkv) D) -> q (T, Hq, D), k (T, Hkv, D) rotated (rotate-half RoPE with cos/sin
+ * (T, D/2)), and v (T, Hkv, D) copied: x1 * c - x2 * s, x2 * c + x1 * s, as Hugging Face writes it. */
+void minisgl_rope_split(const float *restrict qkv, const float *restrict cos, const float *restrict sin,
+                        int64_t T, int64_t Hq, int64_t Hkv, int64_t D, float *restrict q, float *restrict k,
+                        float *restrict v) {
+    const int64_t half = D / 2, width = (Hq + 2 * Hkv) * D;
+#pragma omp parallel for if (T * width >= PAR_MIN_ELEMS)
+    for (int64_t t = 0; t < T; ++t) {
+        const float *x = qkv + t * width, *c = cos + t * half, *s = sin + t * half;
+        for (int64_t hd = 0; hd < Hq + Hkv; ++hd) {
+            const float *xh = x + hd * D;
+            float *restrict o = hd < Hq ? q + (t * Hq + hd) * D : k + (t * Hkv + hd - Hq) * D;
+#pragma omp simd
+            for (int64_t i = 0; i < half; ++i) {
+                const float x1 = xh[i], x2 = xh[i + half];
+                o[i] = x1 * c[i] - x2 * s[i];
+                o[i + half] = x2 * c[i] + x1 * s[i];
+            }
+        }
+        memcpy(v + t * Hkv * D, x + (Hq + Hkv) * D, sizeof(float) * (size_t)(Hkv * D));
+    }
+}
+
+/* gate_up (T, 2I) laid out [gate | up] -> out (T, I) = silu(gate) * up, silu(g) = g / (1 + exp(-g)) */
+void minisgl_silu_mul(const float *restrict gate_up, int64_t T, int64_t I, float *restrict out) {
+#pragma omp parallel for if (T * I >= PAR_MIN_ELEMS)
+    for (int64_t t = 0; t < T; ++t) {
+        const float *g = gate_up + t * 2 * I, *u = g + I;
+        float *o = out + t * I;
+        int64_t i = 0;
+#ifdef HAVE_AVX2
+        const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+        for (; i + 8 <= I; i += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + i);
+            const __m256 e = exp8(_mm256_sub_ps(zero, gv));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+        }
+#endif
+        for (; i < I; ++i) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+}

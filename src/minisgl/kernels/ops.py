@@ -1,0 +1,136 @@
+"""Torch-facing wrappers of the CPU kernels: shape and layout checks, then one ctypes call.
+
+Each wrapper takes contiguous float32 CPU tensors and returns a new tensor. `available()` says
+whether the kernels could be built here; callers use their plain-torch path when it is False.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .build import load
+
+
+def available() -> bool:
+    return load() is not None
+
+
+def _check(t: torch.Tensor, name: str, dtype: torch.dtype = torch.float32) -> int:
+    if t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError(
+            f"{name}: expected a contiguous CPU {dtype} tensor, got {t.dtype} {t.device} {tuple(t.stride())}"
+        )
+    return t.data_ptr()
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    page_rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_size: int,
+    scale: float,
+) -> torch.Tensor:
+    """One new token per request attending over its paged cache (which already holds that token).
+
+    q (B, Hq, D); k_pool/v_pool (S, Hkv, D); page_rows (B, P) int32; seq_lens (B,) int32 -> (B, Hq, D).
+    """
+    lib = load()
+    assert lib is not None, "CPU kernels unavailable: check kernels.available() first"
+    bsz, hq, d = q.shape
+    hkv = k_pool.shape[1]
+    if hq % hkv or k_pool.shape != v_pool.shape or k_pool.shape[2] != d or page_rows.shape[0] != bsz:
+        raise ValueError(
+            f"decode_attention: shapes q {tuple(q.shape)}, pool {tuple(k_pool.shape)}, pages {tuple(page_rows.shape)}"
+        )
+    out = torch.empty_like(q)
+    rc = lib.minisgl_decode_attention(
+        _check(q, "q"),
+        _check(k_pool, "k_pool"),
+        _check(v_pool, "v_pool"),
+        _check(page_rows, "page_rows", torch.int32),
+        page_rows.shape[1],
+        _check(seq_lens, "seq_lens", torch.int32),
+        bsz,
+        hq,
+        hkv,
+        d,
+        page_size,
+        scale,
+        out.data_ptr(),
+    )
+    if rc != 0:
+        raise MemoryError("decode_attention: out of scratch memory (or G * D > 4096)")
+    return out
+
+
+def fits(*tensors: torch.Tensor) -> bool:
+    """Whether the element-wise kernels take these tensors: built here, CPU, float32, contiguous."""
+    return (
+        all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+        and available()
+    )
+
+
+def add_rmsnorm(
+    h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """h (T, H) += delta (in place, when given); returns weight * h * rsqrt(mean(h^2) + eps), (T, H)."""
+    lib = load()
+    assert lib is not None
+    t, hid = h.shape
+    if weight.shape != (hid,) or (delta is not None and delta.shape != h.shape):
+        raise ValueError(f"add_rmsnorm: shapes h {tuple(h.shape)}, weight {tuple(weight.shape)}")
+    out = torch.empty_like(h)
+    lib.minisgl_add_rmsnorm(
+        _check(h, "h"),
+        None if delta is None else _check(delta, "delta"),
+        _check(weight, "weight"),
+        eps,
+        t,
+        hid,
+        out.data_ptr(),
+    )
+    return out
+
+
+def rope_split(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_q: int, num_kv: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """qkv (T, (Hq + 2 Hkv) D), cos/sin (T, D/2) -> q (T, Hq, D), k (T, Hkv, D) rotated, v (T, Hkv, D)."""
+    lib = load()
+    assert lib is not None
+    t = qkv.shape[0]
+    if (
+        qkv.shape[1] != (num_q + 2 * num_kv) * head_dim
+        or cos.shape != (t, head_dim // 2)
+        or sin.shape != cos.shape
+    ):
+        raise ValueError(f"rope_split: shapes qkv {tuple(qkv.shape)}, cos {tuple(cos.shape)}")
+    q = qkv.new_empty(t, num_q, head_dim)
+    k = qkv.new_empty(t, num_kv, head_dim)
+    v = qkv.new_empty(t, num_kv, head_dim)
+    lib.minisgl_rope_split(
+        _check(qkv, "qkv"),
+        _check(cos, "cos"),
+        _check(sin, "sin"),
+        t,
+        num_q,
+        num_kv,
+        head_dim,
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+    )
+    return q, k, v
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up (T, 2I) laid out [gate | up] -> silu(gate) * up, (T, I)."""
+    lib = load()
+    assert lib is not None
+    t, two_i = gate_up.shape
+    out = gate_up.new_empty(t, two_i // 2)
+    lib.minisgl_silu_mul(_check(gate_up, "gate_up"), t, two_i // 2, out.data_ptr())
+    return out

@@ -1,0 +1,129 @@
+"""The CPU kernels (minisgl.kernels) against plain torch, and their fallback when they cannot be built."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minisgl import kernels
+from minisgl.layers.rotary import apply_rotary
+
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason="the CPU kernels could not be built here")
+
+
+def _paged_reference(q, kp, vp, page_rows, lens, ps):  # noqa: ANN001, ANN202
+    """Dense attention of each request's one query row over its cached positions, in float64."""
+    bsz, hq, d = q.shape
+    hkv = kp.shape[1]
+    out = torch.empty_like(q)
+    for b in range(bsz):
+        j = torch.arange(int(lens[b]))
+        slots = page_rows[b, j // ps].long() * ps + j % ps
+        k, v = kp[slots].double().transpose(0, 1), vp[slots].double().transpose(0, 1)  # (Hkv, L, D)
+        qq = q[b].double().view(hkv, hq // hkv, d)  # (Hkv, G, D)
+        s = (qq @ k.transpose(1, 2)) * d**-0.5
+        out[b] = (s.softmax(-1) @ v).reshape(hq, d).float()
+    return out
+
+
+@needs_kernels
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(9, 3, 64), (8, 2, 128), (4, 4, 64), (6, 2, 48), (2, 1, 72)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_attention_matches_dense(hq: int, hkv: int, d: int, threads: int) -> None:
+    """AVX2 paths (head width a multiple of 64) and the plain loop (48, 72), MHA and GQA, lengths from 1
+    to several pages with ragged ends, pages scattered over the pool, 1 and 2 threads alike."""
+    torch.manual_seed(0)
+    ps, num_pages, bsz = 16, 96, 6
+    kp, vp = torch.randn(num_pages * ps, hkv, d), torch.randn(num_pages * ps, hkv, d)
+    lens = torch.tensor([1, 7, 16, 17, 100, 203], dtype=torch.int32)
+    pages = int((lens.max() + ps - 1) // ps)
+    page_rows = torch.randperm(num_pages)[: bsz * pages].view(bsz, pages).to(torch.int32)
+    q = torch.randn(bsz, hq, d)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = kernels.decode_attention(q, kp, vp, page_rows, lens, ps, d**-0.5)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(out, _paged_reference(q, kp, vp, page_rows, lens, ps), atol=2e-5, rtol=1e-4)
+
+
+@needs_kernels
+def test_decode_attention_rejects_bad_layouts() -> None:
+    q, kp = torch.randn(2, 4, 64), torch.randn(32, 2, 64)
+    rows, lens = torch.zeros(2, 1, dtype=torch.int32), torch.ones(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="k_pool"):
+        kernels.decode_attention(
+            q, kp.transpose(0, 1).contiguous().transpose(0, 1), kp, rows, lens, 16, 0.125
+        )
+    with pytest.raises(ValueError, match="page_rows"):
+        kernels.decode_attention(q, kp, kp, rows.long(), lens, 16, 0.125)
+    with pytest.raises(ValueError, match="shapes"):
+        kernels.decode_attention(torch.randn(2, 3, 64), kp, kp, rows, lens, 16, 0.125)
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 16, 300])  # 300 x 576 runs the rows in parallel
+def test_add_rmsnorm_matches_torch(rows: int) -> None:
+    torch.manual_seed(0)
+    h, delta, w = torch.randn(rows, 576), torch.randn(rows, 576), torch.randn(576)
+    ref_h = h + delta
+    ref = w * (ref_h * torch.rsqrt(ref_h.pow(2).mean(-1, keepdim=True) + 1e-5))
+    out = kernels.add_rmsnorm(h, delta, w, 1e-5)
+    torch.testing.assert_close(h, ref_h, atol=0, rtol=0)  # the residual add happened in place, exactly
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kernels.add_rmsnorm(h, None, w, 1e-5), ref, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [3, 200])
+def test_rope_split_equals_torch_rotation(rows: int) -> None:
+    """Bit for bit: the same products and sums as `apply_rotary`, each rounded alike."""
+    torch.manual_seed(0)
+    hq, hkv, d = 9, 3, 64
+    qkv = torch.randn(rows, (hq + 2 * hkv) * d)
+    angles = torch.rand(rows, d // 2) * 100
+    cos, sin = angles.cos(), angles.sin()
+    q, k, v = kernels.rope_split(qkv, cos, sin, hq, hkv, d)
+    qk = apply_rotary(qkv[:, : (hq + hkv) * d].view(rows, hq + hkv, d), cos[:, None], sin[:, None])
+    assert torch.equal(q, qk[:, :hq]) and torch.equal(k, qk[:, hq:])
+    assert torch.equal(v, qkv[:, (hq + hkv) * d :].view(rows, hkv, d))
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape", [(16, 2 * 1536), (5, 2 * 13), (100, 2 * 1536)])
+def test_silu_mul_matches_torch(shape: tuple[int, int]) -> None:
+    torch.manual_seed(0)
+    gate_up = torch.randn(*shape) * 6
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(kernels.silu_mul(gate_up), F.silu(gate) * up, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [({"MINISGL_CPU_KERNELS": "0"}, "turned off"), ({"CC": "false"}, "could not build")],
+)
+def test_without_kernels_torch_paths_serve(tmp_path, env: dict[str, str], expected: str) -> None:  # noqa: ANN001
+    """Turned off, or a compiler that fails: load() says why once and the layers fall back to torch."""
+    code = (
+        "import logging, torch; logging.basicConfig(level=logging.INFO)\n"
+        "from minisgl import kernels\n"
+        "from minisgl.layers.activation import silu_and_mul\n"
+        "assert not kernels.available()\n"
+        "x = torch.randn(4, 8)\n"
+        "g, u = x.chunk(2, dim=-1)\n"
+        "assert torch.allclose(silu_and_mul(x.clone()), torch.nn.functional.silu(g) * u)\n"
+        "print('fallback ok')\n"
+    )
+    full_env = {**os.environ, "MINISGL_CACHE_DIR": str(tmp_path), **env}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "fallback ok" in proc.stdout
+    assert expected in proc.stderr
