@@ -125,13 +125,13 @@ class Engine:
         set_global_ctx(Context(attn_backend=self.attn_backend, batch=batch))
         try:
             hidden = self.model.forward(input_ids, positions)  # (T, H)
+            if not sample_rows:
+                return []
+            if len(sample_rows) < hidden.shape[0]:
+                hidden = hidden.index_select(0, torch.tensor(sample_rows, device=self.device))  # (S, H)
+            logits = self.model.compute_logits(hidden)  # (S, V) float32
         finally:
             set_global_ctx(None)
-        if not sample_rows:
-            return []
-        if len(sample_rows) < hidden.shape[0]:
-            hidden = hidden.index_select(0, torch.tensor(sample_rows, device=self.device))  # (S, H)
-        logits = self.model.compute_logits(hidden)  # (S, V) float32
         reqs = [r for r, s in zip(batch.reqs, batch.sample_mask, strict=True) if s]
         tokens = self.sampler.sample(
             logits, [r.sampling_params for r in reqs], [self._generator(r) for r in reqs]

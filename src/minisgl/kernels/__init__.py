@@ -4,6 +4,25 @@ forward pass. Everything here has a plain-torch fallback in its caller; see buil
 from __future__ import annotations
 
 from .build import load
-from .ops import add_rmsnorm, available, decode_attention, fits, rope_split, silu_mul
+from .ops import (
+    add_rmsnorm,
+    available,
+    decode_attention,
+    fits,
+    pack_weight,
+    packed_matmul,
+    rope_split,
+    silu_mul,
+)
 
-__all__ = ["add_rmsnorm", "available", "decode_attention", "fits", "load", "rope_split", "silu_mul"]
+__all__ = [
+    "add_rmsnorm",
+    "available",
+    "decode_attention",
+    "fits",
+    "load",
+    "pack_weight",
+    "packed_matmul",
+    "rope_split",
+    "silu_mul",
+]

@@ -45,8 +45,11 @@ _SIGNATURES: dict[str, list] = {
     + [_c_float_p],
     "minisgl_rope_split": [_c_float_p] * 3 + [ctypes.c_int64] * 4 + [_c_float_p] * 3,
     "minisgl_silu_mul": [_c_float_p, ctypes.c_int64, ctypes.c_int64, _c_float_p],
+    "minisgl_pack_weight": [_c_float_p, ctypes.c_int64, ctypes.c_int64, _c_float_p],
+    "minisgl_packed_matmul": [_c_float_p, ctypes.c_int64, ctypes.c_int64, _c_float_p, ctypes.c_int64]
+    + [_c_float_p, _c_float_p],
 }
-_VOID = {"minisgl_add_rmsnorm", "minisgl_rope_split", "minisgl_silu_mul"}
+_VOID = {"minisgl_add_rmsnorm", "minisgl_rope_split", "minisgl_silu_mul", "minisgl_pack_weight"}
 
 
 def _cache_root() -> Path:

@@ -258,3 +258,88 @@ void minisgl_silu_mul(const float *restrict gate_up, int64_t T, int64_t I, float
         for (; i < I; ++i) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
     }
 }
+
+/* ---- float32 matmul against a pre-packed weight -------------------------------------------------
+ * y (M, N) = x (M, K) @ W^T (+ bias), W (N, K) packed once as (N / 8, K, 8): eight output columns'
+ * weights interleaved per k, so the inner loop streams the weight in order, one 8-wide vector per k,
+ * against broadcast activations. A block of R <= 12 rows keeps its R x 8 sums in registers; each
+ * thread takes whole 8-column blocks. Every output element is one sum over k in increasing order,
+ * so a row's result never depends on the batch it came in (batch-invariant) nor on the thread count.
+ */
+
+void minisgl_pack_weight(const float *restrict w, int64_t N, int64_t K, float *restrict out) {
+#pragma omp parallel for
+    for (int64_t nb = 0; nb < N / 8; ++nb)
+        for (int64_t k = 0; k < K; ++k)
+            for (int64_t i = 0; i < 8; ++i) out[(nb * K + k) * 8 + i] = w[(nb * 8 + i) * K + k];
+}
+
+#ifdef HAVE_AVX2
+/* R rows (m0 .. m0 + R of x^T (K, M)) times one packed 8-column block -> R x 8 sums into acc */
+#define DEFINE_BLOCK(R)                                                                                \
+    static inline void block##R(const float *restrict wb, const float *restrict xt, int64_t M,        \
+                                int64_t K, float *restrict acc) {                                      \
+        __m256 a[R];                                                                                   \
+        for (int i = 0; i < R; ++i) a[i] = _mm256_setzero_ps();                                       \
+        for (int64_t k = 0; k < K; ++k) {                                                              \
+            const __m256 w = _mm256_loadu_ps(wb + k * 8);                                              \
+            const float *xr = xt + k * M;                                                              \
+            for (int i = 0; i < R; ++i) a[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(xr + i), w, a[i]); \
+        }                                                                                              \
+        for (int i = 0; i < R; ++i) _mm256_storeu_ps(acc + i * 8, a[i]);                              \
+    }
+DEFINE_BLOCK(12)
+DEFINE_BLOCK(8)
+DEFINE_BLOCK(4)
+DEFINE_BLOCK(2)
+DEFINE_BLOCK(1)
+#endif
+
+#ifndef HAVE_AVX2
+static void block_any(const float *restrict wb, const float *restrict xt, int64_t M, int64_t K, int64_t R,
+                      float *restrict acc) {
+    for (int64_t i = 0; i < R; ++i)
+        for (int64_t j = 0; j < 8; ++j) {
+            float s = 0.f;
+            for (int64_t k = 0; k < K; ++k) s = fmaf(xt[k * M + i], wb[k * 8 + j], s);
+            acc[i * 8 + j] = s;
+        }
+}
+#endif
+
+/* Returns 0, or -1 when N is not a multiple of 8 or scratch memory could not be had. */
+int minisgl_packed_matmul(const float *restrict x, int64_t M, int64_t K, const float *restrict wp, int64_t N,
+                          const float *restrict bias, float *restrict y) {
+    if (N % 8) return -1;
+    float *xt = (float *)malloc(sizeof(float) * (size_t)(K * M)); /* x^T (K, M): rows broadcast in order */
+    if (xt == NULL) return -1;
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < K; ++k) xt[k * M + m] = x[m * K + k];
+#pragma omp parallel for schedule(static) if (N * K * M >= 32768)
+    for (int64_t nb = 0; nb < N / 8; ++nb) {
+        const float *wb = wp + nb * K * 8;
+        float acc[12 * 8];
+        for (int64_t m0 = 0; m0 < M;) {
+            const int64_t left = M - m0;
+            int64_t R;
+#ifdef HAVE_AVX2
+            /* the largest register block that fits what is left */
+            if (left >= 12) R = 12, block12(wb, xt + m0, M, K, acc);
+            else if (left >= 8) R = 8, block8(wb, xt + m0, M, K, acc);
+            else if (left >= 4) R = 4, block4(wb, xt + m0, M, K, acc);
+            else if (left >= 2) R = 2, block2(wb, xt + m0, M, K, acc);
+            else R = 1, block1(wb, xt + m0, M, K, acc);
+#else
+            R = left < 12 ? left : 12;
+            block_any(wb, xt + m0, M, K, R, acc);
+#endif
+            for (int64_t i = 0; i < R; ++i) {
+                float *yr = y + (m0 + i) * N + nb * 8;
+                for (int64_t j = 0; j < 8; ++j) yr[j] = bias ? acc[i * 8 + j] + bias[nb * 8 + j] : acc[i * 8 + j];
+            }
+            m0 += R;
+        }
+    }
+    free(xt);
+    return 0;
+}

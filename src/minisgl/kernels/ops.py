@@ -134,3 +134,39 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = gate_up.new_empty(t, two_i // 2)
     lib.minisgl_silu_mul(_check(gate_up, "gate_up"), t, two_i // 2, out.data_ptr())
     return out
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """W (N, K) float32, N a multiple of 8 -> the (N / 8, K, 8) layout `packed_matmul` streams."""
+    lib = load()
+    assert lib is not None
+    n, k = weight.shape
+    if n % 8:
+        raise ValueError(f"pack_weight: {n} output features are not a multiple of 8")
+    out = weight.new_empty(n // 8, k, 8)
+    lib.minisgl_pack_weight(_check(weight, "weight"), n, k, out.data_ptr())
+    return out
+
+
+def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (M, K) @ W^T (+ bias) -> (M, N), W given as `pack_weight(W)`."""
+    lib = load()
+    assert lib is not None
+    m, k = x.shape
+    nb, pk, _ = packed.shape
+    n = nb * 8
+    if pk != k or (bias is not None and bias.shape != (n,)):
+        raise ValueError(f"packed_matmul: x {tuple(x.shape)} against a packed ({n}, {pk}) weight")
+    y = x.new_empty(m, n)
+    rc = lib.minisgl_packed_matmul(
+        _check(x, "x"),
+        m,
+        k,
+        _check(packed, "packed"),
+        n,
+        None if bias is None else _check(bias, "bias"),
+        y.data_ptr(),
+    )
+    if rc != 0:
+        raise MemoryError("packed_matmul: out of scratch memory")
+    return y

@@ -3,14 +3,19 @@
 Column-parallel layers need nothing special: they are plain `Linear`s of the local output width.
 `RowParallelLinear` sums the partial products of the ranks (its input is this rank's slice).
 
-On a CPU with oneDNN, float32 weights are run through oneDNN's prepacked matmul
-(`torch.ops.mkldnn._linear_pointwise` with a weight reordered once by `_reorder_linear_weight`):
-for the skinny GEMMs of decoding (a few to a few hundred rows) MKL's `F.linear` is far from the
-machine's limits on some CPUs (AMD: the LM head reached ~4 GB/s), while the prepacked weight gets
-1.4-1.8x. The packed copy is made lazily and remade whenever the weight changes (data pointer or
-in-place version), so loaders and tests that write `.weight` need not know about it. GPUs, other
-dtypes and builds without oneDNN use `F.linear`. Results differ from `F.linear` by float32
-rounding only (~1e-6), and a row's result does not depend on the other rows of the batch."""
+On a CPU, float32 weights take one of two prepacked paths, each packed lazily and remade whenever the
+weight changes (data pointer or in-place version), so loaders and tests that write `.weight` need not
+know about them:
+- decode steps (a few rows): minisgl's own streaming kernel (`kernels.packed_matmul`, the weight
+  interleaved 8 columns per k), ~1.5x oneDNN at 16 rows on an AVX2 CPU, where those skinny GEMMs wait
+  on memory;
+- prefill: oneDNN's prepacked matmul (`torch.ops.mkldnn._linear_pointwise` with a weight reordered
+  once by `_reorder_linear_weight`), near the machine's peak for many rows, where MKL's `F.linear` is
+  not (AMD: the LM head reached ~4 GB/s).
+The choice follows the pass (`core.in_decode_pass()`), not the row count, so a row's result never
+depends on what it is batched with. GPUs, other dtypes and builds without oneDNN or a C compiler use
+`F.linear`. Results differ from `F.linear` by float32 rounding only (~1e-6). Each packed copy is a
+second (and third) copy of the weight in RAM."""
 
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl import kernels
+from minisgl.core import in_decode_pass
 from minisgl.layers.tp import TPInfo, all_reduce
 
 # Rows the packed layout is tuned for. Any value >= 16 gives the same kernel for every row count (1
@@ -39,11 +46,23 @@ def onednn_linear_available(weight: torch.Tensor) -> bool:
 class PackedWeight:
     """The oneDNN-reordered copy of one weight, rebuilt when the weight's storage or version changes."""
 
-    __slots__ = ("key", "packed")
+    __slots__ = ("key", "packed", "skinny", "skinny_key")
 
     def __init__(self) -> None:
         self.key: tuple[int, int, tuple[int, ...]] | None = None
         self.packed: torch.Tensor | None = None
+        self.skinny_key: tuple[int, int, tuple[int, ...]] | None = None
+        self.skinny: torch.Tensor | None = None
+
+    def get_skinny(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """The (N / 8, K, 8) copy for the decode matmul kernel (`kernels.packed_matmul`), or None."""
+        version = -1 if weight.is_inference() else weight._version
+        key = (weight.data_ptr(), version, tuple(weight.shape))
+        if key != self.skinny_key:
+            ok = weight.dim() == 2 and weight.shape[0] % 8 == 0 and kernels.fits(weight)
+            self.skinny = kernels.pack_weight(weight.detach()) if ok else None
+            self.skinny_key = key
+        return self.skinny
 
     def get(self, weight: torch.Tensor) -> torch.Tensor | None:
         """The packed weight, or None when `weight` does not qualify (then use `F.linear`)."""
@@ -64,6 +83,10 @@ def linear(
 ) -> torch.Tensor:
     """x (..., in) @ weight (out, in)^T (+ bias) -> (..., out); oneDNN-prepacked when `pack` is given
     and the weight qualifies (see the module docstring), else `F.linear`."""
+    if pack is not None and x.dim() == 2 and in_decode_pass() and kernels.fits(x):
+        skinny = pack.get_skinny(weight)
+        if skinny is not None:  # decode rows: the streaming kernel, ~1.5x oneDNN at 16 rows
+            return kernels.packed_matmul(x, skinny, bias)
     packed = pack.get(weight) if pack is not None and x.dtype == torch.float32 else None
     if packed is None:
         return F.linear(x, weight, bias)
