@@ -6,7 +6,7 @@ Both engines run alternately `repeats` times and each keeps its best run (on a s
 processes only ever add time). Prints output tokens/s of both, the ratio, wall-clock and CPU time,
 and minisgl's prefill and decode phases (time, achieved GFLOP/s of the matmuls, weight GB/s).
 
-    minisgl bench offline [--num-prompts 16] [--output-len 64] [--repeats 2]
+    minisgl bench offline [--num-prompts 16] [--output-len 64] [--repeats 3]
     .venv/bin/python benchmarks/bench_offline.py (the same)
 
 `run_offline_bench(...) -> dict` is the function form.
@@ -88,7 +88,7 @@ def run_offline_bench(
     min_input_len: int = 16,
     max_input_len: int = 256,
     model: str | None = None,
-    repeats: int = 2,
+    repeats: int = 3,
     seed: int = 0,
     threads: int | None = None,
     skip_hf: bool = False,

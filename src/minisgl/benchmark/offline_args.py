@@ -14,7 +14,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--min-input-len", type=int, default=16)
     ap.add_argument("--max-input-len", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=2, help="alternating runs per engine; the best counts")
+    ap.add_argument("--repeats", type=int, default=3, help="alternating runs per engine; the best counts")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch threads for both engines")
     ap.add_argument("--skip-hf", action="store_true", help="measure minisgl only")

@@ -323,8 +323,9 @@ int minisgl_packed_matmul(const float *restrict x, int64_t M, int64_t K, const f
             const int64_t left = M - m0;
             int64_t R;
 #ifdef HAVE_AVX2
-            /* the largest register block that fits what is left */
-            if (left >= 12) R = 12, block12(wb, xt + m0, M, K, acc);
+            /* the largest register block that fits what is left, but 16 rows as 8 + 8: a block
+             * needs >= 8 independent sums to keep both FMA units busy (12 + 4 would stall on 4) */
+            if (left >= 12 && left != 16) R = 12, block12(wb, xt + m0, M, K, acc);
             else if (left >= 8) R = 8, block8(wb, xt + m0, M, K, acc);
             else if (left >= 4) R = 4, block4(wb, xt + m0, M, K, acc);
             else if (left >= 2) R = 2, block2(wb, xt + m0, M, K, acc);
