@@ -74,6 +74,24 @@ def test_greedy_batched_matches_transformers(
     assert outs[0]["text"] == llm.tokenizer.decode(hf_tokens[0], skip_special_tokens=True)
 
 
+def test_plain_torch_paths_match_transformers(
+    prompt_ids: list[list[int]], hf_tokens: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the C kernels unavailable (no compiler, or MINISGL_CPU_KERNELS=0) every layer, the decode
+    attention and the decode matmuls take their torch paths: the same tokens."""
+    import minisgl.kernels
+
+    monkeypatch.setattr(minisgl.kernels, "available", lambda: False)
+    monkeypatch.setattr(minisgl.kernels, "fits", lambda *tensors: False)
+    plain = LLM(device="cpu")
+    try:
+        assert not plain.engine.attn_backend.decode_kernel
+        outs = plain.generate(prompt_ids, GREEDY)
+        assert [o["token_ids"] for o in outs] == hf_tokens
+    finally:
+        del plain
+
+
 def test_text_prompts_alone_match_transformers(llm: LLM, hf_tokens: list[list[int]]) -> None:
     for i in (2, 7):  # the longest and the shortest prompt, each alone, as text
         assert llm.generate(PROMPTS[i], GREEDY)[0]["token_ids"] == hf_tokens[i]
