@@ -127,3 +127,25 @@ def test_without_kernels_torch_paths_serve(tmp_path, env: dict[str, str], expect
     assert proc.returncode == 0, proc.stderr
     assert "fallback ok" in proc.stdout
     assert expected in proc.stderr
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 3, 13, 16, 130, 300])  # register blocks 1..12, two row chunks
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_matmul_matches_linear_and_is_batch_invariant(rows: int, bias: bool) -> None:
+    torch.manual_seed(0)
+    n, k = 200, 77  # 25 column blocks of 8, an odd depth
+    w, x = torch.randn(n, k), torch.randn(rows, k)
+    b = torch.randn(n) if bias else None
+    packed = kernels.pack_weight(w)
+    y = kernels.packed_matmul(x, packed, b)
+    torch.testing.assert_close(y, F.linear(x, w, b), atol=1e-4, rtol=1e-5)
+    # every row is one sum in the same order whatever shares its batch: bit-identical alone
+    for i in {0, rows // 2, rows - 1}:
+        assert torch.equal(kernels.packed_matmul(x[i : i + 1].contiguous(), packed, b), y[i : i + 1])
+
+
+@needs_kernels
+def test_pack_weight_rejects_widths_not_a_multiple_of_8() -> None:
+    with pytest.raises(ValueError, match="multiple of 8"):
+        kernels.pack_weight(torch.randn(12, 4))

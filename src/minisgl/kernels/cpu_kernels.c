@@ -307,39 +307,50 @@ static void block_any(const float *restrict wb, const float *restrict xt, int64_
 }
 #endif
 
-/* Returns 0, or -1 when N is not a multiple of 8 or scratch memory could not be had. */
+#define ROW_CHUNK 120 /* rows per pass over the weight: their x^T (K x 120 floats) stays in L2 */
+
+/* Rows m0 .. m0 + mc (x^T of those rows: xt, (K, mc)) times packed column block nb -> y */
+static void rows_times_block(const float *restrict wb, const float *restrict xt, int64_t mc, int64_t K,
+                             int64_t m0, int64_t nb, int64_t N, const float *restrict bias, float *restrict y) {
+    float acc[12 * 8];
+    for (int64_t r0 = 0; r0 < mc;) {
+        const int64_t left = mc - r0;
+        int64_t R;
+#ifdef HAVE_AVX2
+        /* the largest register block that fits what is left, but 16 rows as 8 + 8: a block needs
+         * >= 8 independent sums to keep both FMA units busy (12 + 4 would stall on the 4) */
+        if (left >= 12 && left != 16) R = 12, block12(wb, xt + r0, mc, K, acc);
+        else if (left >= 8) R = 8, block8(wb, xt + r0, mc, K, acc);
+        else if (left >= 4) R = 4, block4(wb, xt + r0, mc, K, acc);
+        else if (left >= 2) R = 2, block2(wb, xt + r0, mc, K, acc);
+        else R = 1, block1(wb, xt + r0, mc, K, acc);
+#else
+        R = left < 12 ? left : 12;
+        block_any(wb, xt + r0, mc, K, R, acc);
+#endif
+        for (int64_t i = 0; i < R; ++i) {
+            float *yr = y + (m0 + r0 + i) * N + nb * 8;
+            for (int64_t j = 0; j < 8; ++j) yr[j] = bias ? acc[i * 8 + j] + bias[nb * 8 + j] : acc[i * 8 + j];
+        }
+        r0 += R;
+    }
+}
+
+/* Rows go in chunks of ROW_CHUNK: per chunk the threads split the column blocks, each 8-column
+ * block is read once per chunk (from memory, or L3 for the later chunks) and reused by the chunk's
+ * row blocks from L1. Returns 0, or -1 when N is not a multiple of 8 or scratch memory is short. */
 int minisgl_packed_matmul(const float *restrict x, int64_t M, int64_t K, const float *restrict wp, int64_t N,
                           const float *restrict bias, float *restrict y) {
     if (N % 8) return -1;
-    float *xt = (float *)malloc(sizeof(float) * (size_t)(K * M)); /* x^T (K, M): rows broadcast in order */
+    const int64_t chunk = M < ROW_CHUNK ? M : ROW_CHUNK;
+    float *xt = (float *)malloc(sizeof(float) * (size_t)(K * chunk)); /* one chunk's x^T (K, mc) */
     if (xt == NULL) return -1;
-    for (int64_t m = 0; m < M; ++m)
-        for (int64_t k = 0; k < K; ++k) xt[k * M + m] = x[m * K + k];
-#pragma omp parallel for schedule(static) if (N * K * M >= 32768)
-    for (int64_t nb = 0; nb < N / 8; ++nb) {
-        const float *wb = wp + nb * K * 8;
-        float acc[12 * 8];
-        for (int64_t m0 = 0; m0 < M;) {
-            const int64_t left = M - m0;
-            int64_t R;
-#ifdef HAVE_AVX2
-            /* the largest register block that fits what is left, but 16 rows as 8 + 8: a block
-             * needs >= 8 independent sums to keep both FMA units busy (12 + 4 would stall on 4) */
-            if (left >= 12 && left != 16) R = 12, block12(wb, xt + m0, M, K, acc);
-            else if (left >= 8) R = 8, block8(wb, xt + m0, M, K, acc);
-            else if (left >= 4) R = 4, block4(wb, xt + m0, M, K, acc);
-            else if (left >= 2) R = 2, block2(wb, xt + m0, M, K, acc);
-            else R = 1, block1(wb, xt + m0, M, K, acc);
-#else
-            R = left < 12 ? left : 12;
-            block_any(wb, xt + m0, M, K, R, acc);
-#endif
-            for (int64_t i = 0; i < R; ++i) {
-                float *yr = y + (m0 + i) * N + nb * 8;
-                for (int64_t j = 0; j < 8; ++j) yr[j] = bias ? acc[i * 8 + j] + bias[nb * 8 + j] : acc[i * 8 + j];
-            }
-            m0 += R;
-        }
+    for (int64_t m0 = 0; m0 < M; m0 += chunk) {
+        const int64_t mc = M - m0 < chunk ? M - m0 : chunk;
+        for (int64_t m = 0; m < mc; ++m)
+            for (int64_t k = 0; k < K; ++k) xt[k * mc + m] = x[(m0 + m) * K + k];
+#pragma omp parallel for schedule(static) if (N * K * mc >= 32768)
+        for (int64_t nb = 0; nb < N / 8; ++nb) rows_times_block(wp + nb * K * 8, xt, mc, K, m0, nb, N, bias, y);
     }
     free(xt);
     return 0;
