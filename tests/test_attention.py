@@ -28,8 +28,8 @@ def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> tor
 @pytest.mark.parametrize("decode_path", ["kernel", "copy", "gather"])
 @pytest.mark.parametrize("chunks", [[[5, 9, 1], [3, 6, 2]], [[7], [4]], [[2, 3], [1, 1]]])
 def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]], decode_path: str) -> None:
-    """Fresh prefill, prefill over a prefix, then decode steps: through the C kernel reading the pool
-    ("kernel"), or in torch, where the first step rebuilds the contiguous decode copy and the next ones
+    """Fresh prefill, prefill over a prefix, then decode steps: through the C kernels (fresh prefill,
+    and decode reading the pool: "kernel"), or in torch, where the first step rebuilds the contiguous decode copy and the next ones
     append to it ("copy"), or, without row ids, every step gathers from the pool ("gather")."""
     if decode_path == "kernel" and not kernels.available():
         pytest.skip("the CPU kernels could not be built here")
@@ -47,7 +47,7 @@ def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]], 
     )
     table = PageTable(PageAllocator(32), PS, max_rows=4, max_seq_len=64)
     backend = TorchAttentionBackend(pool, HQ, HKV, D)
-    backend.decode_kernel = decode_path == "kernel"
+    backend.decode_kernel = backend.prefill_kernel = decode_path == "kernel"
     # Rows allocated out of order so page ids interleave across requests.
     rows = [table.alloc_row(uid) for uid in range(bsz)][::-1]
     hist_k = [[torch.empty(0, HKV, D) for _ in range(bsz)] for _ in range(2)]

@@ -149,3 +149,24 @@ def test_packed_matmul_matches_linear_and_is_batch_invariant(rows: int, bias: bo
 def test_pack_weight_rejects_widths_not_a_multiple_of_8() -> None:
     with pytest.raises(ValueError, match="multiple of 8"):
         kernels.pack_weight(torch.randn(12, 4))
+
+
+@needs_kernels
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(9, 3, 64), (4, 2, 128), (6, 2, 48)])
+def test_prefill_attention_matches_causal_sdpa(hq: int, hkv: int, d: int) -> None:
+    """Three prompts of different lengths in one flat batch, each causal over its own rows only."""
+    torch.manual_seed(0)
+    lens = [1, 9, 70]
+    t = sum(lens)
+    q, k, v = torch.randn(t, hq, d), torch.randn(t, hkv, d), torch.randn(t, hkv, d)
+    starts = torch.tensor([0, *lens]).cumsum(0)
+    out = kernels.prefill_attention(q, k, v, starts, d**-0.5)
+    for a, b in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
+        ref = F.scaled_dot_product_attention(
+            q[a:b].transpose(0, 1).double(),
+            k[a:b].transpose(0, 1).double(),
+            v[a:b].transpose(0, 1).double(),
+            is_causal=True,
+            enable_gqa=True,
+        ).transpose(0, 1)
+        torch.testing.assert_close(out[a:b], ref.float(), atol=2e-5, rtol=1e-4)

@@ -16,6 +16,11 @@ On the CPU, decode and short fresh prefills use two batched matmuls and a softma
 `scaled_dot_product_attention`, whose CPU flash kernel is slow for these shapes (a few query rows per
 KV head, or a short causal block): ~20% less time for decode attention, ~30% for prefill. The result
 is the same attention up to float32 rounding. GPUs keep SDPA.
+
+With float32 on a CPU where minisgl's C kernels could be built (`minisgl.kernels`), decode reads each
+request's K/V straight from its pages (no copy, no padding) and fresh prompts' causal attention runs
+per request and head in C; prefill over a cached prefix keeps the torch path. `decode_kernel` and
+`prefill_kernel` turn these off per backend.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ class _Meta:
     copy_idx: torch.Tensor | None = None  # decode: (B * Hkv,) row of each new K/V in the flat copy
     scores_mask: torch.Tensor | None = None  # CPU decode: additive (B * Hkv, G, Lmax), or None
     causal: list[torch.Tensor] | None = None  # CPU fresh prefill: additive (G * n, n) per request
+    starts: torch.Tensor | None = None  # fresh prefill with the CPU kernel: (B + 1,) int64 row offsets
 
 
 @dataclass
@@ -82,6 +88,7 @@ class TorchAttentionBackend(AttentionBackend):
         self._copy: _DecodeCopy | None = None
         # CPU float32 decode reads the paged pool directly with the C kernel (minisgl.kernels)
         self.decode_kernel = self.device.type == "cpu" and self.dtype == torch.float32 and kernels.available()
+        self.prefill_kernel = self.decode_kernel  # fresh prompts' causal attention likewise
 
     # -- per batch ------------------------------------------------------------------------------------
     def prepare(self, inp: AttnInput) -> None:
@@ -98,7 +105,11 @@ class TorchAttentionBackend(AttentionBackend):
             return
         self._copy = None  # the running set may change after a prefill: rebuild at the next decode
         if inp.seq_lens == inp.extend_lens:
-            self.meta = _Meta(kind="fresh", causal=self._causal_masks(inp.extend_lens), **common)
+            if self.prefill_kernel:
+                starts = torch.tensor([0, *inp.extend_lens], dtype=torch.int64).cumsum(0)  # (B + 1,)
+                self.meta = _Meta(kind="fresh", starts=starts, **common)
+            else:
+                self.meta = _Meta(kind="fresh", causal=self._causal_masks(inp.extend_lens), **common)
             return
         seq_lens = torch.tensor(inp.seq_lens, dtype=torch.int64)  # (B,)
         ext_lens = torch.tensor(inp.extend_lens, dtype=torch.int64)  # (B,)
@@ -210,6 +221,10 @@ class TorchAttentionBackend(AttentionBackend):
         assert m is not None, "prepare() must run before forward()"
         self.pool.store(layer_id, m.out_slots, k, v)
         if m.kind == "fresh":
+            if m.starts is not None:
+                return kernels.prefill_attention(
+                    q.contiguous(), k.contiguous(), v.contiguous(), m.starts, self.head_dim**-0.5
+                )
             if m.causal is not None:
                 return self._fresh_prefill_matmul(q, k, v, m)
             return self._fresh_prefill(q, k, v, m.extend_lens)

@@ -11,6 +11,7 @@ from .ops import (
     fits,
     pack_weight,
     packed_matmul,
+    prefill_attention,
     rope_split,
     silu_mul,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "load",
     "pack_weight",
     "packed_matmul",
+    "prefill_attention",
     "rope_split",
     "silu_mul",
 ]

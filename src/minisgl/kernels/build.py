@@ -34,6 +34,7 @@ _SIGNATURES: dict[str, list] = {
     + [_c_float_p]
     + [ctypes.c_int64] * 5
     + [ctypes.c_float, _c_float_p],
+    "minisgl_prefill_attention": [_c_float_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_float, _c_float_p],
     "minisgl_add_rmsnorm": [
         _c_float_p,
         _c_float_p,

@@ -190,6 +190,58 @@ int minisgl_decode_attention(const float *q, const float *k, const float *v, con
     return failed ? -1 : 0;
 }
 
+/* Causal attention of fresh prompts (nothing cached before them) over their own new tokens.
+ *   q (T, Hq, D), k, v (T, Hkv, D): the batch's new tokens, request b owning rows starts[b] ..
+ *   starts[b + 1]; out (T, Hq, D). Query row i of a request attends to its rows 0 .. i.
+ * One task per (request, query head), each query row through the decode kernel's helpers: scores
+ * against the rows so far, softmax, the weighted sum of V. Returns 0, or -1 without scratch memory. */
+int minisgl_prefill_attention(const float *q, const float *k, const float *v, const int64_t *starts, int64_t B,
+                              int64_t Hq, int64_t Hkv, int64_t D, float scale, float *out) {
+    const int64_t G = Hq / Hkv, row = Hkv * D;
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
+    for (int64_t t = 0; t < B * Hq; ++t) {
+        const int64_t b = t / Hq, hq = t % Hq, h = hq / G;
+        const int64_t base = starts[b], n = starts[b + 1] - starts[b];
+        float *s = (float *)malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+        int64_t *offs = (int64_t *)malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+        if (s == NULL || offs == NULL) {
+            free(s);
+            free(offs);
+            failed = 1;
+            continue;
+        }
+        for (int64_t j = 0; j < n; ++j) offs[j] = (base + j) * row;
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t L = i + 1;
+            const float *qi = q + ((base + i) * Hq + hq) * D;
+            float *oi = out + ((base + i) * Hq + hq) * D;
+            int64_t c = 0;
+#ifdef HAVE_AVX2
+            for (; c + 64 <= D; c += 64) scores64(qi + c, k + h * D + c, offs, L, s, c == 0);
+#endif
+            if (c < D)
+                for (int64_t j = 0; j < L; ++j) {
+                    const float d = dot(qi + c, k + offs[j] + h * D + c, D - c);
+                    s[j] = c == 0 ? d : s[j] + d;
+                }
+            softmax_inplace(s, L, scale);
+            c = 0;
+#ifdef HAVE_AVX2
+            for (; c + 64 <= D; c += 64) weighted_sum64(s, v + h * D + c, offs, L, oi + c);
+#endif
+            for (; c < D; ++c) {
+                float a = 0.f;
+                for (int64_t j = 0; j < L; ++j) a += s[j] * v[offs[j] + h * D + c];
+                oi[c] = a;
+            }
+        }
+        free(s);
+        free(offs);
+    }
+    return failed ? -1 : 0;
+}
+
 /* ---- element-wise kernels (rows in parallel when there are many) ----------------------------------
  * Built with -ffp-contract=off: a plain `a * b - c * d` rounds each product as torch does, so these
  * match torch's element-wise results; only the RMS statistic (a sum) is summed in another order. */

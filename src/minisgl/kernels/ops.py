@@ -65,6 +65,37 @@ def decode_attention(
     return out
 
 
+def prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Causal attention of fresh prompts over their own tokens. q (T, Hq, D), k/v (T, Hkv, D), starts
+    (B + 1,) int64 row offsets of the requests (starts[0] = 0, starts[B] = T) -> (T, Hq, D)."""
+    lib = load()
+    assert lib is not None, "CPU kernels unavailable: check kernels.available() first"
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    if hq % hkv or k.shape != v.shape or k.shape[0] != t or k.shape[2] != d or int(starts[-1]) != t:
+        raise ValueError(
+            f"prefill_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, starts ending {int(starts[-1])}"
+        )
+    out = torch.empty_like(q)
+    rc = lib.minisgl_prefill_attention(
+        _check(q, "q"),
+        _check(k, "k"),
+        _check(v, "v"),
+        _check(starts, "starts", torch.int64),
+        starts.shape[0] - 1,
+        hq,
+        hkv,
+        d,
+        scale,
+        out.data_ptr(),
+    )
+    if rc != 0:
+        raise MemoryError("prefill_attention: out of scratch memory")
+    return out
+
+
 def fits(*tensors: torch.Tensor) -> bool:
     """Whether the element-wise kernels take these tensors: built here, CPU, float32, contiguous."""
     return (
