@@ -172,3 +172,32 @@ def test_killed_worker_makes_health_503_and_server_exit() -> None:
     finally:
         srv.stop()
         srv.cleanup()
+
+
+def test_two_tensor_parallel_ranks_serve_and_stop_cleanly() -> None:
+    """--tp 2 (gloo on the CPU, dummy engine): both scheduler ranks start, rank 0 forwards every
+    request to rank 1, replies come back, and SIGTERM stops both ranks without a kill."""
+    srv = ServerProcess("--engine", "dummy", "--tp", "2")
+    try:
+        for rank in (0, 1):
+            assert f"scheduler rank {rank} ready" in srv.output(), srv.output()
+        m = re.search(r"started scheduler rank 1 \(pid (\d+)\)", srv.output())
+        assert m, srv.output()
+        rank1_idle = rf"\[{m.group(1)} minisgl\.scheduler\.scheduler\] scheduler idle"
+        idle_before = len(re.findall(rank1_idle, srv.output()))
+        for n in (1, 2):
+            r = chat(srv.url, n=n)
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert len(body["choices"]) == n and body["usage"]["completion_tokens"] == 8 * n
+        wait_no_requests(srv.url)
+        assert srv.stop(signal.SIGTERM) == 0
+        # rank 1 logs going idle again after work: it ran the forwarded requests too
+        assert len(re.findall(rank1_idle, srv.output())) > idle_before, srv.output()
+        assert srv.leftovers() == []
+        assert "did not stop" not in srv.output(), srv.output()
+        for rank in (0, 1):
+            assert f"scheduler rank {rank}: stopping" in srv.output(), srv.output()
+    finally:
+        srv.stop()
+        srv.cleanup()
