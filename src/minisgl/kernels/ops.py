@@ -15,6 +15,13 @@ def available() -> bool:
     return load() is not None
 
 
+def _lib():  # noqa: ANN202 - the ctypes library
+    lib = load()
+    if lib is None:
+        raise RuntimeError("the CPU kernels are unavailable here: check kernels.available() first")
+    return lib
+
+
 def _check(t: torch.Tensor, name: str, dtype: torch.dtype = torch.float32) -> int:
     if t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous():
         raise ValueError(
@@ -36,8 +43,7 @@ def decode_attention(
 
     q (B, Hq, D); k_pool/v_pool (S, Hkv, D); page_rows (B, P) int32; seq_lens (B,) int32 -> (B, Hq, D).
     """
-    lib = load()
-    assert lib is not None, "CPU kernels unavailable: check kernels.available() first"
+    lib = _lib()
     bsz, hq, d = q.shape
     hkv = k_pool.shape[1]
     if hq % hkv or k_pool.shape != v_pool.shape or k_pool.shape[2] != d or page_rows.shape[0] != bsz:
@@ -70,8 +76,7 @@ def prefill_attention(
 ) -> torch.Tensor:
     """Causal attention of fresh prompts over their own tokens. q (T, Hq, D), k/v (T, Hkv, D), starts
     (B + 1,) int64 row offsets of the requests (starts[0] = 0, starts[B] = T) -> (T, Hq, D)."""
-    lib = load()
-    assert lib is not None, "CPU kernels unavailable: check kernels.available() first"
+    lib = _lib()
     t, hq, d = q.shape
     hkv = k.shape[1]
     if hq % hkv or k.shape != v.shape or k.shape[0] != t or k.shape[2] != d or int(starts[-1]) != t:
@@ -108,8 +113,7 @@ def add_rmsnorm(
     h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> torch.Tensor:
     """h (T, H) += delta (in place, when given); returns weight * h * rsqrt(mean(h^2) + eps), (T, H)."""
-    lib = load()
-    assert lib is not None
+    lib = _lib()
     t, hid = h.shape
     if weight.shape != (hid,) or (delta is not None and delta.shape != h.shape):
         raise ValueError(f"add_rmsnorm: shapes h {tuple(h.shape)}, weight {tuple(weight.shape)}")
@@ -130,8 +134,7 @@ def rope_split(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_q: int, num_kv: int, head_dim: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """qkv (T, (Hq + 2 Hkv) D), cos/sin (T, D/2) -> q (T, Hq, D), k (T, Hkv, D) rotated, v (T, Hkv, D)."""
-    lib = load()
-    assert lib is not None
+    lib = _lib()
     t = qkv.shape[0]
     if (
         qkv.shape[1] != (num_q + 2 * num_kv) * head_dim
@@ -159,8 +162,7 @@ def rope_split(
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up (T, 2I) laid out [gate | up] -> silu(gate) * up, (T, I)."""
-    lib = load()
-    assert lib is not None
+    lib = _lib()
     t, two_i = gate_up.shape
     out = gate_up.new_empty(t, two_i // 2)
     lib.minisgl_silu_mul(_check(gate_up, "gate_up"), t, two_i // 2, out.data_ptr())
@@ -169,8 +171,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """W (N, K) float32, N a multiple of 8 -> the (N / 8, K, 8) layout `packed_matmul` streams."""
-    lib = load()
-    assert lib is not None
+    lib = _lib()
     n, k = weight.shape
     if n % 8:
         raise ValueError(f"pack_weight: {n} output features are not a multiple of 8")
@@ -181,8 +182,7 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 
 def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x (M, K) @ W^T (+ bias) -> (M, N), W given as `pack_weight(W)`."""
-    lib = load()
-    assert lib is not None
+    lib = _lib()
     m, k = x.shape
     nb, pk, _ = packed.shape
     n = nb * 8

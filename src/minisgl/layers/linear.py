@@ -43,8 +43,16 @@ def onednn_linear_available(weight: torch.Tensor) -> bool:
     )
 
 
+def _weight_key(weight: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
+    """What identifies a weight's contents: storage, in-place version and shape (inference tensors
+    carry no version counter; their storage pointer alone is the key)."""
+    version = -1 if weight.is_inference() else weight._version
+    return (weight.data_ptr(), version, tuple(weight.shape))
+
+
 class PackedWeight:
-    """The oneDNN-reordered copy of one weight, rebuilt when the weight's storage or version changes."""
+    """The packed copies of one weight (oneDNN's for prefill, minisgl's for decode), each made at
+    first use and remade when the weight's storage or version changes."""
 
     __slots__ = ("key", "packed", "skinny", "skinny_key")
 
@@ -56,8 +64,7 @@ class PackedWeight:
 
     def get_skinny(self, weight: torch.Tensor) -> torch.Tensor | None:
         """The (N / 8, K, 8) copy for the decode matmul kernel (`kernels.packed_matmul`), or None."""
-        version = -1 if weight.is_inference() else weight._version
-        key = (weight.data_ptr(), version, tuple(weight.shape))
+        key = _weight_key(weight)
         if key != self.skinny_key:
             ok = weight.dim() == 2 and weight.shape[0] % 8 == 0 and kernels.fits(weight)
             self.skinny = kernels.pack_weight(weight.detach()) if ok else None
@@ -65,10 +72,8 @@ class PackedWeight:
         return self.skinny
 
     def get(self, weight: torch.Tensor) -> torch.Tensor | None:
-        """The packed weight, or None when `weight` does not qualify (then use `F.linear`)."""
-        # Inference tensors carry no version counter; their storage pointer alone is the key.
-        version = -1 if weight.is_inference() else weight._version
-        key = (weight.data_ptr(), version, tuple(weight.shape))
+        """oneDNN's packed weight, or None when `weight` does not qualify (then use `F.linear`)."""
+        key = _weight_key(weight)
         if key != self.key:
             ok = onednn_linear_available(weight)
             self.packed = (

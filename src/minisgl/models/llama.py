@@ -87,24 +87,27 @@ class Attention(nn.Module):
         """h (T, hidden), rope: this batch's (cos, sin) -> (T, hidden)."""
         t, d = h.shape[0], self.head_dim
         qkv = self.qkv_proj(h)  # (T, (Hq + 2 Hkv) D)
-        hq, hkv = self.num_heads, self.num_kv_heads
-        cos, sin = rope
-        if not self.qk_norm and kernels.fits(qkv, cos, sin):
-            # one pass: rotate q and k, split out v (CPU float32); cos/sin (T, 1, D/2) -> (T, D/2)
-            q, k, v = kernels.rope_split(qkv, cos.view(t, -1), sin.view(t, -1), hq, hkv, d)
-            return self.o_proj(self.attn(q, k, v).reshape(t, hq * d))
+        q, k, v = self._rotated_qkv(qkv, rope)  # (T, Hq, D), (T, Hkv, D), (T, Hkv, D), contiguous
+        o = self.attn(q, k, v)  # (T, Hq, D)
+        return self.o_proj(o.reshape(t, self.num_heads * d))  # (T, hidden)
+
+    def _rotated_qkv(
+        self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        t, d, hq, hkv = qkv.shape[0], self.head_dim, self.num_heads, self.num_kv_heads
+        cos, sin = rope  # (T, 1, D/2) each
+        if not self.qk_norm and kernels.fits(qkv, cos, sin):  # CPU float32: one pass in C
+            return kernels.rope_split(qkv, cos.view(t, -1), sin.view(t, -1), hq, hkv, d)
         if self.qk_norm:
             q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
             q, k = self.q_norm(q.view(t, hq, d)), self.k_norm(k.view(t, hkv, d))  # (T, Hq|Hkv, D)
-            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # contiguous
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # contiguous
         else:
             # q and k rotated together: half the element-wise calls (they dominate small batches).
-            qk = apply_rotary(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), *rope)  # (T, Hq + Hkv, D)
+            qk = apply_rotary(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # (T, Hq + Hkv, D)
             q, k = qk[:, :hq].contiguous(), qk[:, hq:].contiguous()  # (T, Hq, D), (T, Hkv, D)
             v = qkv[:, (hq + hkv) * d :]
-        v = v.reshape(t, self.num_kv_heads, d).contiguous()  # (T, Hkv, D); a strided view before
-        o = self.attn(q, k, v)  # (T, Hq, D)
-        return self.o_proj(o.reshape(t, self.num_heads * d))  # (T, hidden)
+        return q, k, v.reshape(t, hkv, d).contiguous()  # v was a strided view
 
 
 class MLP(nn.Module):
