@@ -23,7 +23,7 @@ def _lib():  # noqa: ANN202 - the ctypes library
 
 
 def _check(t: torch.Tensor, name: str, dtype: torch.dtype = torch.float32) -> int:
-    if t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous():
+    if t.dtype is not dtype or not t.is_cpu or not t.is_contiguous():
         raise ValueError(
             f"{name}: expected a contiguous CPU {dtype} tensor, got {t.dtype} {t.device} {tuple(t.stride())}"
         )
@@ -102,11 +102,12 @@ def prefill_attention(
 
 
 def fits(*tensors: torch.Tensor) -> bool:
-    """Whether the element-wise kernels take these tensors: built here, CPU, float32, contiguous."""
-    return (
-        all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors)
-        and available()
-    )
+    """Whether the element-wise kernels take these tensors: built here, CPU, float32, contiguous.
+    (Called on every layer's hot path: a plain loop, no device objects.)"""
+    for t in tensors:
+        if t.dtype is not torch.float32 or not t.is_cpu or not t.is_contiguous():
+            return False
+    return available()
 
 
 def add_rmsnorm(
