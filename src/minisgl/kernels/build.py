@@ -28,27 +28,26 @@ _lock = threading.Lock()
 _loaded: ctypes.CDLL | None = None
 _tried = False
 
-_c_float_p = ctypes.c_void_p  # raw data pointers (tensor.data_ptr())
+_ptr = ctypes.c_void_p  # raw data pointers (tensor.data_ptr())
 _SIGNATURES: dict[str, list] = {
-    "minisgl_decode_attention": [_c_float_p, _c_float_p, _c_float_p, _c_float_p, ctypes.c_int64]
-    + [_c_float_p]
+    "minisgl_decode_attention": [_ptr, _ptr, _ptr, _ptr, ctypes.c_int64]
+    + [_ptr]
     + [ctypes.c_int64] * 5
-    + [ctypes.c_float, _c_float_p],
-    "minisgl_prefill_attention": [_c_float_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_float, _c_float_p],
+    + [ctypes.c_float, _ptr],
+    "minisgl_prefill_attention": [_ptr] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_float, _ptr],
     "minisgl_add_rmsnorm": [
-        _c_float_p,
-        _c_float_p,
-        _c_float_p,
+        _ptr,
+        _ptr,
+        _ptr,
         ctypes.c_float,
         ctypes.c_int64,
         ctypes.c_int64,
     ]
-    + [_c_float_p],
-    "minisgl_rope_split": [_c_float_p] * 3 + [ctypes.c_int64] * 4 + [_c_float_p] * 3,
-    "minisgl_silu_mul": [_c_float_p, ctypes.c_int64, ctypes.c_int64, _c_float_p],
-    "minisgl_pack_weight": [_c_float_p, ctypes.c_int64, ctypes.c_int64, _c_float_p],
-    "minisgl_packed_matmul": [_c_float_p, ctypes.c_int64, ctypes.c_int64, _c_float_p, ctypes.c_int64]
-    + [_c_float_p, _c_float_p],
+    + [_ptr],
+    "minisgl_rope_split": [_ptr] * 3 + [ctypes.c_int64] * 4 + [_ptr] * 3,
+    "minisgl_silu_mul": [_ptr, ctypes.c_int64, ctypes.c_int64, _ptr],
+    "minisgl_pack_weight": [_ptr, ctypes.c_int64, ctypes.c_int64, _ptr],
+    "minisgl_packed_matmul": [_ptr, ctypes.c_int64, ctypes.c_int64, _ptr, ctypes.c_int64] + [_ptr, _ptr],
 }
 _VOID = {"minisgl_add_rmsnorm", "minisgl_rope_split", "minisgl_silu_mul", "minisgl_pack_weight"}
 

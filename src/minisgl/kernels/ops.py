@@ -1,10 +1,15 @@
 """Torch-facing wrappers of the CPU kernels: shape and layout checks, then one ctypes call.
 
-Each wrapper takes contiguous float32 CPU tensors and returns a new tensor. `available()` says
-whether the kernels could be built here; callers use their plain-torch path when it is False.
+Each wrapper takes contiguous float32 CPU tensors (int32/int64 for indices) and returns a new tensor
+(`add_rmsnorm` also adds into its input, as documented). Layouts and shapes are checked here; the
+values of page tables and lengths are not (they come from the engine's own page table), so the C code
+trusts them. `available()` says whether the kernels could be built here; callers use their
+plain-torch path when it is False.
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import torch
 
@@ -15,7 +20,7 @@ def available() -> bool:
     return load() is not None
 
 
-def _lib():  # noqa: ANN202 - the ctypes library
+def _lib() -> ctypes.CDLL:
     lib = load()
     if lib is None:
         raise RuntimeError("the CPU kernels are unavailable here: check kernels.available() first")
