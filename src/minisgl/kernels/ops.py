@@ -72,7 +72,7 @@ def decode_attention(
         out.data_ptr(),
     )
     if rc != 0:
-        raise MemoryError("decode_attention: out of scratch memory (or G * D > 4096)")
+        raise MemoryError("decode_attention: out of scratch memory")
     return out
 
 
