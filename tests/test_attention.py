@@ -1,4 +1,7 @@
-"""The torch attention backend against dense causal attention: prefix + chunk + decode, GQA, batched."""
+"""Every attention backend against dense causal attention: prefix + chunk + decode, GQA, batched.
+
+The Triton backend runs on a GPU when there is one, else in Triton's CPU interpreter (conftest.py
+sets TRITON_INTERPRET=1 without a GPU), so CI checks the kernels' logic on these small shapes."""
 
 from __future__ import annotations
 
@@ -8,7 +11,8 @@ import pytest
 import torch
 
 from minisgl import kernels
-from minisgl.attention import AttnInput, TorchAttentionBackend
+from minisgl.attention import AttnInput, CpuAttentionBackend, TorchAttentionBackend
+from minisgl.kernels.triton import triton_available
 from minisgl.kvcache import KVPool, PageAllocator, PageTable
 
 HQ, HKV, D, PS = 6, 2, 16, 4
@@ -25,16 +29,33 @@ def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> tor
     return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v.double()).float()
 
 
-@pytest.mark.parametrize("decode_path", ["kernel", "copy", "gather"])
+def _backend(path: str, pool: KVPool, max_pages: int):  # noqa: ANN202
+    if path in ("copy", "gather"):
+        return TorchAttentionBackend(pool, HQ, HKV, D)
+    if path == "triton":
+        from minisgl.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend(pool, HQ, HKV, D, max_batch_size=4, max_pages_per_row=max_pages)
+    backend = CpuAttentionBackend(pool, HQ, HKV, D)
+    backend.decode_kernel = backend.prefill_kernel = path == "kernel"
+    return backend
+
+
+@pytest.mark.parametrize("decode_path", ["kernel", "matmul", "copy", "gather", "triton"])
 @pytest.mark.parametrize("chunks", [[[5, 9, 1], [3, 6, 2]], [[7], [4]], [[2, 3], [1, 1]]])
 def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]], decode_path: str) -> None:
-    """Fresh prefill, prefill over a prefix, then decode steps: through the C kernels (fresh prefill,
-    and decode reading the pool: "kernel"), or in torch, where the first step rebuilds the contiguous decode copy and the next ones
-    append to it ("copy"), or, without row ids, every step gathers from the pool ("gather")."""
+    """Fresh prefill, prefill over a prefix, then decode steps: through the CPU backend's C kernels
+    (fresh prefill, and decode reading the pool: "kernel") or its explicit-score matmuls over the
+    contiguous decode copy ("matmul"); through the torch reference, where the first step rebuilds the
+    contiguous decode copy and the next ones append to it ("copy"), or, without row ids, every step
+    gathers from the pool ("gather"); through the Triton kernels, reading the pages ("triton")."""
     if decode_path == "kernel" and not kernels.available():
         pytest.skip("the CPU kernels could not be built here")
-    decode_copy = decode_path == "copy"
+    if decode_path == "triton" and not triton_available():
+        pytest.skip("triton is not installed")
+    decode_copy = decode_path in ("copy", "matmul")
     torch.manual_seed(0)
+    dev = "cuda" if decode_path == "triton" and torch.cuda.is_available() else "cpu"
     bsz = len(chunks[0])
     pool = KVPool(
         num_layers=2,
@@ -43,11 +64,10 @@ def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]], 
         num_kv_heads=HKV,
         head_dim=D,
         dtype=torch.float32,
-        device="cpu",
+        device=dev,
     )
     table = PageTable(PageAllocator(32), PS, max_rows=4, max_seq_len=64)
-    backend = TorchAttentionBackend(pool, HQ, HKV, D)
-    backend.decode_kernel = backend.prefill_kernel = decode_path == "kernel"
+    backend = _backend(decode_path, pool, table.max_pages_per_row)
     # Rows allocated out of order so page ids interleave across requests.
     rows = [table.alloc_row(uid) for uid in range(bsz)][::-1]
     hist_k = [[torch.empty(0, HKV, D) for _ in range(bsz)] for _ in range(2)]
@@ -75,7 +95,7 @@ def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]], 
         total = sum(ext)
         for layer in range(2):
             q, k, v = torch.randn(total, HQ, D), torch.randn(total, HKV, D), torch.randn(total, HKV, D)
-            out = backend.forward(q, k, v, layer)
+            out = backend.forward(q.to(dev), k.to(dev), v.to(dev), layer).cpu()
             assert out.shape == (total, HQ, D)
             off = 0
             for b in range(bsz):
@@ -86,6 +106,5 @@ def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]], 
                 torch.testing.assert_close(out[off : off + n], ref, atol=1e-4, rtol=1e-4)
                 off += n
         cached = seq
-        if is_decode:
+        if is_decode and decode_path != "triton":
             assert (backend._copy is not None) == decode_copy
-            assert (backend.meta.page_rows is not None) == (decode_path == "kernel")

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl import kernels
-from minisgl.layers.rotary import apply_rotary
+from minisgl.backends import REFERENCE_OPS
 
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason="the CPU kernels could not be built here")
 
@@ -83,14 +83,14 @@ def test_add_rmsnorm_matches_torch(rows: int) -> None:
 @needs_kernels
 @pytest.mark.parametrize("rows", [3, 200])
 def test_rope_split_equals_torch_rotation(rows: int) -> None:
-    """Bit for bit: the same products and sums as `apply_rotary`, each rounded alike."""
+    """Bit for bit: the same products and sums as the reference rotary, each rounded alike."""
     torch.manual_seed(0)
     hq, hkv, d = 9, 3, 64
     qkv = torch.randn(rows, (hq + 2 * hkv) * d)
     angles = torch.rand(rows, d // 2) * 100
     cos, sin = angles.cos(), angles.sin()
     q, k, v = kernels.rope_split(qkv, cos, sin, hq, hkv, d)
-    qk = apply_rotary(qkv[:, : (hq + hkv) * d].view(rows, hq + hkv, d), cos[:, None], sin[:, None])
+    qk = REFERENCE_OPS.rotary(qkv[:, : (hq + hkv) * d].view(rows, hq + hkv, d), cos[:, None], sin[:, None])
     assert torch.equal(q, qk[:, :hq]) and torch.equal(k, qk[:, hq:])
     assert torch.equal(v, qkv[:, (hq + hkv) * d :].view(rows, hkv, d))
 
@@ -109,15 +109,15 @@ def test_silu_mul_matches_torch(shape: tuple[int, int]) -> None:
     [({"MINISGL_CPU_KERNELS": "0"}, "turned off"), ({"CC": "false"}, "could not build")],
 )
 def test_without_kernels_torch_paths_serve(tmp_path, env: dict[str, str], expected: str) -> None:  # noqa: ANN001
-    """Turned off, or a compiler that fails: load() says why once and the layers fall back to torch."""
+    """Turned off, or a compiler that fails: load() says why once and the CPU ops fall back to torch."""
     code = (
         "import logging, torch; logging.basicConfig(level=logging.INFO)\n"
         "from minisgl import kernels\n"
-        "from minisgl.layers.activation import silu_and_mul\n"
+        "from minisgl.backends.cpu import CpuOps\n"
         "assert not kernels.available()\n"
         "x = torch.randn(4, 8)\n"
         "g, u = x.chunk(2, dim=-1)\n"
-        "assert torch.allclose(silu_and_mul(x.clone()), torch.nn.functional.silu(g) * u)\n"
+        "assert torch.allclose(CpuOps().silu_and_mul(x.clone()), torch.nn.functional.silu(g) * u)\n"
         "print('fallback ok')\n"
     )
     full_env = {**os.environ, "MINISGL_CACHE_DIR": str(tmp_path), **env}

@@ -1,4 +1,5 @@
-"""Layer building blocks: the oneDNN-prepacked linear against F.linear, RMSNorm against HF's formula."""
+"""Layer building blocks through the CPU ops backend: the oneDNN-prepacked linear against F.linear,
+RMSNorm against HF's formula."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from minisgl.backends.cpu import CpuOps, PackedWeight, onednn_linear_available, packed_linear
 from minisgl.layers import Linear, RMSNorm
-from minisgl.layers.linear import PackedWeight, linear, onednn_linear_available
 
 needs_onednn = pytest.mark.skipif(
     not onednn_linear_available(torch.empty(2, 2)), reason="this torch build has no oneDNN"
@@ -19,6 +20,7 @@ needs_onednn = pytest.mark.skipif(
 def test_packed_linear_matches_f_linear_and_is_batch_invariant(bias: bool) -> None:
     torch.manual_seed(0)
     lin = Linear(96, 160, bias, torch.float32, "cpu")
+    lin.ops = ops = CpuOps()  # prefill passes: oneDNN
     with torch.no_grad():
         lin.weight.normal_(0, 0.05)
         if lin.bias is not None:
@@ -26,7 +28,7 @@ def test_packed_linear_matches_f_linear_and_is_batch_invariant(bias: bool) -> No
     x = torch.randn(300, 96)
     with torch.inference_mode():
         full = lin(x)  # (300, 160)
-        assert lin.pack.packed is not None  # the oneDNN path ran
+        assert ops._packs[id(lin.weight)].packed is not None  # the oneDNN path ran
         torch.testing.assert_close(full, F.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
         for m in (1, 3, 16, 17, 64):  # a row's result does not depend on the rest of the batch
             assert torch.equal(lin(x[:m].clone()), full[:m])
@@ -36,6 +38,7 @@ def test_packed_linear_matches_f_linear_and_is_batch_invariant(bias: bool) -> No
 @needs_onednn
 def test_packed_weight_follows_in_place_writes_and_replacement() -> None:
     lin = Linear(8, 4, False, torch.float32, "cpu")
+    lin.ops = CpuOps()
     x = torch.randn(5, 8)
     with torch.no_grad():
         lin.weight.fill_(1.0)
@@ -54,7 +57,7 @@ def test_non_float32_takes_f_linear() -> None:
     w = torch.randn(4, 8, dtype=torch.bfloat16)
     pack = PackedWeight()
     x = torch.randn(3, 8, dtype=torch.bfloat16)
-    assert torch.equal(linear(x, w, None, pack), F.linear(x, w))
+    assert torch.equal(packed_linear(x, w, None, pack, decode=False), F.linear(x, w))
     assert pack.packed is None
 
 

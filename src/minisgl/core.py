@@ -80,14 +80,6 @@ def get_global_ctx() -> Context:
     return _GLOBAL_CTX
 
 
-def in_decode_pass() -> bool:
-    """Whether the forward pass running now is a decode step (one new token per request). Layers
-    that pick a kernel by it stay batch-invariant: a row is computed the same way whatever it shares
-    its batch with, as prefill and decode rows never share a batch."""
-    batch = _GLOBAL_CTX.batch if _GLOBAL_CTX is not None else None
-    return bool(batch is not None and batch.is_decode)
-
-
 # --------------------------------------------------------------------------------------------------
 # Requests and batches. The scheduler owns `Req`s and hands the engine a `Batch` of plain lists; only
 # the engine turns them into tensors (nano-vllm's split).

@@ -1,20 +1,65 @@
-"""minisgl.attention: attention backends behind one interface (`torch` now; `triton` later)."""
+"""minisgl.attention: attention backends behind one interface, one module each: `torch` (the
+reference, any device), `cpu` (C kernels), `triton` (CUDA: paged Triton kernels, CUDA graphs)."""
 
 from __future__ import annotations
 
+import torch
+
+from minisgl.kvcache import KVPool
+
 from .base import AttentionBackend, AttnInput
+from .cpu_backend import CpuAttentionBackend
 from .torch_backend import TorchAttentionBackend
 
-__all__ = ["AttentionBackend", "AttnInput", "TorchAttentionBackend", "create_attention_backend"]
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "AttentionBackend",
+    "AttnInput",
+    "CpuAttentionBackend",
+    "TorchAttentionBackend",
+    "create_attention_backend",
+    "resolve_attention_backend",
+]
+
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
+
+
+def resolve_attention_backend(name: str, device: torch.device) -> str:
+    """`auto` -> the fastest backend available on `device`; other names are checked and kept."""
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r} (choose from {', '.join(ATTENTION_BACKENDS)})")
+    if name == "auto":
+        if device.type == "cpu":
+            return "cpu"
+        from minisgl.kernels.triton import triton_available
+
+        return "triton" if device.type == "cuda" and triton_available() else "torch"
+    if name == "cpu" and device.type != "cpu":
+        raise ValueError(f"the cpu attention backend runs on the CPU, not on {device}")
+    if name == "triton" and device.type != "cuda":
+        from minisgl.kernels.triton import interpreting
+
+        if not interpreting():  # Triton's CPU interpreter runs the kernels on CPU tensors (tests)
+            raise ValueError(f"the triton attention backend runs on a CUDA device, not on {device}")
+    return name
 
 
 def create_attention_backend(
     name: str,
-    pool,
+    pool: KVPool,
     num_q_heads: int,
     num_kv_heads: int,
-    head_dim: int,  # noqa: ANN001
+    head_dim: int,
+    max_batch_size: int,
+    max_pages_per_row: int,
 ) -> AttentionBackend:
+    name = resolve_attention_backend(name, pool.k[0].device)
     if name == "torch":
         return TorchAttentionBackend(pool, num_q_heads, num_kv_heads, head_dim)
-    raise ValueError(f"unknown attention backend {name!r} (available: 'torch')")
+    if name == "cpu":
+        return CpuAttentionBackend(pool, num_q_heads, num_kv_heads, head_dim)
+    from .triton_backend import TritonAttentionBackend
+
+    return TritonAttentionBackend(
+        pool, num_q_heads, num_kv_heads, head_dim, max_batch_size, max_pages_per_row
+    )

@@ -2,8 +2,8 @@
 
 The engine calls `prepare(AttnInput)` once per batch (build gather indices, masks, kernel metadata);
 every attention layer then calls `forward(q, k, v, layer_id)`, which stores the new K/V into the
-paged pool and attends over each request's cached prefix plus its new tokens. A Triton backend plugs
-in behind the same two calls.
+paged pool and attends over each request's cached prefix plus its new tokens. One module per backend:
+`torch_backend` (the reference), `cpu_backend` (C kernels), `triton_backend` (CUDA, paged kernels).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class AttnInput:
 
     seq_lens: list[int]  # per request: tokens in the cache once this pass has stored its new ones
     extend_lens: list[int]  # per request: new tokens in this pass (1 per request when decoding)
-    out_slots: torch.Tensor  # (T,) int64 on the device: pool slot of each new token
+    out_slots: torch.Tensor  # (T,) int64 on the CPU: pool slot of each new token
     page_rows: torch.Tensor  # (B, P) int32 on the CPU: the batch's page-table rows
     is_decode: bool
     row_ids: list[int] | None = None  # the requests' page-table row numbers (identify the batch)
@@ -33,6 +33,11 @@ class AttnInput:
 
 
 class AttentionBackend(AttentionBackendProto, ABC):
+    name = "base"
+    # Whether decode steps can be captured in a CUDA graph: `prepare` then only rewrites buffers
+    # whose addresses never change, and `forward` launches the same kernels for the same batch size.
+    supports_cuda_graph = False
+
     @abstractmethod
     def prepare(self, inp: AttnInput) -> None:
         """Build per-batch metadata once; `forward` reuses it in every layer."""

@@ -1,15 +1,20 @@
 """Offline throughput: minisgl's LLM vs transformers' batched `generate` on the same workload, same run.
 
-N prompts of random lengths (uniform in [min, max], seeded) of random token ids, greedy, exactly `output_len` new tokens
-each (ignore_eos / min_new_tokens); transformers gets the batch left-padded in one `generate` call.
-Both engines run alternately `repeats` times and each keeps its best run (on a shared machine other
-processes only ever add time). Prints output tokens/s of both, the ratio, wall-clock and CPU time,
-and minisgl's prefill and decode phases (time, achieved GFLOP/s of the matmuls, weight GB/s).
+N prompts of random lengths (uniform in [min, max], seeded) of random token ids, greedy, exactly
+`output_len` new tokens each (ignore_eos / min_new_tokens); transformers gets the batch left-padded
+in one `generate` call. Both engines run alternately `repeats` times and each keeps its best run (on
+a shared machine other processes only ever add time). Prints output tokens/s of both, the ratio, and
+minisgl's prefill and decode phases (time, achieved matmul rate, weight bandwidth); on a GPU also the
+decode step's bandwidth floor (weights + KV read per step over a device copy's bandwidth measured in
+the same run) and the fraction of it reached.
 
-    minisgl bench offline [--num-prompts 16] [--output-len 64] [--repeats 3]
-    .venv/bin/python benchmarks/bench_offline.py (the same)
+    minisgl bench offline [--num-prompts 16] [--output-len 64] [--repeats 3]          (CPU, embedded model)
+    minisgl bench offline --device cuda --model-config llama3-8b --batch-sizes 1,8 \\
+        --min-input-len 256 --max-input-len 256 --output-len 256                     (random weights)
 
-`run_offline_bench(...) -> dict` is the function form.
+`--model-config` takes a preset (`minisgl.benchmark.presets`: llama3-8b, llama3-70b, smollm2-135m)
+or a config.json: the model gets random weights, and transformers the same ones. `run_offline_bench(...)
+-> dict` is the function form.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import argparse
 import dataclasses
 import platform
 import random
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +41,11 @@ def make_workload(num_prompts: int, min_len: int, max_len: int, vocab: int, seed
     lens = [rng.randint(min_len, max_len) for _ in range(num_prompts)]
     # Ordinary token ids (skip the first few hundred: special and control tokens live there).
     return [[rng.randrange(300, vocab) for _ in range(n)] for n in lens]
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def _time_minisgl(
@@ -54,20 +66,13 @@ def _time_minisgl(
     return dt, cpu, [o["token_ids"] for o in outs], phases
 
 
-def _matmul_params(model: Any) -> tuple[int, int]:
-    """(weights of the decoder layers' matmuls, weights of the LM head): 2 flops per weight per row."""
-    layers = sum(
-        p.numel() for n, p in model.named_parameters() if n.startswith("model.layers.") and p.dim() == 2
-    )
-    return layers, model.lm_head.weight.numel()
-
-
 def _time_hf(
-    hf: Any, prompts: list[list[int]], output_len: int, pad_id: int
-) -> tuple[float, list[list[int]]]:
+    hf: Any, prompts: list[list[int]], output_len: int, pad_id: int, device: str
+) -> tuple[float, float, list[list[int]]]:
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])  # left padding
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)  # left padding
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    _sync(device)
     t0, c0 = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         out = hf.generate(
@@ -78,73 +83,133 @@ def _time_hf(
             min_new_tokens=output_len,
             pad_token_id=pad_id,
         )
+    _sync(device)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     return dt, cpu, out[:, width:].tolist()
 
 
-def run_offline_bench(
-    num_prompts: int = 16,
-    output_len: int = 64,
-    min_input_len: int = 16,
-    max_input_len: int = 256,
-    model: str | None = None,
-    repeats: int = 3,
-    seed: int = 0,
-    threads: int | None = None,
-    skip_hf: bool = False,
+def _matmul_params(model: Any) -> tuple[int, int]:
+    """(weights of the decoder layers' matmuls, weights of the LM head): 2 flops per weight per row."""
+    layers = sum(
+        p.numel() for n, p in model.named_parameters() if n.startswith("model.layers.") and p.dim() == 2
+    )
+    return layers, model.lm_head.weight.numel()
+
+
+def _decode_weight_bytes(model: Any) -> int:
+    """Bytes of weights a decode step reads: every parameter once, except the embedding table (a
+    lookup reads B rows) unless the LM head shares it."""
+    seen: set[int] = set()
+    total = 0
+    lm = model.lm_head.weight.data_ptr()
+    for name, p in model.named_parameters():
+        if p.data_ptr() in seen or (name == "model.embed_tokens.weight" and p.data_ptr() != lm):
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    return total
+
+
+def copy_bandwidth(device: str, nbytes: int = 2 << 30) -> float:
+    """Bytes per second a device-to-device copy moves (read + written), median of 10 after warm-up."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(13):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        if i >= 3:
+            times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * nbytes / sorted(times)[len(times) // 2]
+
+
+@dataclasses.dataclass
+class _Models:
+    llm: Any
+    hf: Any | None
+    pad_id: int
+    model_dir: Path
+    label: str
+
+
+def _load(
+    model: str | None, model_config: str | None, device: str, dtype: torch.dtype, skip_hf: bool, tmp: Path,
     **llm_options: Any,
-) -> dict[str, Any]:
-    """Run both engines `repeats` times on one seeded workload; report the best time of each."""
+) -> _Models:  # fmt: skip
+    """minisgl's LLM and (unless skipped) transformers' model, with the same weights."""
     from minisgl import LLM
     from minisgl.models import resolve_model_path
 
-    if threads:
-        torch.set_num_threads(threads)
-    model_dir = resolve_model_path(model)
-    llm = LLM(str(model_dir), device="cpu", dtype=torch.float32, **llm_options)
-    prompts = make_workload(num_prompts, min_input_len, max_input_len, llm.vocab_size, seed)
-    hf = None
-    if not skip_hf:
-        from transformers import AutoModelForCausalLM
+    from .presets import preset_config, write_model_dir
 
-        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        pad_id = llm.tokenizer.pad_token_id if llm.tokenizer.pad_token_id is not None else 0
+    if model_config is not None:
+        model_dir, label = (
+            write_model_dir(preset_config(model_config), tmp / "model"),
+            f"{model_config} (random weights)",
+        )
+    else:
+        model_dir = resolve_model_path(model)
+        label = str(model or "the embedded model")
+    hf = None
+    if not skip_hf:  # first: minisgl sizes its KV pool from the device memory left
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        if model_config is not None:
+            with torch.device(device):
+                hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype)
+        else:
+            hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+        hf.eval()
+    llm = LLM(
+        str(model_dir), device=device, dtype=dtype, dummy_weights=model_config is not None, **llm_options
+    )
+    if hf is not None and model_config is not None:
+        from minisgl.models.weights import load_tensors
+
+        m = llm.engine.model
+        load_tensors(hf.state_dict(), m.weight_slots(), m.checkpoint_ignored())
+    pad = llm.tokenizer.pad_token_id
+    return _Models(llm, hf, pad if pad is not None else 0, model_dir, label)
+
+
+def _bench_one(
+    ms: _Models, prompts: list[list[int]], output_len: int, repeats: int, device: str
+) -> dict[str, Any]:
+    """Alternate the engines `repeats` times on `prompts`; keep each one's best run."""
     warm = [prompts[0][:8]]
-    _time_minisgl(llm, warm, 2)  # warm-up: first-call allocations of both engines
-    if hf is not None:
-        _time_hf(hf, warm, 2, pad_id)
-    # Alternate the two engines and keep each one's best run: on a shared machine, other processes
-    # only ever add time, so the minimum is the least disturbed measurement.
+    _time_minisgl(ms.llm, warm, 2)  # warm-up: first-call allocations of both engines
+    if ms.hf is not None:
+        _time_hf(ms.hf, warm, 2, ms.pad_id, device)
     best_m = best_h = cpu_m = cpu_h = float("inf")
     toks_m: list[list[int]] = []
     toks_h: list[list[int]] = []
     phases: dict[str, float] = {}
-    for _ in tqdm(range(repeats), desc="bench offline (minisgl, transformers)"):
-        dt, cpu, toks_m, ph = _time_minisgl(llm, prompts, output_len)
+    for _ in tqdm(range(repeats), desc=f"bench offline, {len(prompts)} prompts (minisgl, transformers)"):
+        dt, cpu, toks_m, ph = _time_minisgl(ms.llm, prompts, output_len)
         if dt < best_m:
             phases = ph
         best_m, cpu_m = min(best_m, dt), min(cpu_m, cpu)
-        if hf is not None:
-            dt, cpu, toks_h = _time_hf(hf, prompts, output_len, pad_id)
+        if ms.hf is not None:
+            dt, cpu, toks_h = _time_hf(ms.hf, prompts, output_len, ms.pad_id, device)
             best_h, cpu_h = min(best_h, dt), min(cpu_h, cpu)
-    total = num_prompts * output_len
-    lens = [len(p) for p in prompts]
+    total = len(prompts) * output_len
     res: dict[str, Any] = {
-        "num_prompts": num_prompts,
-        "output_len": output_len,
-        "prompt_lens": lens,
-        "input_len_range": (min_input_len, max_input_len),
-        "threads": torch.get_num_threads(),
+        "num_prompts": len(prompts),
+        "prompt_lens": [len(p) for p in prompts],
         "minisgl_s": best_m,
         "minisgl_cpu_s": cpu_m,
         "minisgl_tok_s": total / best_m,
     }
-    model = getattr(llm.engine, "model", None)
+    model = getattr(ms.llm.engine, "model", None)
     if phases and model is not None and hasattr(model, "lm_head"):
         layer_w, head_w = _matmul_params(model)
         bytes_per_w = model.lm_head.weight.element_size()
         res["phases"] = dict(phases, layer_weights=layer_w, head_weights=head_w, bytes_per_weight=bytes_per_w)
-    if hf is not None:
+    if ms.hf is not None:
         same = sum(a == b for a, b in zip(toks_m, toks_h, strict=True))
         res.update(
             hf_s=best_h,
@@ -157,29 +222,106 @@ def run_offline_bench(
     return res
 
 
+def _roofline(ms: _Models, res: dict[str, Any], output_len: int, bandwidth: float) -> dict[str, float]:
+    """The decode step's bandwidth floor for this workload: weights once plus every request's KV at
+    its mean context, over the measured copy bandwidth; and the fraction of it the steps reached."""
+    engine = ms.llm.engine
+    weights = _decode_weight_bytes(engine.model)
+    kv_per_token = sum(k.shape[1] * k.shape[2] * k.element_size() * 2 for k in engine.pool.k)
+    mean_ctx = sum(res["prompt_lens"]) / len(res["prompt_lens"]) + output_len / 2
+    floor_s = (weights + res["num_prompts"] * mean_ctx * kv_per_token) / bandwidth
+    ph = res.get("phases", {})
+    step_s = ph["decode_s"] / ph["decode_batches"] if ph.get("decode_batches") else float("nan")
+    return {
+        "weight_bytes": weights,
+        "floor_ms": floor_s * 1e3,
+        "step_ms": step_s * 1e3,
+        "fraction": floor_s / step_s,
+    }
+
+
+def run_offline_bench(
+    num_prompts: int = 16,
+    output_len: int = 64,
+    min_input_len: int = 16,
+    max_input_len: int = 256,
+    model: str | None = None,
+    repeats: int = 3,
+    seed: int = 0,
+    threads: int | None = None,
+    skip_hf: bool = False,
+    device: str = "auto",
+    model_config: str | None = None,
+    batch_sizes: list[int] | None = None,
+    **llm_options: Any,
+) -> dict[str, Any]:
+    """Run both engines `repeats` times on one seeded workload per batch size (default: one of
+    `num_prompts`); report the best time of each."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if threads:
+        torch.set_num_threads(threads)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    with tempfile.TemporaryDirectory(prefix="msgl-bench-") as tmp:
+        ms = _load(model, model_config, device, dtype, skip_hf, Path(tmp), **llm_options)
+        bandwidth = copy_bandwidth(device) if device.startswith("cuda") else None
+        runs = []
+        for n in batch_sizes or [num_prompts]:
+            prompts = make_workload(n, min_input_len, max_input_len, ms.llm.vocab_size, seed)
+            res = _bench_one(ms, prompts, output_len, repeats, device)
+            if bandwidth is not None and "phases" in res:
+                res["roofline"] = _roofline(ms, res, output_len, bandwidth)
+            runs.append(res)
+    return {
+        "device": device,
+        "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor(),
+        "dtype": str(dtype).removeprefix("torch."),
+        "model": ms.label,
+        "output_len": output_len,
+        "input_len_range": (min_input_len, max_input_len),
+        "threads": torch.get_num_threads(),
+        "copy_bandwidth": bandwidth,
+        "runs": runs,
+    }
+
+
 def print_report(res: dict[str, Any]) -> None:
-    lens = res["prompt_lens"]
-    print(f"machine: {platform.processor() or platform.machine()}, torch threads {res['threads']}")
     print(
-        f"workload: {res['num_prompts']} prompts, input lengths uniform random in "
-        f"[{res['input_len_range'][0]}, {res['input_len_range'][1]}] (got min {min(lens)} / mean "
-        f"{sum(lens) / len(lens):.0f} / max {max(lens)}), {res['output_len']} output tokens each (greedy), "
-        "float32; transformers: the same prompts left-padded in one generate call"
+        f"machine: {res['device_name'] or platform.machine()} ({res['device']}), torch threads {res['threads']}"
     )
+    if res["copy_bandwidth"]:
+        print(f"device copy bandwidth (read + write), measured: {res['copy_bandwidth'] / 1e12:.2f} TB/s")
+    lo, hi = res["input_len_range"]
     print(
-        f"minisgl      : {res['minisgl_tok_s']:8.1f} output tok/s  "
-        f"({res['minisgl_s']:.2f} s wall, {res['minisgl_cpu_s']:.2f} s CPU)"
+        f"model: {res['model']}, {res['dtype']}; input lengths uniform random in [{lo}, {hi}], "
+        f"{res['output_len']} output tokens each (greedy); transformers: the same prompts left-padded "
+        "in one generate call"
     )
-    if "phases" in res:
-        print_phases(res["phases"], res["num_prompts"])
-    if "hf_tok_s" in res:
+    for run in res["runs"]:
+        lens = run["prompt_lens"]
         print(
-            f"transformers : {res['hf_tok_s']:8.1f} output tok/s  ({res['hf_s']:.2f} s wall, {res['hf_cpu_s']:.2f} s CPU)"
+            f"--- {run['num_prompts']} prompts (input lengths min {min(lens)} / mean "
+            f"{sum(lens) / len(lens):.0f} / max {max(lens)})"
         )
         print(
-            f"ratio        : {res['ratio']:.2f}x wall-clock  (target >= 2x); {res['cpu_ratio']:.2f}x in CPU time"
+            f"minisgl      : {run['minisgl_tok_s']:9.1f} output tok/s  "
+            f"({run['minisgl_s']:.2f} s wall, {run['minisgl_cpu_s']:.2f} s CPU)"
         )
-        print(f"identical outputs: {res['same_outputs']}/{res['num_prompts']} prompts")
+        if "phases" in run:
+            print_phases(run["phases"], run["num_prompts"])
+        if "roofline" in run:
+            r = run["roofline"]
+            print(
+                f"  roofline   : decode step floor {r['floor_ms']:.2f} ms ({r['weight_bytes'] / 1e9:.2f} GB of "
+                f"weights + KV), measured {r['step_ms']:.2f} ms: {100 * r['fraction']:.0f}% of the roofline"
+            )
+        if "hf_tok_s" in run:
+            print(
+                f"transformers : {run['hf_tok_s']:9.1f} output tok/s  ({run['hf_s']:.2f} s wall, "
+                f"{run['hf_cpu_s']:.2f} s CPU)"
+            )
+            print(f"ratio        : {run['ratio']:.2f}x wall-clock; {run['cpu_ratio']:.2f}x in CPU time")
+            print(f"identical outputs: {run['same_outputs']}/{run['num_prompts']} prompts")
 
 
 def print_phases(ph: dict[str, float], num_prompts: int) -> None:
@@ -188,7 +330,7 @@ def print_phases(ph: dict[str, float], num_prompts: int) -> None:
     if ph["prefill_s"] > 0:
         flops = 2 * lw * ph["prefill_tokens"] + 2 * hw * num_prompts  # the head runs on sampled rows only
         print(
-            f"  prefill    : {ph['prefill_s']:.2f} s for {int(ph['prefill_tokens'])} prompt tokens in "
+            f"  prefill    : {ph['prefill_s']:.3f} s for {int(ph['prefill_tokens'])} prompt tokens in "
             f"{int(ph['prefill_batches'])} batch(es), {ph['prefill_tokens'] / ph['prefill_s']:.0f} tok/s, "
             f"matmuls {flops / ph['prefill_s'] / 1e9:.0f} GFLOP/s"
         )
@@ -198,18 +340,20 @@ def print_phases(ph: dict[str, float], num_prompts: int) -> None:
         flops = 2 * (lw + hw) * rows
         print(
             f"  decode     : {ph['decode_s']:.2f} s for {int(steps)} steps of ~{rows / steps:.0f} rows, "
-            f"{step_ms:.1f} ms/step, matmuls {flops / ph['decode_s'] / 1e9:.0f} GFLOP/s, "
-            f"weights read {(lw + hw) * nb * steps / ph['decode_s'] / 1e9:.1f} GB/s"
+            f"{step_ms:.2f} ms/step = {rows / ph['decode_s']:.0f} tok/s, matmuls "
+            f"{flops / ph['decode_s'] / 1e9:.0f} GFLOP/s, weights read {(lw + hw) * nb * steps / ph['decode_s'] / 1e9:.1f} GB/s"
         )
 
 
 def main(ns: argparse.Namespace) -> int:
+    sizes = [int(s) for s in ns.batch_sizes.split(",")] if ns.batch_sizes else None
     if (
-        min(ns.num_prompts, ns.output_len, ns.min_input_len, ns.repeats) < 1
+        min(ns.num_prompts, ns.output_len, ns.min_input_len, ns.repeats, *(sizes or [1])) < 1
         or ns.max_input_len < ns.min_input_len
     ):
         print("minisgl bench offline: counts must be >= 1 and --max-input-len >= --min-input-len")
         return 2
+    extra = {} if ns.cuda_graph_max_bs is None else {"cuda_graph_max_bs": ns.cuda_graph_max_bs}
     res = run_offline_bench(
         ns.num_prompts,
         ns.output_len,
@@ -220,6 +364,10 @@ def main(ns: argparse.Namespace) -> int:
         ns.seed,
         ns.threads,
         ns.skip_hf,
+        ns.device,
+        ns.model_config,
+        sizes,
+        **extra,
     )
     print_report(res)
     return 0

@@ -18,3 +18,21 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch threads for both engines")
     ap.add_argument("--skip-hf", action="store_true", help="measure minisgl only")
+    ap.add_argument(
+        "--device", default="auto", choices=["auto", "cpu", "cuda"], help="float32 on CPU, bf16 on CUDA"
+    )
+    ap.add_argument(
+        "--model-config",
+        default=None,
+        metavar="PRESET|config.json",
+        help="random weights of these shapes (presets: llama3-8b, llama3-70b, smollm2-135m) instead of --model",
+    )
+    ap.add_argument(
+        "--batch-sizes",
+        default=None,
+        metavar="N,N,...",
+        help="one workload per size (default: --num-prompts)",
+    )
+    ap.add_argument(
+        "--cuda-graph-max-bs", type=int, default=None, help="as for `minisgl serve` (0: no graphs)"
+    )

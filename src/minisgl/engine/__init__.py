@@ -30,13 +30,14 @@ def create_engine(config: Any) -> Engine | DummyEngine:
         return DummyEngine(options, **_dummy_model_info(config.model_path))
     from minisgl.models import load_model, resolve_model_path
 
-    model_dir = resolve_model_path(config.model_path)
+    dummy = getattr(config, "dummy_weights", False)
+    model_dir = resolve_model_path(config.model_path, require_weights=not dummy)
     model, model_config = load_model(
         model_dir,
         options.dtype,
         torch.device(options.device),
         tp_info=tp_info,
-        dummy=getattr(config, "dummy_weights", False),
+        dummy=dummy,
     )
     return Engine(model, model_config, options)
 

@@ -1,8 +1,13 @@
-"""One rank's engine: the model, its paged KV pool, the attention backend and the sampler.
+"""One rank's engine: the model, its paged KV pool, the ops and attention backends, the sampler and,
+on CUDA, the decode CUDA graphs.
 
 The scheduler hands over a `Batch` (requests and how many new tokens each feeds); the engine builds
 every tensor (input ids, positions, KV slots, attention metadata), sets the forward context, runs the
-model, computes logits only for the rows that sample, and samples.
+model (or replays a CUDA graph of it), computes logits only for the rows that sample, and samples.
+
+The backends are chosen once, here: the ops backend (`minisgl.backends`: torch reference, cpu, cuda)
+is bound into every layer of the model, the attention backend (`minisgl.attention`) goes into the
+forward context.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ import psutil
 import torch
 
 from minisgl.attention import AttnInput, create_attention_backend
+from minisgl.backends import bind_ops, create_ops
 from minisgl.core import Batch, Context, Req, set_global_ctx
 from minisgl.kvcache import KVPool, PageAllocator, PageTable, kv_bytes_per_page
 
+from .cuda_graph import CudaGraphRunner
 from .options import EngineOptions
 from .sampler import Sampler
 
@@ -72,18 +79,48 @@ class Engine:
         self.page_table = PageTable(
             PageAllocator(self.num_pages), self.page_size, options.max_running_requests, self.max_seq_len
         )
+        self.ops = create_ops(options.ops_backend, self.device, self.dtype)
+        bind_ops(model, self.ops)
         self.attn_backend = create_attention_backend(
-            options.attention_backend, self.pool, num_q_heads, num_kv_heads, model_config.head_dim
+            options.attention_backend,
+            self.pool,
+            num_q_heads,
+            num_kv_heads,
+            model_config.head_dim,
+            options.max_running_requests,
+            self.page_table.max_pages_per_row,
         )
         self.sampler = Sampler(self.device, options.seed)
         self.stats = EngineStats()
         logger.info(
-            "KV pool: %d pages x %d tokens (%.1f MiB), context limit %d tokens",
+            "KV pool: %d pages x %d tokens (%.1f MiB), context limit %d tokens; ops %s, attention %s",
             self.num_pages,
             self.page_size,
             self.num_pages * per_page / 2**20,
             self.max_seq_len,
+            self.ops.name,
+            self.attn_backend.name,
         )
+        self.graphs = self._capture_graphs()
+
+    def _capture_graphs(self) -> CudaGraphRunner | None:
+        max_bs = min(self.options.cuda_graph_max_bs, self.options.max_running_requests)
+        if self.device.type != "cuda" or max_bs < 1 or not self.attn_backend.supports_cuda_graph:
+            return None
+        runner = CudaGraphRunner(
+            self._logits_of_all, self.attn_backend, max_bs, self.device, lambda: self.ops.prepare(True)
+        )
+        with torch.inference_mode():
+            runner.capture()
+        return runner
+
+    def _logits_of_all(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """A decode step's forward pass under the forward context: ids/positions (B,) -> (B, V) float32."""
+        set_global_ctx(Context(attn_backend=self.attn_backend))
+        try:
+            return self.model.compute_logits(self.model.forward(input_ids, positions))
+        finally:
+            set_global_ctx(None)
 
     def _size_pool(self, bytes_per_page: int) -> int:
         opts = self.options
@@ -121,22 +158,37 @@ class Engine:
 
     def _forward_batch(self, batch: Batch) -> list[int]:
         input_ids, positions, attn_input, sample_rows = self._prepare(batch)
+        self.ops.prepare(batch.is_decode)
         self.attn_backend.prepare(attn_input)
-        set_global_ctx(Context(attn_backend=self.attn_backend, batch=batch))
-        try:
-            hidden = self.model.forward(input_ids, positions)  # (T, H)
-            if not sample_rows:
+        if batch.is_decode and self.graphs is not None and self.graphs.padded_size(len(batch.reqs)):
+            logits = self.graphs.replay(input_ids, positions)  # (B, V)
+        else:
+            logits = self._forward_eager(batch, input_ids, positions, sample_rows)
+            if logits is None:
                 return []
-            if len(sample_rows) < hidden.shape[0]:
-                hidden = hidden.index_select(0, torch.tensor(sample_rows, device=self.device))  # (S, H)
-            logits = self.model.compute_logits(hidden)  # (S, V) float32
-        finally:
-            set_global_ctx(None)
         reqs = [r for r, s in zip(batch.reqs, batch.sample_mask, strict=True) if s]
         tokens = self.sampler.sample(
             logits, [r.sampling_params for r in reqs], [self._generator(r) for r in reqs]
         )
         return tokens.tolist()
+
+    def _forward_eager(
+        self, batch: Batch, input_ids: torch.Tensor, positions: torch.Tensor, sample_rows: list[int]
+    ) -> torch.Tensor | None:
+        """The model on this batch -> logits (S, V) float32 of the rows that sample (None if none)."""
+        dev = self.device
+        set_global_ctx(Context(attn_backend=self.attn_backend, batch=batch))
+        try:
+            hidden = self.model.forward(
+                input_ids.to(dev, non_blocking=True), positions.to(dev, non_blocking=True)
+            )  # (T, H)
+            if not sample_rows:
+                return None
+            if len(sample_rows) < hidden.shape[0]:
+                hidden = hidden.index_select(0, torch.tensor(sample_rows, device=dev))  # (S, H)
+            return self.model.compute_logits(hidden)  # (S, V) float32
+        finally:
+            set_global_ctx(None)
 
     def _generator(self, req: Req) -> torch.Generator | None:
         seed = req.sampling_params.seed
@@ -147,7 +199,7 @@ class Engine:
         return req.generator
 
     def _prepare(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, AttnInput, list[int]]:
-        """Plain lists -> tensors: input ids (T,), positions (T,), attention input, rows to sample."""
+        """Plain lists -> CPU tensors: input ids (T,), positions (T,), attention input, rows to sample."""
         reqs, ext = batch.reqs, batch.extend_lens
         ps = self.page_size
         seq_lens = [r.cached_len + n for r, n in zip(reqs, ext, strict=True)]
@@ -171,14 +223,12 @@ class Engine:
             slots = page_rows[which, pos // ps].to(torch.int64) * ps + pos % ps  # (T,)
             ends = (offsets + lens - 1).tolist()
             sample_rows = [e for e, s in zip(ends, batch.sample_mask, strict=True) if s]
-        dev = self.device
         attn_input = AttnInput(
             seq_lens=seq_lens,
             extend_lens=list(ext),
-            out_slots=slots.to(dev, non_blocking=True),
+            out_slots=slots,
             page_rows=page_rows,
             is_decode=batch.is_decode,
             row_ids=[r.table_row for r in reqs],
         )
-        input_ids = torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True)
-        return input_ids, pos.to(dev, non_blocking=True), attn_input, sample_rows
+        return torch.tensor(ids, dtype=torch.int64), pos, attn_input, sample_rows

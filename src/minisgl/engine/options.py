@@ -19,7 +19,9 @@ class EngineOptions:
     max_running_requests: int = 256
     max_seq_len: int | None = None
     seed: int = 42
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"  # see minisgl.attention.ATTENTION_BACKENDS
+    ops_backend: str = "auto"  # see minisgl.backends.BACKENDS
+    cuda_graph_max_bs: int = 256  # decode batches up to this size replay CUDA graphs (0: none)
 
     @classmethod
     def from_config(cls, config: Any) -> EngineOptions:
@@ -38,5 +40,7 @@ class EngineOptions:
             raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.cuda_graph_max_bs < 0:
+            raise ValueError(f"cuda_graph_max_bs must be >= 0, got {self.cuda_graph_max_bs}")
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")

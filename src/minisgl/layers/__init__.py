@@ -1,11 +1,10 @@
 """minisgl.layers: the building blocks of the models (norms, rotary, linears, embeddings, attention)."""
 
-from minisgl.layers.activation import silu_and_mul
 from minisgl.layers.attention import AttentionLayer
 from minisgl.layers.embedding import Embedding, LMHead, vocab_shard
 from minisgl.layers.linear import Linear, RowParallelLinear
 from minisgl.layers.norm import RMSNorm
-from minisgl.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
+from minisgl.layers.rotary import RotaryEmbedding, rope_inv_freq
 from minisgl.layers.tp import TPInfo, as_tp_info
 
 __all__ = [
@@ -17,9 +16,7 @@ __all__ = [
     "RotaryEmbedding",
     "RowParallelLinear",
     "TPInfo",
-    "apply_rotary",
     "as_tp_info",
     "rope_inv_freq",
-    "silu_and_mul",
     "vocab_shard",
 ]

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minisgl.layers.linear import PackedWeight, linear
+from minisgl.backends import OpsUser
 from minisgl.layers.tp import TPInfo, all_gather_last_dim
 
 
@@ -30,7 +30,7 @@ def vocab_shard(vocab_size: int, tp: TPInfo) -> tuple[int, int, int]:
     return start, max(0, min(per_rank, vocab_size - start)), per_rank
 
 
-class LMHead(nn.Module):
+class LMHead(nn.Module, OpsUser):
     """hidden -> float32 logits. With N ranks each holds ceil(V/N) vocab rows; the logits are all-gathered."""
 
     def __init__(
@@ -42,10 +42,9 @@ class LMHead(nn.Module):
         _, _, rows = vocab_shard(vocab_size, tp)
         # Zeros so that padding rows of the last shard give finite (then discarded) logits.
         self.weight = nn.Parameter(torch.zeros(rows, hidden, dtype=dtype, device=device), requires_grad=False)
-        self.pack = PackedWeight()  # oneDNN copy on CPU (see layers/linear.py); also when tied
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # (B, hidden) -> (B, vocab) float32
-        logits = all_gather_last_dim(linear(h, self.weight, None, self.pack), self.tp)  # (B, N * rows)
+        logits = all_gather_last_dim(self.ops.linear(h, self.weight, None), self.tp)  # (B, N * rows)
         if logits.shape[-1] != self.vocab_size:
             logits = logits[:, : self.vocab_size]
         return logits.float()

@@ -63,13 +63,3 @@ class RotaryEmbedding(nn.Module):
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions (T,) -> (cos, sin), each (T, 1, D/2): gathered once per forward, used by every layer."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """x (T, H, D), positions (T,) -> rotated x (T, H, D), contiguous."""
-        return apply_rotary(x, *self.lookup(positions))
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (T, H, D), cos/sin (T, 1, D/2) -> rotated x (T, H, D), contiguous (HF's rotate-half convention)."""
-    x1, x2 = x.chunk(2, dim=-1)  # (T, H, D/2) each
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

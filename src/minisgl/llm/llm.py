@@ -48,7 +48,7 @@ class LLM(Scheduler):
 
         device = _pick_device(str(options.pop("device", "auto")))
         dtype = _pick_dtype(options.pop("dtype", None), device)
-        model_dir = resolve_model_path(model)
+        model_dir = resolve_model_path(model, require_weights=not options.get("dummy_weights", False))
         known = {f.name for f in dataclasses.fields(SchedulerConfig)}
         unknown = sorted(set(options) - known)
         if unknown:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minisgl import kernels
+from minisgl.backends import OpsUser
 from minisgl.layers import (
     AttentionLayer,
     Embedding,
@@ -21,8 +21,6 @@ from minisgl.layers import (
     RotaryEmbedding,
     RowParallelLinear,
     TPInfo,
-    apply_rotary,
-    silu_and_mul,
     vocab_shard,
 )
 from minisgl.models.config import ModelConfig
@@ -58,7 +56,7 @@ class HeadLayout:
             self.kv_start = tp.rank // (n // cfg.num_kv_heads)
 
 
-class Attention(nn.Module):
+class Attention(nn.Module, OpsUser):
     def __init__(
         self,
         cfg: ModelConfig,
@@ -96,21 +94,15 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         t, d, hq, hkv = qkv.shape[0], self.head_dim, self.num_heads, self.num_kv_heads
         cos, sin = rope  # (T, 1, D/2) each
-        if not self.qk_norm and kernels.fits(qkv, cos, sin):  # CPU float32: one pass in C
-            return kernels.rope_split(qkv, cos.view(t, -1), sin.view(t, -1), hq, hkv, d)
-        if self.qk_norm:
-            q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-            q, k = self.q_norm(q.view(t, hq, d)), self.k_norm(k.view(t, hkv, d))  # (T, Hq|Hkv, D)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # contiguous
-        else:
-            # q and k rotated together: half the element-wise calls (they dominate small batches).
-            qk = apply_rotary(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # (T, Hq + Hkv, D)
-            q, k = qk[:, :hq].contiguous(), qk[:, hq:].contiguous()  # (T, Hq, D), (T, Hkv, D)
-            v = qkv[:, (hq + hkv) * d :]
+        if not self.qk_norm:
+            return self.ops.rope_qkv(qkv, cos, sin, hq, hkv, d)
+        q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+        q, k = self.q_norm(q.view(t, hq, d)), self.k_norm(k.view(t, hkv, d))  # (T, Hq|Hkv, D)
+        q, k = self.ops.rotary(q, cos, sin), self.ops.rotary(k, cos, sin)  # contiguous
         return q, k, v.reshape(t, hkv, d).contiguous()  # v was a strided view
 
 
-class MLP(nn.Module):
+class MLP(nn.Module, OpsUser):
     def __init__(self, cfg: ModelConfig, tp: TPInfo, dtype: torch.dtype, device: Device) -> None:
         super().__init__()
         inter = cfg.intermediate_size // tp.size
@@ -118,7 +110,7 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, False, tp, dtype, device)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # (T, hidden) -> (T, hidden)
-        return self.down_proj(silu_and_mul(self.gate_up_proj(h)))
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(h)))
 
 
 class DecoderLayer(nn.Module):

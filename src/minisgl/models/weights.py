@@ -112,10 +112,27 @@ def load_checkpoint(
 
 
 def _load_one(f: Path, name: str, sl: Any, targets: list[WeightSlot]) -> None:
-    shape = tuple(sl.get_shape())
+    """sl: a safetensors slice, or a whole tensor (both slice the same way)."""
+    shape = tuple(sl.shape) if isinstance(sl, torch.Tensor) else tuple(sl.get_shape())
     for slot in targets:
         if shape != slot.full_shape:
             raise WeightLoadError(
                 f"{f}: tensor {name!r} has shape {list(shape)}, the model expects {list(slot.full_shape)}"
             )
         slot.copy_in(slot.read(sl))
+
+
+def load_tensors(
+    tensors: dict[str, torch.Tensor], slots: dict[str, list[WeightSlot]], ignore: set[str]
+) -> None:
+    """Fill every slot from in-memory tensors named as in a checkpoint (e.g. a transformers model's
+    `state_dict()`), with the same checks as `load_checkpoint`."""
+    for name, t in tensors.items():
+        if name in ignore or name.endswith("rotary_emb.inv_freq"):
+            continue
+        if name not in slots:
+            raise WeightLoadError(f"state dict: unexpected tensor {name!r} (not part of this model)")
+        _load_one(Path("state dict"), name, t, slots[name])
+    missing = sorted(set(slots) - set(tensors))
+    if missing:
+        raise WeightLoadError(f"state dict: missing tensor(s) {missing[:5]}")

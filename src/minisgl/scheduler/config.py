@@ -35,6 +35,8 @@ class SchedulerConfig:
     max_prefill_tokens: int = 4096
     max_seq_len: int | None = None  # None: the model's context length
     seed: int = 42
+    attention_backend: str = "auto"  # auto | torch | cpu | triton (minisgl.attention)
+    cuda_graph_max_bs: int = 256  # decode batches up to this size replay CUDA graphs; 0: none
     offline_mode: bool = False  # the offline LLM class: no sockets, the subclass does the IO
     dist_init_addr: str = ""  # tcp://host:port for torch.distributed when tp_info.size > 1
     _unique_suffix: str = field(default_factory=new_suffix)
@@ -55,6 +57,8 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
         if not 0.0 < self.gpu_memory_fraction <= 1.0:
             raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
+        if self.cuda_graph_max_bs < 0:
+            raise ValueError(f"cuda_graph_max_bs must be >= 0, got {self.cuda_graph_max_bs}")
         if self.dist_init_addr and not self.dist_init_addr.startswith("tcp://"):
             raise ValueError(f"dist_init_addr must look like tcp://host:port, got {self.dist_init_addr!r}")
         ipc_dir_for(self._unique_suffix)  # a bad suffix fails here, not at the first socket

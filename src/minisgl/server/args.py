@@ -33,6 +33,8 @@ class ServerArgs:
     dummy_weights: bool = False
     served_model_name: str | None = None
     seed: int = 0
+    attention_backend: str = "auto"
+    cuda_graph_max_bs: int | None = None
     log_level: str = "info"
     startup_timeout: float = 600.0
     unhealthy_grace: float = 1.0  # how long /health reports 503 after a worker died, before exiting
@@ -69,6 +71,8 @@ class ServerArgs:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 0:
+            raise ValueError(f"--cuda-graph-max-bs must be >= 0, got {self.cuda_graph_max_bs}")
         if self.startup_timeout <= 0:
             raise ValueError("--startup-timeout must be > 0")
 
@@ -156,6 +160,18 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     kv.add_argument("--num-pages", type=int, metavar="N", help="KV cache size in pages")
     kv.add_argument("--kv-cache-memory", metavar="SIZE", help="KV cache size in memory, e.g. 512MiB or 2GiB")
     g.add_argument("--page-size", type=int, metavar="N", help="tokens per KV page")
+    g.add_argument(
+        "--attention-backend",
+        default=d.attention_backend,
+        choices=["auto", "torch", "cpu", "triton"],
+        help="auto: triton on CUDA, the C kernels on the CPU; torch: the plain reference",
+    )
+    g.add_argument(
+        "--cuda-graph-max-bs",
+        type=int,
+        metavar="N",
+        help="decode batches up to N replay CUDA graphs captured at start (default 256; 0: off)",
+    )
     g.add_argument("--seed", type=int, default=d.seed, help="sampling seed of requests that give none")
 
 

@@ -75,7 +75,14 @@ def build(args: ServerArgs, model_dir: Path, device: str) -> list[Any]:
 
     options: dict[str, Any] = {
         k: getattr(args, k)
-        for k in ("max_running_requests", "max_prefill_tokens", "num_pages", "page_size", "max_seq_len")
+        for k in (
+            "max_running_requests",
+            "max_prefill_tokens",
+            "num_pages",
+            "page_size",
+            "max_seq_len",
+            "cuda_graph_max_bs",
+        )
         if getattr(args, k) is not None
     }
     if args.kv_cache_memory is not None:
@@ -88,6 +95,7 @@ def build(args: ServerArgs, model_dir: Path, device: str) -> list[Any]:
         engine=args.engine,
         dummy_weights=args.dummy_weights,
         seed=args.seed,
+        attention_backend=args.attention_backend,
         dist_init_addr=f"tcp://127.0.0.1:{free_tcp_port()}" if args.tp > 1 else "",
         **options,
     )

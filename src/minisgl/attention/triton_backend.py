@@ -1,0 +1,128 @@
+"""The CUDA attention backend: minisgl's paged Triton kernels (`minisgl.kernels.triton.attention`).
+
+Per layer: one kernel stores the new tokens' K/V into their pool slots, then one launch attends for
+the whole batch (decode: split-KV over the pages, plus a merge when split; prefill and extend: the
+varlen causal kernel). No K/V is gathered or padded on the host.
+
+Decode metadata (sequence lengths, new slots, page-table rows) lives in buffers allocated once for
+`max_batch_size` rows, so a decode step captured in a CUDA graph replays against whatever `prepare`
+wrote there last. Rows past the batch get length 0 and slot -1: the padding rows of a graph batch
+read nothing and write nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from minisgl.kernels.triton.attention import decode_attention, decode_splits, extend_attention, store_kv
+from minisgl.kvcache import KVPool
+
+from .base import AttentionBackend, AttnInput
+
+
+@dataclass
+class _ExtendMeta:
+    out_slots: torch.Tensor  # (T,) int32
+    page_table: torch.Tensor  # (B, P) int32
+    q_starts: torch.Tensor  # (B + 1,) int32
+    seq_lens: torch.Tensor  # (B,) int32
+    max_extend: int
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+    supports_cuda_graph = True
+
+    def __init__(
+        self,
+        pool: KVPool,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_batch_size: int,
+        max_pages_per_row: int,
+    ) -> None:
+        if num_q_heads % num_kv_heads:
+            raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+        self.pool = pool
+        self.num_q_heads, self.num_kv_heads, self.head_dim = num_q_heads, num_kv_heads, head_dim
+        self.scale = head_dim**-0.5
+        self.device = pool.k[0].device
+        self.max_batch_size = max_batch_size
+        props = torch.cuda.get_device_properties(self.device) if self.device.type == "cuda" else None
+        self.num_sms = props.multi_processor_count if props is not None else 8
+        pin = self.device.type == "cuda"
+        # Decode buffers (fixed addresses). Row 0: sequence lengths; row 1: slots of the new tokens.
+        self._dec_meta = torch.zeros(2, max_batch_size, dtype=torch.int32, device=self.device)
+        self._dec_meta_host = torch.zeros(2, max_batch_size, dtype=torch.int32, pin_memory=pin)
+        self._dec_meta_np = self._dec_meta_host.numpy()
+        self._dec_pages = torch.zeros(
+            max_batch_size, max_pages_per_row, dtype=torch.int32, device=self.device
+        )
+        self._decode = False
+        self._extend: _ExtendMeta | None = None
+
+    # -- per batch ------------------------------------------------------------------------------------
+    def prepare(self, inp: AttnInput) -> None:
+        self._decode = inp.is_decode
+        if inp.is_decode:
+            self._prepare_decode(inp)
+        else:
+            self._extend = self._prepare_extend(inp)
+
+    def _prepare_decode(self, inp: AttnInput) -> None:
+        bsz, pages = inp.batch_size, inp.page_rows.shape[1]
+        if bsz > self.max_batch_size:
+            raise ValueError(f"decode batch of {bsz} exceeds the backend's {self.max_batch_size} rows")
+        meta = self._dec_meta_np
+        meta[0, :bsz] = inp.seq_lens
+        meta[0, bsz:] = 0
+        meta[1, :bsz] = inp.out_slots.numpy()
+        meta[1, bsz:] = -1
+        self._dec_meta.copy_(self._dec_meta_host, non_blocking=True)
+        self._dec_pages[:bsz, :pages].copy_(inp.page_rows, non_blocking=True)
+
+    def _prepare_extend(self, inp: AttnInput) -> _ExtendMeta:
+        bsz = inp.batch_size
+        lens = np.asarray(inp.extend_lens, dtype=np.int32)
+        starts = np.zeros(bsz + 1, dtype=np.int32)
+        np.cumsum(lens, out=starts[1:])
+        t = int(starts[-1])
+        # One host buffer, one copy: slots (T) | q starts (B + 1) | seq lens (B) | page table (B * P).
+        host = np.concatenate(
+            [
+                inp.out_slots.numpy().astype(np.int32),
+                starts,
+                np.asarray(inp.seq_lens, dtype=np.int32),
+                inp.page_rows.numpy().astype(np.int32, copy=False).reshape(-1),
+            ]
+        )
+        dev = torch.from_numpy(host).to(self.device, non_blocking=True)
+        p = inp.page_rows.shape[1]
+        return _ExtendMeta(
+            out_slots=dev[:t],
+            q_starts=dev[t : t + bsz + 1],
+            seq_lens=dev[t + bsz + 1 : t + 2 * bsz + 1],
+            page_table=dev[t + 2 * bsz + 1 :].view(bsz, p),
+            max_extend=int(lens.max()),
+        )
+
+    # -- per layer ------------------------------------------------------------------------------------
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+        kc, vc = self.pool.k[layer_id], self.pool.v[layer_id]
+        if self._decode:
+            bsz = q.shape[0]  # a CUDA graph's padded size while capturing
+            store_kv(k, v, kc, vc, self._dec_meta[1, :bsz])
+            splits = decode_splits(bsz, self.num_kv_heads, self.num_sms)
+            return decode_attention(
+                q, kc, vc, self._dec_pages, self._dec_meta[0, :bsz], self.pool.page_size, self.scale, splits
+            )
+        m = self._extend
+        assert m is not None, "prepare() must run before forward()"
+        store_kv(k, v, kc, vc, m.out_slots)
+        return extend_attention(
+            q, kc, vc, m.page_table, m.q_starts, m.seq_lens, m.max_extend, self.pool.page_size, self.scale
+        )

@@ -1,0 +1,137 @@
+"""The CPU backend: minisgl's C kernels (`minisgl.kernels`) for float32 rows, prepacked weights for
+the matmuls, and the torch reference for everything else (other dtypes, no C compiler, odd layouts).
+
+Float32 weights take one of two prepacked paths, each packed lazily and remade whenever the weight
+changes (data pointer or in-place version), so loaders and tests that write `.weight` need not know:
+- decode passes (a few rows): minisgl's streaming kernel (`kernels.packed_matmul`, the weight
+  interleaved 8 columns per k), faster than oneDNN for these skinny GEMMs that wait on memory;
+- prefill: oneDNN's prepacked matmul (`torch.ops.mkldnn._linear_pointwise` with a weight reordered
+  once by `_reorder_linear_weight`), near the machine's peak for many rows, where MKL's `F.linear` is
+  not (on AMD the LM head reached ~4 GB/s).
+The choice follows the pass (the engine calls `prepare(is_decode)`), not the row count, so a row's
+result never depends on what it is batched with (prefill and decode rows never share a batch).
+Results differ from `F.linear` by float32 rounding only (~1e-6). Each packed copy is a second (and
+third) copy of the weight in RAM.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minisgl import kernels
+
+from .torch_ops import TorchOps
+
+# Rows the oneDNN layout is tuned for. Any value >= 16 gives the same kernel for every row count (1
+# uses a GEMV path whose single-row results differ bitwise from the batched ones): keep it >= 16.
+_PACK_BATCH_HINT = 64
+
+WeightKey = tuple[int, int, tuple[int, ...]]
+
+
+def onednn_linear_available(weight: torch.Tensor) -> bool:
+    """Whether `weight` (out, in) can take the prepacked oneDNN path: CPU, float32, oneDNN built in."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and weight.dim() == 2
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
+
+
+def _weight_key(weight: torch.Tensor) -> WeightKey:
+    """What identifies a weight's contents: storage, in-place version and shape (inference tensors
+    carry no version counter; their storage pointer alone is the key)."""
+    version = -1 if weight.is_inference() else weight._version
+    return (weight.data_ptr(), version, tuple(weight.shape))
+
+
+class PackedWeight:
+    """The packed copies of one weight (oneDNN's for prefill, minisgl's for decode), each made at
+    first use and remade when the weight's storage or version changes."""
+
+    __slots__ = ("key", "packed", "skinny", "skinny_key")
+
+    def __init__(self) -> None:
+        self.key: WeightKey | None = None
+        self.packed: torch.Tensor | None = None
+        self.skinny_key: WeightKey | None = None
+        self.skinny: torch.Tensor | None = None
+
+    def get_skinny(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """The (N / 8, K, 8) copy for the decode matmul kernel (`kernels.packed_matmul`), or None."""
+        key = _weight_key(weight)
+        if key != self.skinny_key:
+            ok = weight.dim() == 2 and weight.shape[0] % 8 == 0 and kernels.fits(weight)
+            self.skinny = kernels.pack_weight(weight.detach()) if ok else None
+            self.skinny_key = key
+        return self.skinny
+
+    def get(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """oneDNN's packed weight, or None when `weight` does not qualify (then use `F.linear`)."""
+        key = _weight_key(weight)
+        if key != self.key:
+            ok = onednn_linear_available(weight)
+            self.packed = (
+                torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_BATCH_HINT) if ok else None
+            )
+            self.key = key
+        return self.packed
+
+
+def packed_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pack: PackedWeight, decode: bool
+) -> torch.Tensor:
+    """x (..., in) @ weight^T (+ bias) through the packed copies in `pack` (decode: minisgl's
+    streaming kernel; otherwise oneDNN), or `F.linear` when the weight does not qualify."""
+    if decode and x.dim() == 2 and kernels.fits(x):
+        skinny = pack.get_skinny(weight)
+        if skinny is not None:
+            return kernels.packed_matmul(x, skinny, bias)
+    packed = pack.get(weight) if x.dtype == torch.float32 else None
+    if packed is None:
+        return torch.nn.functional.linear(x, weight, bias)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()  # (T, in)
+    y = torch.ops.mkldnn._linear_pointwise(x2, packed, bias, "none", [], "")  # (T, out)
+    return y.view(*lead, weight.shape[0])
+
+
+class CpuOps(TorchOps):
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self.decode = False
+        self._packs: dict[int, PackedWeight] = {}  # id(weight) -> its packed copies
+
+    def prepare(self, is_decode: bool) -> None:
+        self.decode = is_decode
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if weight.dtype != torch.float32 or not weight.is_cpu:
+            return super().linear(x, weight, bias)
+        pack = self._packs.get(id(weight))
+        if pack is None:  # a stale entry (a freed weight's id reused) is caught by PackedWeight's key
+            pack = self._packs[id(weight)] = PackedWeight()
+        return packed_linear(x, weight, bias, pack, self.decode)
+
+    def add_rmsnorm(
+        self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        if h.dim() == 2 and kernels.fits(h, weight, *(() if delta is None else (delta,))):
+            return kernels.add_rmsnorm(h, delta, weight, eps)
+        return super().add_rmsnorm(h, delta, weight, eps)
+
+    def rope_qkv(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int, d: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        t = qkv.shape[0]
+        if kernels.fits(qkv, cos, sin):  # one pass in C
+            return kernels.rope_split(qkv, cos.view(t, -1), sin.view(t, -1), hq, hkv, d)
+        return super().rope_qkv(qkv, cos, sin, hq, hkv, d)
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if gate_up.dim() == 2 and kernels.fits(gate_up):
+            return kernels.silu_mul(gate_up)  # one pass, no temporaries
+        return super().silu_and_mul(gate_up)

@@ -1,0 +1,63 @@
+"""The reference ops in plain torch: what every layer computes, written to match Hugging Face's
+Llama/Qwen code (so float32 greedy decoding is token-identical to transformers). Faster backends
+subclass `TorchOps` and override what they fuse; anything they don't take falls back here."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class TorchOps:
+    name = "torch"
+
+    def prepare(self, is_decode: bool) -> None:
+        """Called by the engine before each forward pass (a backend may pick kernels per pass)."""
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x (..., in) @ weight (out, in)^T (+ bias) -> (..., out)."""
+        return F.linear(x, weight, bias)
+
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """(..., N) -> weight * (x * rsqrt(mean(x^2) + eps)): statistics in float32, product in x's dtype."""
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * h.to(x.dtype)
+
+    def add_rmsnorm(
+        self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """`h += delta` in place (the residual add; skipped when delta is None), then rmsnorm(h)."""
+        if delta is not None:
+            h.add_(delta)
+        return self.rmsnorm(h, weight, eps)
+
+    def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x (T, H, D), cos/sin (T, 1, D/2) -> rotated x (T, H, D), contiguous (HF's rotate-half)."""
+        x1, x2 = x.chunk(2, dim=-1)  # (T, H, D/2) each
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    def rope_qkv(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int, d: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """qkv (T, (Hq + 2 Hkv) D) -> q (T, Hq, D), k (T, Hkv, D) rotated, v (T, Hkv, D); contiguous."""
+        t = qkv.shape[0]
+        # q and k rotated together: half the element-wise calls (they dominate small batches).
+        qk = self.rotary(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # (T, Hq + Hkv, D)
+        v = qkv[:, (hq + hkv) * d :].reshape(t, hkv, d)  # a copy: the slice is strided
+        return qk[:, :hq].contiguous(), qk[:, hq:].contiguous(), v.contiguous()
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """(T, 2I) laid out [gate | up] -> silu(gate) * up, (T, I). Overwrites the gate half (the
+        projection's own output, used once): one (T, I) temporary fewer, the same arithmetic."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return torch.mul(F.silu(gate, inplace=True), up)
+
+
+REFERENCE_OPS = TorchOps()
+
+
+class OpsUser:
+    """A layer that computes through an ops backend: the reference until `bind_ops` sets another."""
+
+    ops: TorchOps = REFERENCE_OPS

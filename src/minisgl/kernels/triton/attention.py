@@ -1,0 +1,334 @@
+"""Paged attention in Triton: the KV write, a decode kernel and a varlen prefill/extend kernel.
+
+The KV pool holds, per layer, K and V as (slots, Hkv, D); token `i` of the request whose page-table
+row is `r` lives in slot `pages[r, i // PS] * PS + i % PS`. Kernels gather K/V through the page
+table themselves, so nothing is copied or padded on the host.
+
+- `store_kv`: the new tokens' K/V into their slots (a slot < 0 is skipped: padding rows of a
+  CUDA-graph batch write nothing).
+- `decode_attention`: one query token per request. Grid (B, Hkv, splits): a KV head's G query heads
+  are one (G padded to 16) x D tile, so grouped-query attention reads each K/V block once, without
+  expansion; the context is split over `splits` programs (split-KV, for long contexts and small
+  batches) whose partial results (output and log-sum-exp) a second kernel merges.
+- `extend_attention`: any number of new tokens per request over its cached prefix, causal, all
+  requests of the batch in one launch. Grid (query blocks, Hq, B); K/V come from the pool (the new
+  tokens' K/V are stored first), so fresh prompts and chunks over a prefix take the same path.
+
+Math in float32 with an online softmax; bf16/fp16 inputs go to the tensor cores through `tl.dot`
+(float32 inputs use full-precision dots, not TF32).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _store_kv_kernel(
+    K, V, KCache, VCache, Slots, stride_k, stride_v, stride_c, HD: tl.constexpr, BLOCK: tl.constexpr
+):
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(Slots + t).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < tl.where(slot >= 0, HD, 0)  # a negative slot: nothing to write
+    k = tl.load(K + t * stride_k + offs, mask=mask)
+    v = tl.load(V + t * stride_v + offs, mask=mask)
+    tl.store(KCache + slot * stride_c + offs, k, mask=mask)
+    tl.store(VCache + slot * stride_c + offs, v, mask=mask)
+
+
+def store_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """k/v (T, Hkv, D) (each token's heads contiguous) -> k_cache/v_cache[slots[t]] for slots >= 0."""
+    t, hkv, d = k.shape
+    if t == 0:
+        return
+    if k.stride(2) != 1 or k.stride(1) != d or v.stride(2) != 1 or v.stride(1) != d:
+        raise ValueError("store_kv: each token's K/V heads must be contiguous")
+    block = triton.next_power_of_2(hkv * d)
+    _store_kv_kernel[(t,)](
+        k, v, k_cache, v_cache, slots, k.stride(0), v.stride(0), k_cache.stride(0),
+        HD=hkv * d, BLOCK=block, num_warps=max(1, min(8, block // 256)),
+    )  # fmt: skip
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _decode_kernel(
+    Q,  # (B, HQ, D)
+    KCache,  # (S, HKV, D)
+    VCache,
+    PageTable,  # (rows, stride_pt) int32
+    SeqLens,  # (B,) int32
+    Out,  # NUM_SPLITS == 1: (B, HQ, D); else float32 partials (B, HQ, NUM_SPLITS, D)
+    Lse,  # float32 (B, HQ, NUM_SPLITS)
+    stride_qb,
+    stride_qh,
+    stride_cs,
+    stride_ch,
+    stride_pt,
+    sm_scale,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(SeqLens + b)
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    h_mask = offs_h < GROUP
+    heads = kvh * GROUP + offs_h
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    q = tl.load(
+        Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=h_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # (BLOCK_H, BLOCK_D)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    pt_row = PageTable + b.to(tl.int64) * stride_pt
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        n_mask = pos < end
+        page = tl.load(pt_row + pos // PS, mask=n_mask, other=0).to(tl.int64)
+        slot = page * PS + pos % PS
+        kv_off = slot[:, None] * stride_cs + kvh * stride_ch + offs_d[None, :]
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(KCache + kv_off, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
+        s = _dot(q, tl.trans(k), IEEE) * sm_scale  # (BLOCK_H, BLOCK_N)
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(VCache + kv_off, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+        m_i = m_new
+
+    has = end > start
+    safe_l = tl.where(l_i > 0, l_i, 1.0)
+    out = tl.where(has, acc / safe_l[:, None], 0.0)
+    out_mask = h_mask[:, None] & d_mask[None, :]
+    row = b.to(tl.int64) * (GROUP * tl.num_programs(1)) + heads  # (BLOCK_H,) flat (b, head)
+    if NUM_SPLITS == 1:
+        tl.store(Out + row[:, None] * D + offs_d[None, :], out.to(Out.dtype.element_ty), mask=out_mask)
+    else:
+        lse = tl.where(has, m_i + tl.log(safe_l), float("-inf"))
+        tl.store(Out + (row[:, None] * NUM_SPLITS + split) * D + offs_d[None, :], out, mask=out_mask)
+        tl.store(Lse + row * NUM_SPLITS + split, lse, mask=h_mask)
+
+
+@triton.jit
+def _merge_kernel(
+    Partial,  # float32 (B * HQ, NUM_SPLITS, D)
+    Lse,  # float32 (B * HQ, NUM_SPLITS)
+    Out,  # (B * HQ, D)
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    s_mask = offs_s < NUM_SPLITS
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    lse = tl.load(Lse + row * NUM_SPLITS + offs_s, mask=s_mask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse - m)  # (BLOCK_S,): 0 for empty splits
+    part = tl.load(
+        Partial + (row * NUM_SPLITS + offs_s[:, None]) * D + offs_d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # (BLOCK_S, BLOCK_D)
+    den = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * part, 0) / tl.where(den > 0, den, 1.0)
+    tl.store(Out + row * D + offs_d, out.to(Out.dtype.element_ty), mask=d_mask)
+
+
+def decode_splits(batch_size: int, num_kv_heads: int, num_sms: int, max_splits: int = 16) -> int:
+    """Programs per (request, KV head) so that a decode step fills the GPU: about two waves of
+    (B * Hkv * splits) programs over the multiprocessors, at most `max_splits`."""
+    want = triton.cdiv(2 * num_sms, max(1, batch_size * num_kv_heads))
+    return max(1, min(max_splits, triton.next_power_of_2(want)))
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_size: int,
+    sm_scale: float,
+    num_splits: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q (B, Hq, D) (unit stride in D); k/v_cache (S, Hkv, D) contiguous; page_table (>= B, P) int32
+    (unit stride in P); seq_lens (B,) int32 (0: an empty row, output 0) -> (B, Hq, D) in q's dtype."""
+    bsz, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    if hq % hkv or k_cache.shape[2] != d or q.stride(2) != 1 or page_table.stride(1) != 1:
+        raise ValueError(f"decode_attention: q {tuple(q.shape)}, cache {tuple(k_cache.shape)}")
+    group = hq // hkv
+    if out is None:
+        out = q.new_empty(bsz, hq, d)
+    if bsz == 0:
+        return out
+    block_d = max(16, triton.next_power_of_2(d))  # tl.dot needs dimensions >= 16
+    block_n = 64 if block_d <= 128 else 32
+    ieee = q.dtype == torch.float32
+    if num_splits == 1:
+        partial, lse = out, out  # the kernel writes the final output directly (Lse unused)
+    else:
+        partial = torch.empty(bsz, hq, num_splits, d, dtype=torch.float32, device=q.device)
+        lse = torch.empty(bsz, hq, num_splits, dtype=torch.float32, device=q.device)
+    _decode_kernel[(bsz, hkv, num_splits)](
+        q, k_cache, v_cache, page_table, seq_lens, partial, lse,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), page_table.stride(0), sm_scale,
+        GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d, PS=page_size,
+        BLOCK_N=block_n, NUM_SPLITS=num_splits, IEEE=ieee, num_warps=4, num_stages=2,
+    )  # fmt: skip
+    if num_splits > 1:
+        _merge_kernel[(bsz * hq,)](
+            partial, lse, out, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
+            D=d, BLOCK_D=block_d, num_warps=1 if block_d <= 64 else 2,
+        )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _extend_kernel(
+    Q,  # (T, HQ, D)
+    KCache,  # (S, HKV, D)
+    VCache,
+    Out,  # (T, HQ, D)
+    PageTable,  # (B, stride_pt) int32
+    QStarts,  # (B + 1,) int32: request b's new tokens are rows [QStarts[b], QStarts[b + 1])
+    SeqLens,  # (B,) int32: cached + new tokens
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cs,
+    stride_ch,
+    stride_pt,
+    sm_scale,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    mb = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    q_start = tl.load(QStarts + b)
+    ext = tl.load(QStarts + b + 1) - q_start
+    seq_len = tl.load(SeqLens + b)
+    prefix = seq_len - ext
+    kvh = h // GROUP
+
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < ext
+    q_pos = prefix + offs_m  # (BLOCK_M,) positions of these queries in the sequence
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(
+        Q + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+        mask=m_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # (BLOCK_M, BLOCK_D)
+    # Keys up to the block's last query (causal); nothing for a block past this request's tokens.
+    kv_end = tl.where(mb * BLOCK_M < ext, tl.minimum(seq_len, prefix + (mb + 1) * BLOCK_M), 0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    pt_row = PageTable + b.to(tl.int64) * stride_pt
+    for n0 in range(0, kv_end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        n_mask = pos < kv_end
+        page = tl.load(pt_row + pos // PS, mask=n_mask, other=0).to(tl.int64)
+        slot = page * PS + pos % PS
+        kv_off = slot[:, None] * stride_cs + kvh * stride_ch + offs_d[None, :]
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(KCache + kv_off, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
+        s = _dot(q, tl.trans(k), IEEE) * sm_scale  # (BLOCK_M, BLOCK_N)
+        allowed = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet stay at zero
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(VCache + kv_off, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(
+        Out + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=m_mask[:, None] & d_mask[None, :],
+    )
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    q_starts: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_extend: int,
+    page_size: int,
+    sm_scale: float,
+) -> torch.Tensor:
+    """q (T, Hq, D) of every request's new tokens (rows q_starts[b]..q_starts[b+1]); their K/V
+    already stored in the pool; page_table (B, P) int32; seq_lens (B,) int32 -> (T, Hq, D), causal."""
+    t, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    if hq % hkv or k_cache.shape[2] != d or q.stride(2) != 1 or page_table.stride(1) != 1:
+        raise ValueError(f"extend_attention: q {tuple(q.shape)}, cache {tuple(k_cache.shape)}")
+    out = q.new_empty(t, hq, d)
+    bsz = seq_lens.shape[0]
+    if t == 0:
+        return out
+    block_d = max(16, triton.next_power_of_2(d))
+    block_m = 64 if block_d <= 128 else 32
+    block_n = 64 if block_d <= 64 else 32
+    if q.dtype == torch.float32:
+        block_m, block_n = 32, 32  # full-precision dots need more registers
+    grid = (triton.cdiv(max_extend, block_m), hq, bsz)
+    _extend_kernel[grid](
+        q, k_cache, v_cache, out, page_table, q_starts, seq_lens,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
+        page_table.stride(0), sm_scale,
+        GROUP=hq // hkv, D=d, BLOCK_D=block_d, PS=page_size, BLOCK_M=block_m, BLOCK_N=block_n,
+        IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2,
+    )  # fmt: skip
+    return out

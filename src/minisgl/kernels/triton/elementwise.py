@@ -1,0 +1,171 @@
+"""Fused element-wise kernels of a transformer layer: residual add + RMSNorm, RoPE + q/k/v split,
+SiLU x up. One program per token row (and head block); math in float32, one rounding to the
+tensor's dtype at the end (the torch reference rounds after each op: results agree within bf16/fp16
+tolerance, and to float32 rounding in float32)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rmsnorm_kernel(
+    X,  # (rows, heads, N) strided; updated in place with Delta when HAS_DELTA
+    Delta,  # (rows, N) contiguous rows, or unused
+    W,  # (N,)
+    Out,  # (rows, heads, N) contiguous
+    stride_xr,
+    stride_xh,
+    n,
+    eps,
+    HEADS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_DELTA: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x_ptrs = X + row.to(tl.int64) * stride_xr + head * stride_xh + offs
+    x = tl.load(x_ptrs, mask=mask, other=0.0)
+    if HAS_DELTA:
+        d = tl.load(Delta + row.to(tl.int64) * n + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + d.to(tl.float32)).to(X.dtype.element_ty)
+        tl.store(x_ptrs, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / n + eps)
+    y = (xf * rstd).to(X.dtype.element_ty).to(tl.float32)  # HF rounds the normed x to its dtype
+    w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Out + (row.to(tl.int64) * HEADS + head) * n + offs, (w * y).to(Out.dtype.element_ty), mask=mask)
+
+
+def add_rmsnorm(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """x (T, N) or (T, H, N) with unit stride in N; `x += delta` in place when given (delta (T, N)
+    contiguous); returns rmsnorm(x) * weight as a new contiguous tensor of x's shape."""
+    n = x.shape[-1]
+    if x.stride(-1) != 1:
+        raise ValueError("add_rmsnorm: the normalised dimension must be contiguous")
+    x3 = x if x.dim() == 3 else x.unsqueeze(1)  # (T, H, N)
+    rows, heads = x3.shape[0], x3.shape[1]
+    if delta is not None and (x.dim() != 2 or not delta.is_contiguous() or delta.shape != x.shape):
+        raise ValueError("add_rmsnorm: delta must be a contiguous (T, N) tensor like x")
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return out
+    block = triton.next_power_of_2(n)
+    _rmsnorm_kernel[(rows, heads)](
+        x3,
+        x3 if delta is None else delta,
+        weight,
+        out,
+        x3.stride(0),
+        x3.stride(1),
+        n,
+        eps,
+        HEADS=heads,
+        BLOCK=block,
+        HAS_DELTA=delta is not None,
+        num_warps=_warps(block),
+    )
+    return out
+
+
+@triton.jit
+def _rope_qkv_kernel(
+    QKV,  # (T, (HQ + 2 HKV) * D), unit stride in the last dim
+    Cos,  # (T, D/2) strided rows
+    Sin,
+    Q,  # (T, HQ, D) contiguous
+    K,  # (T, HKV, D)
+    V,  # (T, HKV, D)
+    stride_qkv,
+    stride_cs,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # head index in [0, HQ + 2 HKV)
+    j = tl.arange(0, BLOCK_HALF)
+    hm = h < HQ + 2 * HKV
+    jm = j < HALF
+    m = hm[:, None] & jm[None, :]
+    src = QKV + t * stride_qkv + h[:, None] * (2 * HALF) + j[None, :]
+    x1 = tl.load(src, mask=m, other=0.0).to(tl.float32)  # (BLOCK_H, HALF) first halves
+    x2 = tl.load(src + HALF, mask=m, other=0.0).to(tl.float32)  # second halves
+    cos = tl.load(Cos + t * stride_cs + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+    sin = tl.load(Sin + t * stride_cs + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+    rot = (h < HQ + HKV)[:, None]  # q and k heads rotate; v heads are copied
+    y1 = tl.where(rot, x1 * cos - x2 * sin, x1)
+    y2 = tl.where(rot, x2 * cos + x1 * sin, x2)
+    hq = tl.minimum(h, HQ - 1)  # clamped so every branch forms an in-range address
+    hk = tl.minimum(tl.maximum(h - HQ, 0), HKV - 1)
+    hv = tl.minimum(tl.maximum(h - HQ - HKV, 0), HKV - 1)
+    q_dst = Q + (t * HQ + hq)[:, None] * (2 * HALF) + j[None, :]
+    k_dst = K + (t * HKV + hk)[:, None] * (2 * HALF) + j[None, :]
+    v_dst = V + (t * HKV + hv)[:, None] * (2 * HALF) + j[None, :]
+    dst = tl.where((h < HQ)[:, None], q_dst, tl.where(rot, k_dst, v_dst))
+    tl.store(dst, y1.to(Q.dtype.element_ty), mask=m)
+    tl.store(dst + HALF, y2.to(Q.dtype.element_ty), mask=m)
+
+
+def rope_qkv(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int, d: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """qkv (T, (Hq + 2 Hkv) D), cos/sin (T, 1, D/2) or (T, D/2) -> q (T, Hq, D) and k (T, Hkv, D)
+    rotated (HF's rotate-half), v (T, Hkv, D); all contiguous, written by one kernel."""
+    t = qkv.shape[0]
+    if qkv.stride(-1) != 1 or qkv.shape[1] != (hq + 2 * hkv) * d or d % 2:
+        raise ValueError(f"rope_qkv: qkv {tuple(qkv.shape)} for {hq}+2x{hkv} heads of {d}")
+    cos, sin = cos.reshape(t, d // 2), sin.reshape(t, d // 2)
+    q = qkv.new_empty(t, hq, d)
+    k = qkv.new_empty(t, hkv, d)
+    v = qkv.new_empty(t, hkv, d)
+    if t == 0:
+        return q, k, v
+    heads = hq + 2 * hkv
+    block_half = triton.next_power_of_2(d // 2)
+    block_h = max(1, min(triton.next_power_of_2(heads), 4096 // block_half))
+    grid = (t, triton.cdiv(heads, block_h))
+    _rope_qkv_kernel[grid](
+        qkv, cos, sin, q, k, v, qkv.stride(0), cos.stride(0),
+        HQ=hq, HKV=hkv, HALF=d // 2, BLOCK_H=block_h, BLOCK_HALF=block_half, num_warps=4,
+    )  # fmt: skip
+    return q, k, v
+
+
+@triton.jit
+def _silu_mul_kernel(GateUp, Out, stride_in, inter, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < inter
+    g = tl.load(GateUp + t * stride_in + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(GateUp + t * stride_in + inter + offs, mask=mask, other=0.0).to(tl.float32)
+    y = g / (1.0 + tl.exp(-g)) * u
+    tl.store(Out + t * inter + offs, y.to(Out.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """(T, 2I) laid out [gate | up], unit stride in the last dim -> silu(gate) * up, (T, I) contiguous."""
+    t, two_i = gate_up.shape
+    if gate_up.stride(-1) != 1 or two_i % 2:
+        raise ValueError(f"silu_and_mul: gate_up {tuple(gate_up.shape)} strides {gate_up.stride()}")
+    inter = two_i // 2
+    out = gate_up.new_empty(t, inter)
+    if t == 0:
+        return out
+    block = min(2048, triton.next_power_of_2(inter))
+    _silu_mul_kernel[(t, triton.cdiv(inter, block))](
+        gate_up, out, gate_up.stride(0), inter, BLOCK=block, num_warps=_warps(block)
+    )
+    return out
+
+
+def _warps(block: int) -> int:
+    return max(1, min(16, block // 256))

@@ -1,0 +1,177 @@
+"""minisgl's Triton kernels against the torch reference: ragged batches, scattered pages, GQA.
+
+On a GPU they run compiled, in float32, bf16 and fp16; without one, in Triton's CPU interpreter
+(conftest.py) in float32 on small shapes, which checks their indexing and masking logic in CI."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from minisgl.backends import REFERENCE_OPS
+from minisgl.kernels.triton import triton_available
+
+pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.bfloat16, torch.float16] if DEV == "cuda" else [torch.float32]
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref||, in float64; NaN never passes."""
+    out, ref = out.double().cpu(), ref.double().cpu()
+    assert torch.isfinite(out).all()
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def _pages(bsz: int, max_pages: int, num_pages: int, gen: torch.Generator) -> torch.Tensor:
+    """(B, P) int32 page ids, all distinct and scattered over the pool."""
+    return torch.randperm(num_pages, generator=gen)[: bsz * max_pages].view(bsz, max_pages).int()
+
+
+def _dense_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pages: torch.Tensor, ps: int,
+    seq_len: int, q_pos: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """One request: q (N, Hq, D) at positions q_pos over its first seq_len cached tokens, in float64."""
+    pos = torch.arange(seq_len)
+    slots = pages[pos // ps].long() * ps + pos % ps
+    g = q.shape[1] // k_cache.shape[1]
+    k = k_cache[slots].double().repeat_interleave(g, 1)  # (L, Hq, D)
+    v = v_cache[slots].double().repeat_interleave(g, 1)
+    s = torch.einsum("nhd,lhd->hnl", q.double(), k) / math.sqrt(q.shape[2])
+    s = s.masked_fill(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+    return torch.einsum("hnl,lhd->nhd", s.softmax(-1), v)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("hq", "hkv", "d", "ps"), [(8, 2, 64, 16), (9, 3, 64, 4), (4, 4, 128, 1), (6, 1, 40, 8)]
+)
+@pytest.mark.parametrize("splits", [1, 3, 16])
+def test_decode_attention_matches_dense(
+    dtype: torch.dtype, hq: int, hkv: int, d: int, ps: int, splits: int
+) -> None:
+    from minisgl.kernels.triton.attention import decode_attention
+
+    gen = torch.Generator().manual_seed(hq * 100 + d + splits)
+    lens = [1, 37, 0, 130, 5]  # a 0: a CUDA graph's padding row (output 0, reads nothing)
+    max_pages = -(-max(lens) // ps)
+    num_pages = len(lens) * max_pages + 3
+    k_cache = torch.randn(num_pages * ps, hkv, d, generator=gen).to(dtype)
+    v_cache = torch.randn(num_pages * ps, hkv, d, generator=gen).to(dtype)
+    pages = _pages(len(lens), max_pages, num_pages, gen)
+    q = torch.randn(len(lens), hq, d, generator=gen).to(dtype)
+    out = torch.full_like(q, float("nan"), device=DEV)  # poisoned: every element must be written
+    decode_attention(
+        q.to(DEV), k_cache.to(DEV), v_cache.to(DEV), pages.to(DEV), torch.tensor(lens, dtype=torch.int32).to(DEV),
+        ps, d**-0.5, splits, out=out,
+    )  # fmt: skip
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert torch.equal(out[b].cpu(), torch.zeros(hq, d, dtype=dtype))
+            continue
+        ref = _dense_attention(q[b : b + 1], k_cache, v_cache, pages[b], ps, n, torch.tensor([n - 1]))
+        assert _rel(out[b : b + 1], ref) < TOL[dtype], (b, n)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("hq", "hkv", "d", "ps"), [(8, 2, 64, 16), (9, 3, 64, 4), (4, 1, 128, 1)])
+def test_extend_attention_matches_dense(dtype: torch.dtype, hq: int, hkv: int, d: int, ps: int) -> None:
+    """Fresh prompts and chunks over cached prefixes in one launch; lengths around the block sizes."""
+    from minisgl.kernels.triton.attention import extend_attention
+
+    gen = torch.Generator().manual_seed(hq + d)
+    cached = [0, 20, 0, 3, 64]
+    ext = [1, 7, 70, 33, 2]
+    seq = [c + e for c, e in zip(cached, ext, strict=True)]
+    max_pages = -(-max(seq) // ps)
+    num_pages = len(seq) * max_pages + 2
+    k_cache = torch.randn(num_pages * ps, hkv, d, generator=gen).to(dtype)
+    v_cache = torch.randn(num_pages * ps, hkv, d, generator=gen).to(dtype)
+    pages = _pages(len(seq), max_pages, num_pages, gen)
+    q = torch.randn(sum(ext), hq, d, generator=gen).to(dtype)
+    starts = torch.tensor([0, *ext]).cumsum(0).int()
+    out = extend_attention(
+        q.to(DEV), k_cache.to(DEV), v_cache.to(DEV), pages.to(DEV), starts.to(DEV),
+        torch.tensor(seq, dtype=torch.int32).to(DEV), max(ext), ps, d**-0.5,
+    )  # fmt: skip
+    for b in range(len(seq)):
+        rows = slice(int(starts[b]), int(starts[b + 1]))
+        ref = _dense_attention(
+            q[rows], k_cache, v_cache, pages[b], ps, seq[b], torch.arange(cached[b], seq[b])
+        )
+        assert _rel(out[rows], ref) < TOL[dtype], b
+
+
+def test_store_kv_writes_its_slots_and_skips_negative_ones() -> None:
+    from minisgl.kernels.triton.attention import store_kv
+
+    k_cache = torch.zeros(12, 2, 8, device=DEV)
+    v_cache = torch.zeros(12, 2, 8, device=DEV)
+    k, v = torch.randn(4, 2, 8, device=DEV), torch.randn(4, 2, 8, device=DEV)
+    store_kv(k, v, k_cache, v_cache, torch.tensor([5, -1, 0, 11], dtype=torch.int32, device=DEV))
+    for t, slot in ((0, 5), (2, 0), (3, 11)):
+        assert torch.equal(k_cache[slot], k[t]) and torch.equal(v_cache[slot], v[t])
+    untouched = [s for s in range(12) if s not in (5, 0, 11)]
+    assert not k_cache[untouched].any() and not v_cache[untouched].any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("rows", "n"), [(1, 576), (7, 64), (33, 4096)])
+def test_add_rmsnorm_matches_reference(dtype: torch.dtype, rows: int, n: int) -> None:
+    from minisgl.kernels.triton.elementwise import add_rmsnorm
+
+    gen = torch.Generator().manual_seed(rows)
+    h = (torch.randn(rows, n, generator=gen) * 3).to(dtype).to(DEV)
+    delta = torch.randn(rows, n, generator=gen).to(dtype).to(DEV)
+    w = (1 + 0.1 * torch.randn(n, generator=gen)).to(dtype).to(DEV)
+    ref_h = h.clone()
+    ref = REFERENCE_OPS.add_rmsnorm(ref_h, delta, w, 1e-5)
+    out = add_rmsnorm(h, delta, w, 1e-5)
+    assert torch.equal(h, ref_h)  # the residual add, in place, rounds like torch's
+    assert _rel(out, ref) < TOL[dtype]
+    assert _rel(add_rmsnorm(h, None, w, 1e-6), REFERENCE_OPS.rmsnorm(h, w, 1e-6)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rmsnorm_over_heads_of_a_strided_view(dtype: torch.dtype) -> None:
+    """Qwen3's per-head q/k norm: (T, H, D) rows of a slice of the fused qkv output."""
+    from minisgl.kernels.triton.elementwise import add_rmsnorm
+
+    qkv = torch.randn(5, (4 + 2 * 2) * 32, device=DEV).to(dtype)
+    q = qkv[:, : 4 * 32].view(5, 4, 32)  # strided rows
+    w = torch.rand(32, device=DEV).to(dtype) + 0.5
+    assert _rel(add_rmsnorm(q, None, w, 1e-6), REFERENCE_OPS.rmsnorm(q, w, 1e-6)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(9, 3, 64), (32, 8, 128), (4, 4, 40)])
+def test_rope_qkv_matches_reference(dtype: torch.dtype, hq: int, hkv: int, d: int) -> None:
+    from minisgl.kernels.triton.elementwise import rope_qkv
+
+    gen = torch.Generator().manual_seed(d)
+    t = 6
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(dtype).to(DEV)
+    angles = torch.rand(t, 1, d // 2, generator=gen) * 50
+    cos, sin = angles.cos().to(dtype).to(DEV), angles.sin().to(dtype).to(DEV)
+    got = rope_qkv(qkv, cos, sin, hq, hkv, d)
+    want = REFERENCE_OPS.rope_qkv(qkv, cos, sin, hq, hkv, d)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.is_contiguous()
+        assert _rel(g, w) < TOL[dtype]
+    assert torch.equal(got[2], want[2])  # v is copied, not rotated
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 2 * 1536), (5, 2 * 13), (64, 2 * 14336)])
+def test_silu_and_mul_matches_reference(dtype: torch.dtype, shape: tuple[int, int]) -> None:
+    from minisgl.kernels.triton.elementwise import silu_and_mul
+
+    if DEV == "cpu" and shape[1] > 4096:
+        pytest.skip("large shapes only on the GPU (the interpreter is slow)")
+    gate_up = (torch.randn(*shape) * 4).to(dtype).to(DEV)
+    assert _rel(silu_and_mul(gate_up), REFERENCE_OPS.silu_and_mul(gate_up.clone())) < TOL[dtype]
