@@ -1,0 +1,81 @@
+"""Where a decode step's time goes on the GPU (random weights of a preset's shapes).
+
+Prints: the decode step time through the scheduler (CUDA graphs on), the GPU time of the bare graph
+replay (so the difference is host time per step), and a torch.profiler table of one eager step (CPU
+time per op, CUDA time per kernel, kernel launches per step).
+
+    python benchmarks/profile_decode.py --model-config llama3-8b --batch-size 1 [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from minisgl import LLM, SamplingParams
+from minisgl.benchmark.offline import make_workload
+from minisgl.benchmark.presets import preset_config, write_model_dir
+
+
+def _replay_ms(llm: LLM, bs: int, iters: int = 50) -> float:
+    runner = llm.engine.graphs
+    size = runner.padded_size(bs)
+    graph = runner.graphs[size]
+    for _ in range(5):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model-config", default="llama3-8b")
+    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--out", default=None, help="directory for the profiler table")
+    ns = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = write_model_dir(preset_config(ns.model_config), Path(tmp) / "m")
+        llm = LLM(str(model_dir), device="cuda", dummy_weights=True, kv_cache_memory=8 << 30)
+        prompts = make_workload(ns.batch_size, ns.input_len, ns.input_len, llm.vocab_size, 0)
+        params = SamplingParams(max_tokens=ns.output_len, ignore_eos=True)
+        llm.generate(prompts, params)  # warm-up
+        st = llm.engine.stats
+        d0, n0 = st.decode_s, st.decode_batches
+        t0 = time.perf_counter()
+        llm.generate(prompts, params)
+        wall = time.perf_counter() - t0
+        step_ms = (st.decode_s - d0) / (st.decode_batches - n0) * 1e3
+        replay = _replay_ms(llm, ns.batch_size)
+        print(
+            f"{ns.model_config} bs={ns.batch_size}: decode step {step_ms:.3f} ms through the scheduler "
+            f"({ns.batch_size * 1e3 / step_ms:.0f} tok/s), graph replay alone {replay:.3f} ms on the GPU, "
+            f"host share {step_ms - replay:.3f} ms; generate wall {wall:.2f} s"
+        )
+        graphs, llm.engine.graphs = llm.engine.graphs, None  # one eager step for the profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            llm.generate(prompts, SamplingParams(max_tokens=5, ignore_eos=True))
+        llm.engine.graphs = graphs
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+        kernels = sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+        print(table)
+        print(f"CUDA kernel launches in 1 prefill + 4 eager decode steps: {kernels}")
+        if ns.out:
+            Path(ns.out).mkdir(parents=True, exist_ok=True)
+            name = f"profile_{ns.model_config}_bs{ns.batch_size}.txt"
+            (Path(ns.out) / name).write_text(table)
+
+
+if __name__ == "__main__":
+    main()
