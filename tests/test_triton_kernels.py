@@ -122,30 +122,62 @@ def test_store_kv_writes_its_slots_and_skips_negative_ones() -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("rows", "n"), [(1, 576), (7, 64), (33, 4096)])
-def test_add_rmsnorm_matches_reference(dtype: torch.dtype, rows: int, n: int) -> None:
-    from minisgl.kernels.triton.elementwise import add_rmsnorm
+def test_rmsnorm_matches_reference(dtype: torch.dtype, rows: int, n: int) -> None:
+    from minisgl.kernels.triton.elementwise import rmsnorm
 
     gen = torch.Generator().manual_seed(rows)
     h = (torch.randn(rows, n, generator=gen) * 3).to(dtype).to(DEV)
-    delta = torch.randn(rows, n, generator=gen).to(dtype).to(DEV)
     w = (1 + 0.1 * torch.randn(n, generator=gen)).to(dtype).to(DEV)
-    ref_h = h.clone()
-    ref = REFERENCE_OPS.add_rmsnorm(ref_h, delta, w, 1e-5)
-    out = add_rmsnorm(h, delta, w, 1e-5)
-    assert torch.equal(h, ref_h)  # the residual add, in place, rounds like torch's
-    assert _rel(out, ref) < TOL[dtype]
-    assert _rel(add_rmsnorm(h, None, w, 1e-6), REFERENCE_OPS.rmsnorm(h, w, 1e-6)) < TOL[dtype]
+    assert _rel(rmsnorm(h, w, 1e-5), REFERENCE_OPS.rmsnorm(h, w, 1e-5)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 3, 8, 16])
+@pytest.mark.parametrize(("n", "k"), [(96, 64), (200, 576), (40, 1000)])
+def test_skinny_linear_and_its_fusions_match_reference(dtype: torch.dtype, rows: int, n: int, k: int) -> None:
+    """Plain (with bias), after a norm, after SiLU x up, and added into a residual in place."""
+    from minisgl.kernels.triton.skinny import skinny_linear
+
+    gen = torch.Generator().manual_seed(rows * n + k)
+
+    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (scale * torch.randn(*shape, generator=gen)).to(dtype).to(DEV)
+
+    x, w, b = rand(rows, k), rand(n, k, scale=k**-0.5), rand(n)
+    assert _rel(skinny_linear(x, w, b), REFERENCE_OPS.linear(x, w, b)) < TOL[dtype]
+    nw = (1 + rand(k, scale=0.1)).to(dtype)
+    want = REFERENCE_OPS.norm_linear(x, nw, 1e-5, w, None)
+    assert _rel(skinny_linear(x, w, None, norm=(nw, 1e-5)), want) < TOL[dtype]
+    gate_up = rand(rows, 2 * k, scale=2.0)
+    residual = rand(rows, n)
+    want = REFERENCE_OPS.linear_add_(gate_up.clone(), w, None, residual.clone(), gated=True)
+    got = skinny_linear(gate_up, w, None, gated=True, residual=residual)
+    assert got.data_ptr() == residual.data_ptr()  # in place
+    assert _rel(got, want) < TOL[dtype]
+
+
+def test_skinny_linear_refuses_what_it_cannot_run() -> None:
+    from minisgl.kernels.triton.skinny import skinny_linear
+
+    with pytest.raises(ValueError, match="skinny_linear"):
+        skinny_linear(torch.randn(17, 8, device=DEV), torch.randn(4, 8, device=DEV))  # too many rows
+    with pytest.raises(ValueError, match="residual"):
+        skinny_linear(
+            torch.randn(2, 8, device=DEV),
+            torch.randn(4, 8, device=DEV),
+            residual=torch.zeros(2, 5, device=DEV),
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rmsnorm_over_heads_of_a_strided_view(dtype: torch.dtype) -> None:
     """Qwen3's per-head q/k norm: (T, H, D) rows of a slice of the fused qkv output."""
-    from minisgl.kernels.triton.elementwise import add_rmsnorm
+    from minisgl.kernels.triton.elementwise import rmsnorm
 
     qkv = torch.randn(5, (4 + 2 * 2) * 32, device=DEV).to(dtype)
     q = qkv[:, : 4 * 32].view(5, 4, 32)  # strided rows
     w = torch.rand(32, device=DEV).to(dtype) + 0.5
-    assert _rel(add_rmsnorm(q, None, w, 1e-6), REFERENCE_OPS.rmsnorm(q, w, 1e-6)) < TOL[dtype]
+    assert _rel(rmsnorm(q, w, 1e-6), REFERENCE_OPS.rmsnorm(q, w, 1e-6)) < TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -116,12 +116,10 @@ class CpuOps(TorchOps):
             pack = self._packs[id(weight)] = PackedWeight()
         return packed_linear(x, weight, bias, pack, self.decode)
 
-    def add_rmsnorm(
-        self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
-    ) -> torch.Tensor:
-        if h.dim() == 2 and kernels.fits(h, weight, *(() if delta is None else (delta,))):
-            return kernels.add_rmsnorm(h, delta, weight, eps)
-        return super().add_rmsnorm(h, delta, weight, eps)
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if x.dim() == 2 and kernels.fits(x, weight):
+            return kernels.add_rmsnorm(x, None, weight, eps)
+        return super().rmsnorm(x, weight, eps)
 
     def rope_qkv(
         self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int, d: int

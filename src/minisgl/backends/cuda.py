@@ -1,12 +1,16 @@
-"""The CUDA backend: fused Triton kernels for the element-wise work of a layer (residual add + RMSNorm,
-RoPE + q/k/v split, SiLU x up), cuBLAS (`F.linear`) for the matmuls. In bf16/fp16 the fused kernels
-round once where the reference rounds after each op, so results agree within that dtype's tolerance."""
+"""The CUDA backend: Triton kernels for the element-wise work of a layer (RMSNorm, RoPE + q/k/v split,
+SiLU x up), cuBLAS for the matmuls of many rows, and for a few rows (decode steps of small batches)
+minisgl's skinny matmul with the norm before a projection, the SiLU x up before the down projection
+and the residual add after a projection fused in (`minisgl.kernels.triton.skinny`): a decode layer
+is then eight kernels. In bf16/fp16 the fused kernels round once where the reference rounds after
+each op, so results agree within that dtype's tolerance."""
 
 from __future__ import annotations
 
 import torch
 
 from minisgl.kernels.triton import elementwise as tk
+from minisgl.kernels.triton.skinny import skinny_linear
 
 from .torch_ops import TorchOps
 
@@ -14,17 +18,49 @@ from .torch_ops import TorchOps
 class CudaOps(TorchOps):
     name = "cuda"
 
+    skinny_max_rows = 8  # matmuls of up to this many rows take the skinny kernel
+
+    def _skinny(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        return (
+            x.dim() == 2 and x.shape[0] <= self.skinny_max_rows and x.stride(1) == 1 and weight.stride(1) == 1
+        )
+
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if x.dim() in (2, 3) and x.stride(-1) == 1:
-            return tk.add_rmsnorm(x, None, weight, eps)
+            return tk.rmsnorm(x, weight, eps)
         return super().rmsnorm(x, weight, eps)
 
-    def add_rmsnorm(
-        self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self._skinny(x, weight):
+            return skinny_linear(x, weight, bias)
+        return super().linear(x, weight, bias)
+
+    def norm_linear(
+        self,
+        x: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
     ) -> torch.Tensor:
-        if h.dim() == 2 and h.is_contiguous() and (delta is None or delta.is_contiguous()):
-            return tk.add_rmsnorm(h, delta, weight, eps)
-        return super().add_rmsnorm(h, delta, weight, eps)
+        if self._skinny(x, weight):
+            return skinny_linear(x, weight, bias, norm=(norm_weight, eps))
+        return super().norm_linear(x, norm_weight, eps, weight, bias)
+
+    def linear_add_(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor,
+        gated: bool = False,
+    ) -> torch.Tensor:
+        if self._skinny(x, weight) and residual.is_contiguous():
+            return skinny_linear(x, weight, bias, gated=gated, residual=residual)
+        if gated:
+            x = self.silu_and_mul(x)
+        residual.addmm_(x, weight.t())  # one cuBLAS call: the add is the GEMM's epilogue (beta = 1)
+        return residual if bias is None else residual.add_(bias)
 
     def rope_qkv(
         self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int, d: int

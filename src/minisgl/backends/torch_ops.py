@@ -24,13 +24,30 @@ class TorchOps:
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
         return weight * h.to(x.dtype)
 
-    def add_rmsnorm(
-        self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    def norm_linear(
+        self,
+        x: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
     ) -> torch.Tensor:
-        """`h += delta` in place (the residual add; skipped when delta is None), then rmsnorm(h)."""
-        if delta is not None:
-            h.add_(delta)
-        return self.rmsnorm(h, weight, eps)
+        """A projection of the normed residual stream: linear(rmsnorm(x)), (T, in) -> (T, out)."""
+        return self.linear(self.rmsnorm(x, norm_weight, eps), weight, bias)
+
+    def linear_add_(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor,
+        gated: bool = False,
+    ) -> torch.Tensor:
+        """`residual += linear(x)` in place (the residual add after a projection; with `gated`, x is a
+        gate/up pair and the projection takes silu(gate) * up). Returns residual."""
+        if gated:
+            x = self.silu_and_mul(x)
+        return residual.add_(self.linear(x, weight, bias))
 
     def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x (T, H, D), cos/sin (T, 1, D/2) -> rotated x (T, H, D), contiguous (HF's rotate-half)."""

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from minisgl.backends import OpsUser
+from minisgl.layers.norm import RMSNorm
 from minisgl.layers.tp import TPInfo, all_reduce
 
 
@@ -33,6 +34,10 @@ class Linear(nn.Module, OpsUser):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, in) -> (T, out)
         return self.ops.linear(x, self.weight, self.bias)
 
+    def forward_normed(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """This projection of `norm(x)`, (T, in) -> (T, out) (a backend may fuse the two)."""
+        return self.ops.norm_linear(x, norm.weight, norm.eps, self.weight, self.bias)
+
 
 class RowParallelLinear(Linear):
     """Input features split over ranks; the outputs are all-reduced, then the (whole) bias is added once."""
@@ -54,3 +59,11 @@ class RowParallelLinear(Linear):
             return self.ops.linear(x, self.weight, self.bias)
         y = all_reduce(self.ops.linear(x, self.weight, None), self.tp)
         return y if self.bias is None else y + self.bias
+
+    def forward_add_(self, x: torch.Tensor, residual: torch.Tensor, gated: bool = False) -> torch.Tensor:
+        """`residual += self(x)` in place (with `gated`: x is a gate/up pair, the input silu(gate) * up).
+        One rank: the backend may fuse the add (and the gating) into the matmul; several: the partial
+        products are all-reduced first."""
+        if self.tp.size == 1:
+            return self.ops.linear_add_(x, self.weight, self.bias, residual, gated)
+        return residual.add_(self(self.ops.silu_and_mul(x) if gated else x))

@@ -1,5 +1,6 @@
 """RMSNorm, computed exactly like Hugging Face's Llama/Qwen RMSNorm by the reference ops (so greedy
-decoding stays token-identical); faster backends fuse it with the residual add."""
+decoding stays token-identical); the norm before a projection goes through `Linear.forward_normed`,
+which a backend may fuse."""
 
 from __future__ import annotations
 
@@ -19,7 +20,3 @@ class RMSNorm(nn.Module, OpsUser):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., size) -> (..., size)
         return self.ops.rmsnorm(x, self.weight, self.eps)
-
-    def add_forward(self, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
-        """`h += delta` in place (a residual add; skipped when delta is None), then `self(h)`."""
-        return self.ops.add_rmsnorm(h, delta, self.weight, self.eps)

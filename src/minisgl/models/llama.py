@@ -81,13 +81,13 @@ class Attention(nn.Module, OpsUser):
         self.qk_norm = cfg.qk_norm
         self.attn = AttentionLayer(layer_id, heads.num_heads, heads.num_kv_heads, d)
 
-    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """h (T, hidden), rope: this batch's (cos, sin) -> (T, hidden)."""
+    def forward(self, h: torch.Tensor, norm: RMSNorm, rope: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """h (T, hidden), the residual stream: `h += attention(norm(h))` in place. rope: (cos, sin)."""
         t, d = h.shape[0], self.head_dim
-        qkv = self.qkv_proj(h)  # (T, (Hq + 2 Hkv) D)
+        qkv = self.qkv_proj.forward_normed(h, norm)  # (T, (Hq + 2 Hkv) D)
         q, k, v = self._rotated_qkv(qkv, rope)  # (T, Hq, D), (T, Hkv, D), (T, Hkv, D), contiguous
         o = self.attn(q, k, v)  # (T, Hq, D)
-        return self.o_proj(o.reshape(t, self.num_heads * d))  # (T, hidden)
+        self.o_proj.forward_add_(o.reshape(t, self.num_heads * d), h)
 
     def _rotated_qkv(
         self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
@@ -102,15 +102,16 @@ class Attention(nn.Module, OpsUser):
         return q, k, v.reshape(t, hkv, d).contiguous()  # v was a strided view
 
 
-class MLP(nn.Module, OpsUser):
+class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TPInfo, dtype: torch.dtype, device: Device) -> None:
         super().__init__()
         inter = cfg.intermediate_size // tp.size
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * inter, False, dtype, device)
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, False, tp, dtype, device)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:  # (T, hidden) -> (T, hidden)
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(h)))
+    def forward(self, h: torch.Tensor, norm: RMSNorm) -> None:
+        """`h += mlp(norm(h))` in place, h (T, hidden): SwiGLU over the fused gate/up projection."""
+        self.down_proj.forward_add_(self.gate_up_proj.forward_normed(h, norm), h, gated=True)
 
 
 class DecoderLayer(nn.Module):
@@ -129,15 +130,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp = MLP(cfg, tp, dtype, device)
 
-    def forward(
-        self, h: torch.Tensor, delta: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor]
-    ) -> torch.Tensor:
-        """h (T, hidden), the residual stream, still missing `delta` (the previous layer's MLP output,
-        None for the first layer) -> this layer's MLP output (T, hidden), likewise not yet added.
-        Deferring each add into the next norm fuses add + norm into one pass. The adds are in place:
-        h is this forward's own activation (the embedding lookup makes a new tensor)."""
-        a = self.self_attn(self.input_layernorm.add_forward(h, delta), rope)
-        return self.mlp(self.post_attention_layernorm.add_forward(h, a))
+    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """h (T, hidden), the residual stream, updated in place (it is this forward's own activation:
+        the embedding lookup makes a new tensor). Each norm goes with the projection after it and
+        each residual add with the projection before it, so a backend can fuse both."""
+        self.self_attn(h, self.input_layernorm, rope)
+        self.mlp(h, self.post_attention_layernorm)
 
 
 class DecoderModel(nn.Module):
@@ -176,10 +174,9 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions (T,) of a flattened batch -> final-normed hidden states (T, hidden)."""
         h = self.model.embed_tokens(input_ids)  # (T, hidden)
         rope = self.rotary.lookup(positions)  # (T, 1, D/2) cos and sin
-        delta = None
         for layer in self.model.layers:
-            delta = layer(h, delta, rope)
-        return self.model.norm.add_forward(h, delta)
+            layer(h, rope)
+        return self.model.norm(h)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Fused element-wise kernels of a transformer layer: residual add + RMSNorm, RoPE + q/k/v split,
+"""Element-wise kernels of a transformer layer: RMSNorm (over rows or per head), RoPE + q/k/v split,
 SiLU x up. One program per token row (and head block); math in float32, one rounding to the
 tensor's dtype at the end (the torch reference rounds after each op: results agree within bf16/fp16
 tolerance, and to float32 rounding in float32)."""
@@ -12,8 +12,7 @@ import triton.language as tl
 
 @triton.jit
 def _rmsnorm_kernel(
-    X,  # (rows, heads, N) strided; updated in place with Delta when HAS_DELTA
-    Delta,  # (rows, N) contiguous rows, or unused
+    X,  # (rows, heads, N) strided, unit stride in N
     W,  # (N,)
     Out,  # (rows, heads, N) contiguous
     stride_xr,
@@ -22,54 +21,31 @@ def _rmsnorm_kernel(
     eps,
     HEADS: tl.constexpr,
     BLOCK: tl.constexpr,
-    HAS_DELTA: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
-    x_ptrs = X + row.to(tl.int64) * stride_xr + head * stride_xh + offs
-    x = tl.load(x_ptrs, mask=mask, other=0.0)
-    if HAS_DELTA:
-        d = tl.load(Delta + row.to(tl.int64) * n + offs, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + d.to(tl.float32)).to(X.dtype.element_ty)
-        tl.store(x_ptrs, x, mask=mask)
-    xf = x.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / n + eps)
-    y = (xf * rstd).to(X.dtype.element_ty).to(tl.float32)  # HF rounds the normed x to its dtype
+    x = tl.load(X + row * stride_xr + head * stride_xh + offs, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+    y = (x * rstd).to(X.dtype.element_ty).to(tl.float32)  # HF rounds the normed x to its dtype
     w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Out + (row.to(tl.int64) * HEADS + head) * n + offs, (w * y).to(Out.dtype.element_ty), mask=mask)
+    tl.store(Out + (row * HEADS + head) * n + offs, (w * y).to(Out.dtype.element_ty), mask=mask)
 
 
-def add_rmsnorm(
-    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
-) -> torch.Tensor:
-    """x (T, N) or (T, H, N) with unit stride in N; `x += delta` in place when given (delta (T, N)
-    contiguous); returns rmsnorm(x) * weight as a new contiguous tensor of x's shape."""
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x (T, N) or (T, H, N) with unit stride in N -> rmsnorm(x) * weight, a new contiguous tensor."""
     n = x.shape[-1]
-    if x.stride(-1) != 1:
-        raise ValueError("add_rmsnorm: the normalised dimension must be contiguous")
+    if x.stride(-1) != 1 or x.dim() not in (2, 3):
+        raise ValueError(f"rmsnorm: x {tuple(x.shape)} strides {x.stride()}: the last dim must be contiguous")
     x3 = x if x.dim() == 3 else x.unsqueeze(1)  # (T, H, N)
     rows, heads = x3.shape[0], x3.shape[1]
-    if delta is not None and (x.dim() != 2 or not delta.is_contiguous() or delta.shape != x.shape):
-        raise ValueError("add_rmsnorm: delta must be a contiguous (T, N) tensor like x")
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if rows == 0:
         return out
     block = triton.next_power_of_2(n)
     _rmsnorm_kernel[(rows, heads)](
-        x3,
-        x3 if delta is None else delta,
-        weight,
-        out,
-        x3.stride(0),
-        x3.stride(1),
-        n,
-        eps,
-        HEADS=heads,
-        BLOCK=block,
-        HAS_DELTA=delta is not None,
-        num_warps=_warps(block),
+        x3, weight, out, x3.stride(0), x3.stride(1), n, eps, HEADS=heads, BLOCK=block, num_warps=_warps(block)
     )
     return out
 
