@@ -13,10 +13,8 @@ for step in $steps; do
   case $step in
     tests)
       timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_kernels.py tests/test_attention.py \
-        tests/test_engine_backends.py tests/test_cuda_graph_gpu.py tests/test_engine_gpu.py tests/test_models_gpu.py \
+        tests/test_engine_backends.py tests/test_engine.py tests/test_cuda_graph_gpu.py tests/test_engine_gpu.py tests/test_models_gpu.py \
         2>&1 | tail -25 | tee "$OUT/tests.log" ;;
-    skinny)
-      timeout 150 python3 benchmarks/bench_skinny.py 2>&1 | tee "$OUT/skinny.log" ;;
     profile)
       for cfg in "llama3-8b 1" "smollm2-135m 1"; do
         set -- $cfg

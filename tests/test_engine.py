@@ -138,3 +138,14 @@ def test_dummy_engine_is_deterministic_and_avoids_eos() -> None:
     out_a = _run(a, [[2, 2, 2], [2]], 5, chunk=2)
     assert out_a == _run(b, [[2, 2, 2], [2]], 5, chunk=2)
     assert all(t == 2 for seq in out_a for t in seq)  # the only non-EOS id of a 3-token vocabulary
+
+
+def test_argmax_rows_is_argmax_with_first_index_on_ties() -> None:
+    from minisgl.engine.cuda_graph import argmax_rows
+
+    gen = torch.Generator().manual_seed(0)
+    for vocab in (97, 1000, 49152, 128256):
+        logits = torch.randn(5, vocab, generator=gen)
+        logits[1, 3] = logits[1, vocab - 1] = logits[1].max() + 1  # a tie: the first index wins
+        logits[2] = 0.0  # all equal: index 0
+        assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))

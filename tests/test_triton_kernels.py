@@ -79,6 +79,42 @@ def test_decode_attention_matches_dense(
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("splits", [1, 4])
+def test_decode_attention_stores_and_uses_the_new_tokens(dtype: torch.dtype, splits: int) -> None:
+    """With new_kv, the kernel writes each new token's K/V to its slot (which held NaN before: the
+    kernel must not read it) and attends over it; a slot of -1 (graph padding) is not written."""
+    from minisgl.kernels.triton.attention import decode_attention
+
+    gen = torch.Generator().manual_seed(splits)
+    hq, hkv, d, ps = 8, 2, 64, 4
+    lens = [9, 1, 0, 70]
+    max_pages = -(-max(lens) // ps)
+    num_pages = len(lens) * max_pages + 1
+    k_cache = torch.randn(num_pages * ps, hkv, d, generator=gen).to(dtype)
+    v_cache = torch.randn(num_pages * ps, hkv, d, generator=gen).to(dtype)
+    pages = _pages(len(lens), max_pages, num_pages, gen)
+    slots = [int(pages[b, (n - 1) // ps]) * ps + (n - 1) % ps if n else -1 for b, n in enumerate(lens)]
+    k_new = torch.randn(len(lens), hkv, d, generator=gen).to(dtype)
+    v_new = torch.randn(len(lens), hkv, d, generator=gen).to(dtype)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    for b, slot in enumerate(slots):
+        if slot >= 0:
+            want_k[slot], want_v[slot] = k_new[b], v_new[b]
+            k_cache[slot] = v_cache[slot] = float("nan")  # unwritten yet: never read
+    q = torch.randn(len(lens), hq, d, generator=gen).to(dtype)
+    kc, vc = k_cache.to(DEV), v_cache.to(DEV)
+    out = decode_attention(
+        q.to(DEV), kc, vc, pages.to(DEV), torch.tensor(lens, dtype=torch.int32).to(DEV), ps, d**-0.5, splits,
+        new_kv=(k_new.to(DEV), v_new.to(DEV), torch.tensor(slots, dtype=torch.int32).to(DEV)),
+    )  # fmt: skip
+    assert torch.equal(kc.cpu(), want_k) and torch.equal(vc.cpu(), want_v)
+    for b, n in enumerate(lens):
+        if n:
+            ref = _dense_attention(q[b : b + 1], want_k, want_v, pages[b], ps, n, torch.tensor([n - 1]))
+            assert _rel(out[b : b + 1], ref) < TOL[dtype], b
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("hq", "hkv", "d", "ps"), [(8, 2, 64, 16), (9, 3, 64, 4), (4, 1, 128, 1)])
 def test_extend_attention_matches_dense(dtype: torch.dtype, hq: int, hkv: int, d: int, ps: int) -> None:
     """Fresh prompts and chunks over cached prefixes in one launch; lengths around the block sizes."""
@@ -129,44 +165,6 @@ def test_rmsnorm_matches_reference(dtype: torch.dtype, rows: int, n: int) -> Non
     h = (torch.randn(rows, n, generator=gen) * 3).to(dtype).to(DEV)
     w = (1 + 0.1 * torch.randn(n, generator=gen)).to(dtype).to(DEV)
     assert _rel(rmsnorm(h, w, 1e-5), REFERENCE_OPS.rmsnorm(h, w, 1e-5)) < TOL[dtype]
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 3, 8, 16])
-@pytest.mark.parametrize(("n", "k"), [(96, 64), (200, 576), (40, 1000)])
-def test_skinny_linear_and_its_fusions_match_reference(dtype: torch.dtype, rows: int, n: int, k: int) -> None:
-    """Plain (with bias), after a norm, after SiLU x up, and added into a residual in place."""
-    from minisgl.kernels.triton.skinny import skinny_linear
-
-    gen = torch.Generator().manual_seed(rows * n + k)
-
-    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return (scale * torch.randn(*shape, generator=gen)).to(dtype).to(DEV)
-
-    x, w, b = rand(rows, k), rand(n, k, scale=k**-0.5), rand(n)
-    assert _rel(skinny_linear(x, w, b), REFERENCE_OPS.linear(x, w, b)) < TOL[dtype]
-    nw = (1 + rand(k, scale=0.1)).to(dtype)
-    want = REFERENCE_OPS.norm_linear(x, nw, 1e-5, w, None)
-    assert _rel(skinny_linear(x, w, None, norm=(nw, 1e-5)), want) < TOL[dtype]
-    gate_up = rand(rows, 2 * k, scale=2.0)
-    residual = rand(rows, n)
-    want = REFERENCE_OPS.linear_add_(gate_up.clone(), w, None, residual.clone(), gated=True)
-    got = skinny_linear(gate_up, w, None, gated=True, residual=residual)
-    assert got.data_ptr() == residual.data_ptr()  # in place
-    assert _rel(got, want) < TOL[dtype]
-
-
-def test_skinny_linear_refuses_what_it_cannot_run() -> None:
-    from minisgl.kernels.triton.skinny import skinny_linear
-
-    with pytest.raises(ValueError, match="skinny_linear"):
-        skinny_linear(torch.randn(17, 8, device=DEV), torch.randn(4, 8, device=DEV))  # too many rows
-    with pytest.raises(ValueError, match="residual"):
-        skinny_linear(
-            torch.randn(2, 8, device=DEV),
-            torch.randn(4, 8, device=DEV),
-            residual=torch.zeros(2, 5, device=DEV),
-        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,8 +1,8 @@
 """The CUDA attention backend: minisgl's paged Triton kernels (`minisgl.kernels.triton.attention`).
 
-Per layer: one kernel stores the new tokens' K/V into their pool slots, then one launch attends for
-the whole batch (decode: split-KV over the pages, plus a merge when split; prefill and extend: the
-varlen causal kernel). No K/V is gathered or padded on the host.
+Per layer, decode: one launch stores the new tokens' K/V into their pool slots and attends for the
+whole batch (split-KV over the pages, plus a merge when split); prefill and extend: one kernel
+stores the new K/V, then the varlen causal kernel attends. No K/V is gathered or padded on the host.
 
 Decode metadata (sequence lengths, new slots, page-table rows) lives in buffers allocated once for
 `max_batch_size` rows, so a decode step captured in a CUDA graph replays against whatever `prepare`
@@ -115,11 +115,12 @@ class TritonAttentionBackend(AttentionBackend):
         kc, vc = self.pool.k[layer_id], self.pool.v[layer_id]
         if self._decode:
             bsz = q.shape[0]  # a CUDA graph's padded size while capturing
-            store_kv(k, v, kc, vc, self._dec_meta[1, :bsz])
             splits = decode_splits(bsz, self.num_kv_heads, self.num_sms)
+            seq_lens, slots = self._dec_meta[0, :bsz], self._dec_meta[1, :bsz]
             return decode_attention(
-                q, kc, vc, self._dec_pages, self._dec_meta[0, :bsz], self.pool.page_size, self.scale, splits
-            )
+                q, kc, vc, self._dec_pages, seq_lens, self.pool.page_size, self.scale, splits,
+                new_kv=(k, v, slots),
+            )  # fmt: skip
         m = self._extend
         assert m is not None, "prepare() must run before forward()"
         store_kv(k, v, kc, vc, m.out_slots)

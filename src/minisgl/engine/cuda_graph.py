@@ -4,7 +4,8 @@ A decode step of B requests replays the graph of the smallest captured size >= B
 ids, positions) and the attention backend's metadata live in buffers whose addresses never change;
 the replay writes nothing else and allocates nothing. Padding rows compute garbage that nobody reads
 (the attention backend gives them length 0 and no KV slot). The graph covers the whole forward
-pass and the LM head: the output is the (B, vocab) float32 logits, sampled outside the graph.
+pass, the LM head and the greedy choice: it outputs the (B, vocab) float32 logits and their argmax
+per row, which an all-greedy batch takes as its tokens (other batches sample the logits).
 """
 
 from __future__ import annotations
@@ -20,6 +21,20 @@ from minisgl.attention import AttentionBackend, AttnInput
 logger = logging.getLogger(__name__)
 
 Forward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids (B,), positions (B,)) -> logits
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits (B, V) -> (B,) int64 first index of each row's maximum, as `argmax(-1)`, in two passes
+    over chunks of the vocabulary (one row of 100k+ entries is otherwise a single slow reduction)."""
+    b, v = logits.shape
+    chunks = 256
+    while chunks > 1 and v % chunks:
+        chunks //= 2
+    if chunks == 1:
+        return logits.argmax(dim=-1)
+    best, idx = logits.view(b, chunks, v // chunks).max(dim=-1)  # (B, C) each chunk's first maximum
+    c = best.argmax(dim=-1, keepdim=True)  # (B, 1) the first chunk holding the row's maximum
+    return (c * (v // chunks) + idx.gather(1, c)).squeeze(1)
 
 
 def graph_batch_sizes(max_bs: int) -> list[int]:
@@ -42,10 +57,9 @@ class CudaGraphRunner:
         self.attn_backend = attn_backend
         self.sizes = graph_batch_sizes(max_bs)
         self.max_bs = self.sizes[-1] if self.sizes else 0
-        self.input_ids = torch.zeros(self.max_bs, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=device)
+        self.inputs = torch.zeros(2, self.max_bs, dtype=torch.int64, device=device)  # ids; positions
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # logits (B, V), argmax (B,)
         self._prepare_ops = prepare_ops
         self._device = device
 
@@ -55,12 +69,13 @@ class CudaGraphRunner:
         pool = None
         for bs in reversed(self.sizes):
             self._dummy_prepare(bs)
-            ids, pos = self.input_ids[:bs], self.positions[:bs]
-            self.forward(ids, pos)  # warm-up: compiles kernels and settles the allocator outside the graph
+            ids, pos = self.inputs[0, :bs], self.inputs[1, :bs]
+            argmax_rows(self.forward(ids, pos))  # warm-up: compiles kernels, settles the allocator
             torch.cuda.synchronize(self._device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bs] = self.forward(ids, pos)
+                logits = self.forward(ids, pos)
+                self.outputs[bs] = (logits, argmax_rows(logits))
             pool = graph.pool()
             self.graphs[bs] = graph
         torch.cuda.synchronize(self._device)
@@ -91,12 +106,13 @@ class CudaGraphRunner:
                 return size
         return None
 
-    def replay(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """input_ids/positions (B,) on the CPU; the attention backend already prepared -> (B, V) logits."""
-        bs = input_ids.shape[0]
+    def replay(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """inputs (2, B) int64 on the CPU: token ids, then positions; the attention backend already
+        prepared -> logits (B, V) float32 and their argmax (B,), views of the graph's output."""
+        bs = inputs.shape[1]
         size = self.padded_size(bs)
         assert size is not None, f"no CUDA graph holds a batch of {bs}"
-        self.input_ids[:bs].copy_(input_ids, non_blocking=True)
-        self.positions[:bs].copy_(positions, non_blocking=True)
+        self.inputs[:, :bs].copy_(inputs, non_blocking=True)
         self.graphs[size].replay()
-        return self.outputs[size][:bs]
+        logits, best = self.outputs[size]
+        return logits[:bs], best[:bs]

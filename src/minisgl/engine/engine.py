@@ -160,16 +160,17 @@ class Engine:
         input_ids, positions, attn_input, sample_rows = self._prepare(batch)
         self.ops.prepare(batch.is_decode)
         self.attn_backend.prepare(attn_input)
+        reqs = [r for r, s in zip(batch.reqs, batch.sample_mask, strict=True) if s]
+        params = [r.sampling_params for r in reqs]
         if batch.is_decode and self.graphs is not None and self.graphs.padded_size(len(batch.reqs)):
-            logits = self.graphs.replay(input_ids, positions)  # (B, V)
+            logits, best = self.graphs.replay(torch.stack((input_ids, positions)))  # (B, V), (B,)
+            if all(p.is_greedy for p in params):
+                return best.tolist()  # the graph's argmax: no sampling kernels, one copy to the host
         else:
             logits = self._forward_eager(batch, input_ids, positions, sample_rows)
             if logits is None:
                 return []
-        reqs = [r for r, s in zip(batch.reqs, batch.sample_mask, strict=True) if s]
-        tokens = self.sampler.sample(
-            logits, [r.sampling_params for r in reqs], [self._generator(r) for r in reqs]
-        )
+        tokens = self.sampler.sample(logits, params, [self._generator(r) for r in reqs])
         return tokens.tolist()
 
     def _forward_eager(
@@ -208,8 +209,12 @@ class Engine:
         page_rows = self.page_table.table[rows, :max_pages]  # (B, P) int32
         if batch.is_decode:
             ids = [r.token_ids[-1] for r in reqs]
-            pos = torch.tensor([r.cached_len for r in reqs], dtype=torch.int64)  # (B,)
-            slots = page_rows.gather(1, (pos // ps)[:, None])[:, 0].to(torch.int64) * ps + pos % ps
+            cached = [r.cached_len for r in reqs]
+            pages = self.page_table.row_pages
+            pos = torch.tensor(cached, dtype=torch.int64)  # (B,)
+            slots = torch.tensor(
+                [pages[r.table_row][c // ps] * ps + c % ps for r, c in zip(reqs, cached, strict=True)]
+            )
             sample_rows = list(range(len(reqs)))
         else:
             ids = []

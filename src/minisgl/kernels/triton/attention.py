@@ -9,7 +9,10 @@ table themselves, so nothing is copied or padded on the host.
 - `decode_attention`: one query token per request. Grid (B, Hkv, splits): a KV head's G query heads
   are one (G padded to 16) x D tile, so grouped-query attention reads each K/V block once, without
   expansion; the context is split over `splits` programs (split-KV, for long contexts and small
-  batches) whose partial results (output and log-sum-exp) a second kernel merges.
+  batches) whose partial results (output and log-sum-exp) a second kernel merges. Given the new
+  token's K/V, it also stores them (the split-0 program of each head writes its slot) and reads them
+  from the inputs rather than the pool, so no program reads a slot being written: one kernel fewer
+  per layer than a separate `store_kv`.
 - `extend_attention`: any number of new tokens per request over its cached prefix, causal, all
   requests of the batch in one launch. Grid (query blocks, Hq, B); K/V come from the pool (the new
   tokens' K/V are stored first), so fresh prompts and chunks over a prefix take the same path.
@@ -69,10 +72,15 @@ def _decode_kernel(
     VCache,
     PageTable,  # (rows, stride_pt) int32
     SeqLens,  # (B,) int32
+    KNew,  # HAS_NEW: (B, HKV, D) the new token's K (its heads contiguous), V likewise
+    VNew,
+    NewSlots,  # HAS_NEW: (B,) int32 pool slot of the new token (< 0: write nothing)
     Out,  # NUM_SPLITS == 1: (B, HQ, D); else float32 partials (B, HQ, NUM_SPLITS, D)
     Lse,  # float32 (B, HQ, NUM_SPLITS)
     stride_qb,
     stride_qh,
+    stride_kn,
+    stride_vn,
     stride_cs,
     stride_ch,
     stride_pt,
@@ -84,12 +92,24 @@ def _decode_kernel(
     PS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    HAS_NEW: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(SeqLens + b)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    k_new = KNew + b.to(tl.int64) * stride_kn + kvh * D + offs_d  # (BLOCK_D,) pointers
+    v_new = VNew + b.to(tl.int64) * stride_vn + kvh * D + offs_d
+    if HAS_NEW:
+        if split == 0:
+            new_slot = tl.load(NewSlots + b).to(tl.int64)
+            w_mask = offs_d < tl.where(new_slot >= 0, D, 0)
+            dst = new_slot * stride_cs + kvh * stride_ch + offs_d
+            tl.store(KCache + dst, tl.load(k_new, mask=w_mask), mask=w_mask)
+            tl.store(VCache + dst, tl.load(v_new, mask=w_mask), mask=w_mask)
     chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
@@ -97,8 +117,6 @@ def _decode_kernel(
     offs_h = tl.arange(0, BLOCK_H)
     h_mask = offs_h < GROUP
     heads = kvh * GROUP + offs_h
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < D
     q = tl.load(
         Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
         mask=h_mask[:, None] & d_mask[None, :],
@@ -115,14 +133,20 @@ def _decode_kernel(
         slot = page * PS + pos % PS
         kv_off = slot[:, None] * stride_cs + kvh * stride_ch + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(KCache + kv_off, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
+        k_ptr = KCache + kv_off
+        v_ptr = VCache + kv_off
+        if HAS_NEW:  # the newest position comes from the inputs (its slot is being written)
+            is_new = (pos == seq_len - 1)[:, None]
+            k_ptr = tl.where(is_new, k_new[None, :], k_ptr)
+            v_ptr = tl.where(is_new, v_new[None, :], v_ptr)
+        k = tl.load(k_ptr, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
         s = _dot(q, tl.trans(k), IEEE) * sm_scale  # (BLOCK_H, BLOCK_N)
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(VCache + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr, mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
         m_i = m_new
 
@@ -185,9 +209,14 @@ def decode_attention(
     sm_scale: float,
     num_splits: int,
     out: torch.Tensor | None = None,
+    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q (B, Hq, D) (unit stride in D); k/v_cache (S, Hkv, D) contiguous; page_table (>= B, P) int32
-    (unit stride in P); seq_lens (B,) int32 (0: an empty row, output 0) -> (B, Hq, D) in q's dtype."""
+    (unit stride in P); seq_lens (B,) int32 (0: an empty row, output 0) -> (B, Hq, D) in q's dtype.
+
+    new_kv: (k, v, slots) of the new tokens, k/v (B, Hkv, D) with each token's heads contiguous,
+    slots (B,) int32: stored into the pool by this kernel (slot < 0: not stored) and used for each
+    request's last position. Without it, the pool must already hold every position."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     if hq % hkv or k_cache.shape[2] != d or q.stride(2) != 1 or page_table.stride(1) != 1:
@@ -200,16 +229,25 @@ def decode_attention(
     block_d = max(16, triton.next_power_of_2(d))  # tl.dot needs dimensions >= 16
     block_n = 64 if block_d <= 128 else 32
     ieee = q.dtype == torch.float32
+    if new_kv is not None:
+        k_new, v_new, slots = new_kv
+        if k_new.shape != (bsz, hkv, d) or k_new.stride()[1:] != (d, 1) or v_new.stride()[1:] != (d, 1):
+            raise ValueError(f"decode_attention: new K/V {tuple(k_new.shape)} for ({bsz}, {hkv}, {d})")
+    else:
+        k_new = v_new = q
+        slots = seq_lens
     if num_splits == 1:
         partial, lse = out, out  # the kernel writes the final output directly (Lse unused)
     else:
         partial = torch.empty(bsz, hq, num_splits, d, dtype=torch.float32, device=q.device)
         lse = torch.empty(bsz, hq, num_splits, dtype=torch.float32, device=q.device)
     _decode_kernel[(bsz, hkv, num_splits)](
-        q, k_cache, v_cache, page_table, seq_lens, partial, lse,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), page_table.stride(0), sm_scale,
+        q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, partial, lse,
+        q.stride(0), q.stride(1), k_new.stride(0), v_new.stride(0), k_cache.stride(0), k_cache.stride(1),
+        page_table.stride(0), sm_scale,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d, PS=page_size,
-        BLOCK_N=block_n, NUM_SPLITS=num_splits, IEEE=ieee, num_warps=4, num_stages=2,
+        BLOCK_N=block_n, NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, IEEE=ieee, num_warps=4,
+        num_stages=2,
     )  # fmt: skip
     if num_splits > 1:
         _merge_kernel[(bsz * hq,)](

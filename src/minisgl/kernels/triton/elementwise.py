@@ -44,9 +44,11 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if rows == 0:
         return out
     block = triton.next_power_of_2(n)
+    # Few warps: a row is a few KB, and a wide block spends its time in the cross-warp reduction.
     _rmsnorm_kernel[(rows, heads)](
-        x3, weight, out, x3.stride(0), x3.stride(1), n, eps, HEADS=heads, BLOCK=block, num_warps=_warps(block)
-    )
+        x3, weight, out, x3.stride(0), x3.stride(1), n, eps, HEADS=heads, BLOCK=block,
+        num_warps=4 if block <= 8192 else 8,
+    )  # fmt: skip
     return out
 
 
@@ -136,12 +138,8 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = gate_up.new_empty(t, inter)
     if t == 0:
         return out
-    block = min(2048, triton.next_power_of_2(inter))
+    block = min(1024, triton.next_power_of_2(inter))
     _silu_mul_kernel[(t, triton.cdiv(inter, block))](
-        gate_up, out, gate_up.stride(0), inter, BLOCK=block, num_warps=_warps(block)
+        gate_up, out, gate_up.stride(0), inter, BLOCK=block, num_warps=4
     )
     return out
-
-
-def _warps(block: int) -> int:
-    return max(1, min(16, block // 256))
