@@ -58,13 +58,20 @@ def test_logits_within_bf16_tolerance_of_transformers(model_dir: Path) -> None:
 
     engine = _engine(model_dir, torch.bfloat16, 16)
     captured: list[torch.Tensor] = []
-    sample = engine.sampler.sample
+    sample, replay = engine.sampler.sample, engine.graphs.replay
 
-    def spy(logits: torch.Tensor, params, generators):  # noqa: ANN001, ANN202
+    def spy_sample(logits: torch.Tensor, params, generators):  # noqa: ANN001, ANN202
         captured.append(logits.float().cpu())
         return sample(logits, params, generators)
 
-    engine.sampler.sample = spy  # type: ignore[method-assign]
+    def spy_replay(inputs: torch.Tensor):  # noqa: ANN202  (greedy decode steps skip the sampler)
+        logits, best = replay(inputs)
+        captured.append(logits.float().cpu())
+        assert torch.equal(best, logits.argmax(dim=-1))
+        return logits, best
+
+    engine.sampler.sample = spy_sample  # type: ignore[method-assign]
+    engine.graphs.replay = spy_replay  # type: ignore[method-assign]
     prompts = _prompts(3, seed=7)
     outs = _run(engine, prompts, 5, chunk=1000)  # one prefill step, then 4 decode steps
     assert len(captured) == 5
