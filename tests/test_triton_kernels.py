@@ -66,10 +66,13 @@ def test_decode_attention_matches_dense(
     pages = _pages(len(lens), max_pages, num_pages, gen)
     q = torch.randn(len(lens), hq, d, generator=gen).to(dtype)
     out = torch.full_like(q, float("nan"), device=DEV)  # poisoned: every element must be written
-    decode_attention(
-        q.to(DEV), k_cache.to(DEV), v_cache.to(DEV), pages.to(DEV), torch.tensor(lens, dtype=torch.int32).to(DEV),
-        ps, d**-0.5, splits, out=out,
-    )  # fmt: skip
+    done = torch.zeros(len(lens) * hkv, dtype=torch.int32, device=DEV)  # split counters
+    for _ in range(2):  # twice: the counters are back at zero after a launch
+        decode_attention(
+            q.to(DEV), k_cache.to(DEV), v_cache.to(DEV), pages.to(DEV), torch.tensor(lens, dtype=torch.int32).to(DEV),
+            ps, d**-0.5, splits, out=out, done=done,
+        )  # fmt: skip
+        assert not done.any()
     for b, n in enumerate(lens):
         if n == 0:
             assert torch.equal(out[b].cpu(), torch.zeros(hq, d, dtype=dtype))

@@ -1,7 +1,7 @@
 """The CUDA attention backend: minisgl's paged Triton kernels (`minisgl.kernels.triton.attention`).
 
 Per layer, decode: one launch stores the new tokens' K/V into their pool slots and attends for the
-whole batch (split-KV over the pages, plus a merge when split); prefill and extend: one kernel
+whole batch (split-KV over the pages, the last split of each head merging them); prefill and extend: one kernel
 stores the new K/V, then the varlen causal kernel attends. No K/V is gathered or padded on the host.
 
 Decode metadata (sequence lengths, new slots, page-table rows) lives in buffers allocated once for
@@ -62,6 +62,7 @@ class TritonAttentionBackend(AttentionBackend):
         self._dec_pages = torch.zeros(
             max_batch_size, max_pages_per_row, dtype=torch.int32, device=self.device
         )
+        self._dec_done = torch.zeros(max_batch_size * num_kv_heads, dtype=torch.int32, device=self.device)
         self._decode = False
         self._extend: _ExtendMeta | None = None
 
@@ -119,7 +120,7 @@ class TritonAttentionBackend(AttentionBackend):
             seq_lens, slots = self._dec_meta[0, :bsz], self._dec_meta[1, :bsz]
             return decode_attention(
                 q, kc, vc, self._dec_pages, seq_lens, self.pool.page_size, self.scale, splits,
-                new_kv=(k, v, slots),
+                new_kv=(k, v, slots), done=self._dec_done,
             )  # fmt: skip
         m = self._extend
         assert m is not None, "prepare() must run before forward()"

@@ -9,7 +9,7 @@ table themselves, so nothing is copied or padded on the host.
 - `decode_attention`: one query token per request. Grid (B, Hkv, splits): a KV head's G query heads
   are one (G padded to 16) x D tile, so grouped-query attention reads each K/V block once, without
   expansion; the context is split over `splits` programs (split-KV, for long contexts and small
-  batches) whose partial results (output and log-sum-exp) a second kernel merges. Given the new
+  batches) whose partial results (output and log-sum-exp) the last of them to finish merges. Given the new
   token's K/V, it also stores them (the split-0 program of each head writes its slot) and reads them
   from the inputs rather than the pool, so no program reads a slot being written: one kernel fewer
   per layer than a separate `store_kv`.
@@ -75,8 +75,10 @@ def _decode_kernel(
     KNew,  # HAS_NEW: (B, HKV, D) the new token's K (its heads contiguous), V likewise
     VNew,
     NewSlots,  # HAS_NEW: (B,) int32 pool slot of the new token (< 0: write nothing)
-    Out,  # NUM_SPLITS == 1: (B, HQ, D); else float32 partials (B, HQ, NUM_SPLITS, D)
-    Lse,  # float32 (B, HQ, NUM_SPLITS)
+    Out,  # (B, HQ, D)
+    Partial,  # NUM_SPLITS > 1: float32 (B, HQ, NUM_SPLITS, D) each split's normalised output
+    Lse,  # NUM_SPLITS > 1: float32 (B, HQ, NUM_SPLITS) each split's log-sum-exp
+    Done,  # NUM_SPLITS > 1: int32 (B, HKV) splits finished per (request, KV head); zero between launches
     stride_qb,
     stride_qh,
     stride_kn,
@@ -159,37 +161,43 @@ def _decode_kernel(
         tl.store(Out + row[:, None] * D + offs_d[None, :], out.to(Out.dtype.element_ty), mask=out_mask)
     else:
         lse = tl.where(has, m_i + tl.log(safe_l), float("-inf"))
-        tl.store(Out + (row[:, None] * NUM_SPLITS + split) * D + offs_d[None, :], out, mask=out_mask)
+        tl.store(Partial + (row[:, None] * NUM_SPLITS + split) * D + offs_d[None, :], out, mask=out_mask)
         tl.store(Lse + row * NUM_SPLITS + split, lse, mask=h_mask)
+        # The last program of this (request, KV head) to finish merges every split: no second kernel.
+        # The barrier orders this program's stores before its release; the acquire orders the
+        # other programs' stores before the loads below.
+        tl.debug_barrier()
+        counter = Done + b * tl.num_programs(1) + kvh
+        if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
+            tl.store(counter, 0)  # ready for the next launch (kernel boundaries order it)
+            _merge_splits(Partial, Lse, Out, row, h_mask, offs_d, d_mask, NUM_SPLITS, D, BLOCK_H, BLOCK_D)
 
 
 @triton.jit
-def _merge_kernel(
-    Partial,  # float32 (B * HQ, NUM_SPLITS, D)
-    Lse,  # float32 (B * HQ, NUM_SPLITS)
-    Out,  # (B * HQ, D)
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_S)
-    s_mask = offs_s < NUM_SPLITS
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < D
-    lse = tl.load(Lse + row * NUM_SPLITS + offs_s, mask=s_mask, other=float("-inf"))
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lse - m)  # (BLOCK_S,): 0 for empty splits
-    part = tl.load(
-        Partial + (row * NUM_SPLITS + offs_s[:, None]) * D + offs_d[None, :],
-        mask=s_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )  # (BLOCK_S, BLOCK_D)
-    den = tl.sum(w, 0)
-    out = tl.sum(w[:, None] * part, 0) / tl.where(den > 0, den, 1.0)
-    tl.store(Out + row * D + offs_d, out.to(Out.dtype.element_ty), mask=d_mask)
+def _merge_splits(Partial, Lse, Out, row, h_mask, offs_d, d_mask, NUM_SPLITS: tl.constexpr, D: tl.constexpr,
+                  BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """Out[row] = the splits' outputs weighted by their softmax mass (exp of their log-sum-exp)."""
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    den = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    mask = h_mask[:, None] & d_mask[None, :]
+    for s in range(NUM_SPLITS):
+        lse = tl.load(Lse + row * NUM_SPLITS + s, mask=h_mask, other=float("-inf"), cache_modifier=".cg")
+        part = tl.load(
+            Partial + (row[:, None] * NUM_SPLITS + s) * D + offs_d[None, :],
+            mask=mask,
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        m_new = tl.maximum(m, lse)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no split with keys yet: weights 0
+        scale = tl.exp(m - m_safe)
+        w = tl.exp(lse - m_safe)
+        den = den * scale + w
+        acc = acc * scale[:, None] + w[:, None] * part
+        m = m_new
+    out = acc / tl.where(den > 0, den, 1.0)[:, None]
+    tl.store(Out + row[:, None] * D + offs_d[None, :], out.to(Out.dtype.element_ty), mask=mask)
 
 
 def decode_splits(batch_size: int, num_kv_heads: int, num_sms: int, max_splits: int = 16) -> int:
@@ -210,13 +218,16 @@ def decode_attention(
     num_splits: int,
     out: torch.Tensor | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    done: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q (B, Hq, D) (unit stride in D); k/v_cache (S, Hkv, D) contiguous; page_table (>= B, P) int32
     (unit stride in P); seq_lens (B,) int32 (0: an empty row, output 0) -> (B, Hq, D) in q's dtype.
 
     new_kv: (k, v, slots) of the new tokens, k/v (B, Hkv, D) with each token's heads contiguous,
     slots (B,) int32: stored into the pool by this kernel (slot < 0: not stored) and used for each
-    request's last position. Without it, the pool must already hold every position."""
+    request's last position. Without it, the pool must already hold every position.
+    done: int32 zeros, at least B * Hkv (the split counters; left zeroed): a buffer kept across calls
+    (a CUDA graph's), else one is allocated."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     if hq % hkv or k_cache.shape[2] != d or q.stride(2) != 1 or page_table.stride(1) != 1:
@@ -237,23 +248,20 @@ def decode_attention(
         k_new = v_new = q
         slots = seq_lens
     if num_splits == 1:
-        partial, lse = out, out  # the kernel writes the final output directly (Lse unused)
+        partial = lse = done = out  # unused
     else:
         partial = torch.empty(bsz, hq, num_splits, d, dtype=torch.float32, device=q.device)
         lse = torch.empty(bsz, hq, num_splits, dtype=torch.float32, device=q.device)
+        if done is None:
+            done = torch.zeros(bsz * hkv, dtype=torch.int32, device=q.device)
     _decode_kernel[(bsz, hkv, num_splits)](
-        q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, partial, lse,
+        q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, out, partial, lse, done,
         q.stride(0), q.stride(1), k_new.stride(0), v_new.stride(0), k_cache.stride(0), k_cache.stride(1),
         page_table.stride(0), sm_scale,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d, PS=page_size,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, IEEE=ieee, num_warps=4,
         num_stages=2,
     )  # fmt: skip
-    if num_splits > 1:
-        _merge_kernel[(bsz * hq,)](
-            partial, lse, out, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-            D=d, BLOCK_D=block_d, num_warps=1 if block_d <= 64 else 2,
-        )  # fmt: skip
     return out
 
 
