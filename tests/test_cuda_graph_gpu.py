@@ -86,3 +86,26 @@ def test_logits_within_bf16_tolerance_of_transformers(model_dir: Path) -> None:
         err = float((ours - want).norm() / want.norm())
         hf_err = float((hf16 - want).norm() / want.norm())
         assert err <= 2 * hf_err + 1e-3, (b, err, hf_err)
+
+
+def test_overlap_gives_the_same_greedy_tokens_on_the_gpu(model_dir: Path) -> None:
+    """The overlapped loop (the GPU default) against the plain one, with CUDA graphs, bf16: mixed
+    lengths, stop tokens and max_tokens, batches that grow and shrink."""
+    from minisgl import LLM, SamplingParams
+
+    prompts = _prompts(24, seed=11)
+    gen = torch.Generator().manual_seed(3)
+    params = [
+        SamplingParams(max_tokens=int(torch.randint(1, 40, (1,), generator=gen)), ignore_eos=True)
+        for _ in prompts
+    ]
+    outs = {}
+    for overlap in (False, True):
+        llm = LLM(
+            str(model_dir), device="cuda", overlap_schedule=overlap, num_pages=512, cuda_graph_max_bs=16
+        )
+        assert llm.overlap is overlap
+        outs[overlap] = [(o["token_ids"], o["finish_reason"]) for o in llm.generate(prompts, params)]
+        llm.check_integrity()
+        del llm
+    assert outs[True] == outs[False]

@@ -102,6 +102,12 @@ class Req:
     table_row: int = -1  # row in the page table while the request holds KV pages; -1 otherwise
     admit_seq: int = -1  # when it last got KV pages (the newest is retracted first when the pool is full)
     generator: torch.Generator | None = None  # per-request RNG when sampling_params.seed is set
+    # Overlap scheduling: tokens launched steps sampled for this request that the host has not taken
+    # yet (at most 2, between launching a step and taking the previous one's tokens); the next step
+    # feeds the newest from the device. `finished`: ended (stop, length, abort); results still in
+    # flight for it are dropped.
+    pending: int = 0
+    finished: bool = False
 
     def __post_init__(self) -> None:
         if self.prompt_len < 0:
@@ -120,6 +126,11 @@ class Req:
         return self.token_ids[self.prompt_len :]
 
     @property
+    def decoding_output_len(self) -> int:
+        """Output tokens once the pending one (if any) arrives."""
+        return self.output_len + self.pending
+
+    @property
     def remaining_len(self) -> int:
         """Tokens not yet in the KV pool (the next forward pass feeds them)."""
         return len(self.token_ids) - self.cached_len
@@ -130,12 +141,20 @@ class Batch:
     """One forward pass: for each request, feed `token_ids[cached_len : cached_len + extend_len]`.
 
     A request samples its next token when its chunk reaches the end of its tokens
-    (`cached_len + extend_len == seq_len`); a partial prefill chunk samples nothing.
+    (`cached_len + extend_len == seq_len`; every decode row does); a partial prefill chunk samples
+    nothing. `sample_mask` is fixed when the batch is made (the scheduler then advances `cached_len`).
     """
 
     reqs: list[Req]
     extend_lens: list[int]
     phase: str  # "prefill" or "decode"
+    sample_mask: list[bool] = field(init=False)
+
+    def __post_init__(self) -> None:
+        decode = self.phase == "decode"
+        self.sample_mask = [
+            decode or r.cached_len + n == r.seq_len for r, n in zip(self.reqs, self.extend_lens, strict=True)
+        ]
 
     @property
     def is_decode(self) -> bool:
@@ -144,7 +163,3 @@ class Batch:
     @property
     def num_tokens(self) -> int:
         return sum(self.extend_lens)
-
-    @property
-    def sample_mask(self) -> list[bool]:
-        return [r.cached_len + n == r.seq_len for r, n in zip(self.reqs, self.extend_lens, strict=True)]

@@ -57,8 +57,12 @@ class TritonAttentionBackend(AttentionBackend):
         pin = self.device.type == "cuda"
         # Decode buffers (fixed addresses). Row 0: sequence lengths; row 1: slots of the new tokens.
         self._dec_meta = torch.zeros(2, max_batch_size, dtype=torch.int32, device=self.device)
-        self._dec_meta_host = torch.zeros(2, max_batch_size, dtype=torch.int32, pin_memory=pin)
-        self._dec_meta_np = self._dec_meta_host.numpy()
+        # Two pinned staging buffers, used in turn: with overlap scheduling the previous step's copy
+        # may still be queued on the device when this step's metadata is written.
+        self._dec_meta_host = [
+            torch.zeros(2, max_batch_size, dtype=torch.int32, pin_memory=pin) for _ in range(2)
+        ]
+        self._turn = 0
         self._dec_pages = torch.zeros(
             max_batch_size, max_pages_per_row, dtype=torch.int32, device=self.device
         )
@@ -78,12 +82,14 @@ class TritonAttentionBackend(AttentionBackend):
         bsz, pages = inp.batch_size, inp.page_rows.shape[1]
         if bsz > self.max_batch_size:
             raise ValueError(f"decode batch of {bsz} exceeds the backend's {self.max_batch_size} rows")
-        meta = self._dec_meta_np
+        self._turn ^= 1
+        host = self._dec_meta_host[self._turn]
+        meta = host.numpy()
         meta[0, :bsz] = inp.seq_lens
         meta[0, bsz:] = 0
         meta[1, :bsz] = inp.out_slots.numpy()
         meta[1, bsz:] = -1
-        self._dec_meta.copy_(self._dec_meta_host, non_blocking=True)
+        self._dec_meta.copy_(host, non_blocking=True)
         self._dec_pages[:bsz, :pages].copy_(inp.page_rows, non_blocking=True)
 
     def _prepare_extend(self, inp: AttnInput) -> _ExtendMeta:

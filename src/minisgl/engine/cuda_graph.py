@@ -106,13 +106,18 @@ class CudaGraphRunner:
                 return size
         return None
 
-    def replay(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """inputs (2, B) int64 on the CPU: token ids, then positions; the attention backend already
-        prepared -> logits (B, V) float32 and their argmax (B,), views of the graph's output."""
+    def replay(
+        self, inputs: torch.Tensor, pending: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """inputs (2, B) int64 on the CPU: token ids, then positions; pending: (rows, token ids) on
+        the device that replace those rows' ids; the attention backend already prepared -> logits
+        (B, V) float32 and their argmax (B,), views of the graph's output (valid until the next replay)."""
         bs = inputs.shape[1]
         size = self.padded_size(bs)
         assert size is not None, f"no CUDA graph holds a batch of {bs}"
         self.inputs[:, :bs].copy_(inputs, non_blocking=True)
+        if pending is not None:
+            self.inputs[0].index_copy_(0, *pending)
         self.graphs[size].replay()
         logits, best = self.outputs[size]
         return logits[:bs], best[:bs]

@@ -34,6 +34,31 @@ logger = logging.getLogger(__name__)
 _CPU_KV_BUDGET = 1 << 30  # bytes of KV cache on the CPU when no size is given (at most 1/4 of free RAM)
 
 
+class StepOutput:
+    """The sampled tokens of a launched step: on the device at once, copied to the host as they are
+    produced (pinned memory, no wait); `tolist()` waits for them."""
+
+    def __init__(self, tokens: torch.Tensor, engine: Engine, batch: Batch, launched_at: float) -> None:
+        self.batch, self.launched_at = batch, launched_at
+        self._engine: Engine | None = engine
+        self._event: torch.cuda.Event | None = None
+        if tokens.is_cuda:
+            self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            self._host.copy_(tokens, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = tokens
+
+    def tolist(self) -> list[int]:
+        if self._event is not None:
+            self._event.synchronize()
+        if self._engine is not None:  # the step is over: count its time once
+            self._engine._account(self)
+            self._engine = None
+        return self._host.tolist()
+
+
 @dataclass
 class EngineStats:
     """Cumulative wall-clock seconds and tokens of prefill and decode passes (for benchmarks: two
@@ -102,6 +127,9 @@ class Engine:
             self.attn_backend.name,
         )
         self.graphs = self._capture_graphs()
+        self._last_tokens = torch.empty(0, dtype=torch.int64, device=self.device)  # the last launch's
+        self._last_rows: dict[int, int] = {}  # uid -> row in _last_tokens
+        self._last_arrival = 0.0
 
     def _capture_graphs(self) -> CudaGraphRunner | None:
         max_bs = min(self.options.cuda_graph_max_bs, self.options.max_running_requests)
@@ -139,50 +167,78 @@ class Engine:
         return int(pages)
 
     # -- one forward pass ---------------------------------------------------------------------------------
-    @torch.inference_mode()
     def forward_batch(self, batch: Batch) -> list[int]:
         """Run one batch; return the sampled token of each request whose chunk ends its tokens, in order."""
-        t0 = time.perf_counter()
-        try:
-            return self._forward_batch(batch)
-        finally:
-            st, dt = self.stats, time.perf_counter() - t0
-            if batch.is_decode:
-                st.decode_s += dt
-                st.decode_tokens += len(batch.reqs)
-                st.decode_batches += 1
-            else:
-                st.prefill_s += dt
-                st.prefill_tokens += sum(batch.extend_lens)
-                st.prefill_batches += 1
+        return self.launch(batch).tolist()
 
-    def _forward_batch(self, batch: Batch) -> list[int]:
+    @torch.inference_mode()
+    def launch(self, batch: Batch) -> StepOutput:
+        """Start one batch on the device and return at once (on a GPU the step runs asynchronously);
+        `StepOutput.tolist()` waits for its sampled tokens. A request marked `pending` feeds the token
+        the previous launch sampled for it, taken on the device (overlap scheduling)."""
+        t0 = time.perf_counter()
         input_ids, positions, attn_input, sample_rows = self._prepare(batch)
+        pending = self._pending_inputs(batch)
         self.ops.prepare(batch.is_decode)
         self.attn_backend.prepare(attn_input)
         reqs = [r for r, s in zip(batch.reqs, batch.sample_mask, strict=True) if s]
         params = [r.sampling_params for r in reqs]
+        tokens: torch.Tensor | None = None
         if batch.is_decode and self.graphs is not None and self.graphs.padded_size(len(batch.reqs)):
-            logits, best = self.graphs.replay(torch.stack((input_ids, positions)))  # (B, V), (B,)
+            logits, best = self.graphs.replay(torch.stack((input_ids, positions)), pending)  # (B, V), (B,)
             if all(p.is_greedy for p in params):
-                return best.tolist()  # the graph's argmax: no sampling kernels, one copy to the host
+                tokens = best  # the graph's argmax: no sampling kernels
         else:
-            logits = self._forward_eager(batch, input_ids, positions, sample_rows)
-            if logits is None:
-                return []
-        tokens = self.sampler.sample(logits, params, [self._generator(r) for r in reqs])
-        return tokens.tolist()
+            logits = self._forward_eager(batch, input_ids, positions, sample_rows, pending)
+        if tokens is None and logits is not None:
+            tokens = self.sampler.sample(logits, params, [self._generator(r) for r in reqs])
+        if tokens is None:
+            tokens = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._last_tokens = tokens
+        self._last_rows = {r.uid: i for i, r in enumerate(reqs)}
+        return StepOutput(tokens, self, batch, t0)
+
+    def _pending_inputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rows of the batch, their input tokens on the device) for requests whose input token the
+        previous launch sampled and the host has not seen yet; None when there are none."""
+        rows = [(i, self._last_rows[r.uid]) for i, r in enumerate(batch.reqs) if r.pending]
+        if not rows:
+            return None
+        dst = torch.tensor([i for i, _ in rows], dtype=torch.int64).to(self.device, non_blocking=True)
+        src = torch.tensor([j for _, j in rows], dtype=torch.int64).to(self.device, non_blocking=True)
+        return dst, self._last_tokens.index_select(0, src)
+
+    def _account(self, out: StepOutput) -> None:
+        """Add a step's wall time to the stats when its tokens arrive: from its launch, or from the
+        previous step's arrival if that came later (overlapped steps are not counted twice)."""
+        now = time.perf_counter()
+        dt, self._last_arrival = now - max(out.launched_at, self._last_arrival), now
+        st, batch = self.stats, out.batch
+        if batch.is_decode:
+            st.decode_s += dt
+            st.decode_tokens += len(batch.reqs)
+            st.decode_batches += 1
+        else:
+            st.prefill_s += dt
+            st.prefill_tokens += sum(batch.extend_lens)
+            st.prefill_batches += 1
 
     def _forward_eager(
-        self, batch: Batch, input_ids: torch.Tensor, positions: torch.Tensor, sample_rows: list[int]
+        self,
+        batch: Batch,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        sample_rows: list[int],
+        pending: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor | None:
         """The model on this batch -> logits (S, V) float32 of the rows that sample (None if none)."""
         dev = self.device
+        ids = input_ids.to(dev, non_blocking=True)
+        if pending is not None:
+            ids.index_copy_(0, *pending)
         set_global_ctx(Context(attn_backend=self.attn_backend, batch=batch))
         try:
-            hidden = self.model.forward(
-                input_ids.to(dev, non_blocking=True), positions.to(dev, non_blocking=True)
-            )  # (T, H)
+            hidden = self.model.forward(ids, positions.to(dev, non_blocking=True))  # (T, H)
             if not sample_rows:
                 return None
             if len(sample_rows) < hidden.shape[0]:
@@ -208,7 +264,7 @@ class Engine:
         max_pages = -(-max(seq_lens) // ps)
         page_rows = self.page_table.table[rows, :max_pages]  # (B, P) int32
         if batch.is_decode:
-            ids = [r.token_ids[-1] for r in reqs]
+            ids = [0 if r.pending else r.token_ids[-1] for r in reqs]  # pending: patched on the device
             cached = [r.cached_len for r in reqs]
             pages = self.page_table.row_pages
             pos = torch.tensor(cached, dtype=torch.int64)  # (B,)

@@ -151,7 +151,7 @@ class LLM(Scheduler):
             uids.append(uid)
         try:
             while any(self._results[u]["finish_reason"] is None for u in uids):
-                self.normal_loop()
+                self.step()
         finally:
             results = [self._results.pop(u) for u in uids]
         for res, ids in zip(results, token_lists, strict=True):

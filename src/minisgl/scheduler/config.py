@@ -37,6 +37,7 @@ class SchedulerConfig:
     seed: int = 42
     attention_backend: str = "auto"  # auto | torch | cpu | triton (minisgl.attention)
     cuda_graph_max_bs: int = 256  # decode batches up to this size replay CUDA graphs; 0: none
+    overlap_schedule: bool | None = None  # launch step N+1 before waiting for step N; None: on a GPU
     offline_mode: bool = False  # the offline LLM class: no sockets, the subclass does the IO
     dist_init_addr: str = ""  # tcp://host:port for torch.distributed when tp_info.size > 1
     _unique_suffix: str = field(default_factory=new_suffix)

@@ -4,6 +4,15 @@ One loop iteration (`normal_loop`): take the messages that arrived (blocking onl
 work), run one batch — a prefill batch if any prefill can run (chunked under `max_prefill_tokens`),
 otherwise one decode step of every running request in uid order — and send that step's replies.
 
+Overlap scheduling (`overlap_loop`, on by default on a GPU): the loop launches step N+1 before it
+waits for step N's tokens, so the host prepares the next batch while the device computes. A request
+whose token is still on the device is `pending`: the next decode step feeds that token from the
+device, and its results are processed one step late. A request that will reach max_tokens with its
+pending token is left out of the next step; one that stops on an EOS id, or is aborted, is known only
+when its token arrives, so the step launched meanwhile computes one token for it that is dropped.
+Launching a step (`_on_launch`) and taking its tokens (`_on_result`) are the same two functions in
+both loops.
+
 Everything is deterministic (no clocks, no set or dict iteration order, no rank-dependent state), so
 every tensor-parallel rank, fed the same messages, makes the same decisions and KV placements.
 
@@ -31,6 +40,7 @@ import torch
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import DummyEngine, Engine, create_engine
+from minisgl.engine.engine import StepOutput
 from minisgl.message import (
     AbortBackendMsg,
     BaseTokenizerMsg,
@@ -71,6 +81,8 @@ class Scheduler(SchedulerIOMixin):
         self._exit = False
         self.num_retractions = 0  # observability (and tests): how often the pool forced a retraction
         self._replies: list[BaseTokenizerMsg] = []
+        self.overlap = _overlap_enabled(config, self.engine)
+        self._in_flight: tuple[Batch, StepOutput] | None = None  # overlap: the step launched last
         super().__init__(config, tp_cpu_group)
 
     # -- public ---------------------------------------------------------------------------------------
@@ -88,19 +100,44 @@ class Scheduler(SchedulerIOMixin):
 
     def run_forever(self) -> None:
         while not self._exit:
-            self.normal_loop()
+            self.step()
+
+    def step(self) -> None:
+        """One iteration of the loop this scheduler runs (overlapped or not)."""
+        (self.overlap_loop if self.overlap else self.normal_loop)()
 
     def normal_loop(self) -> None:
         """One iteration: messages in, at most one batch run, that step's replies out."""
-        blocking = not self.has_work()
-        msgs = self.receive_msg(blocking=blocking)
-        for msg in _flatten(msgs):
-            self._handle(msg)
+        self._take_messages(blocking=not self.has_work())
         batch = self._schedule()
         if batch is not None:
             self._idle_logged = False
             tokens = self.engine.forward_batch(batch)
-            self._process(batch, tokens)
+            self._on_launch(batch)
+            self._on_result(batch, tokens)
+        self._send_replies()
+
+    def overlap_loop(self) -> None:
+        """One iteration: messages in, the next batch launched, the previous batch's tokens taken (the
+        only wait), their replies out."""
+        self._take_messages(blocking=not self.has_work() and self._in_flight is None)
+        batch = self._schedule()
+        launched = None
+        if batch is not None:
+            self._idle_logged = False
+            launched = (batch, self.engine.launch(batch))
+            self._on_launch(batch)
+        if self._in_flight is not None:
+            done, out = self._in_flight
+            self._on_result(done, out.tolist())
+        self._in_flight = launched
+        self._send_replies()
+
+    def _take_messages(self, blocking: bool) -> None:
+        for msg in _flatten(self.receive_msg(blocking=blocking)):
+            self._handle(msg)
+
+    def _send_replies(self) -> None:
         if self._replies:
             replies, self._replies = self._replies, []
             self.send_result(replies)
@@ -208,12 +245,19 @@ class Scheduler(SchedulerIOMixin):
         return self.decode.batch(self._grow_for_decode())
 
     def _grow_for_decode(self) -> list[Req]:
-        """Give every running request room for its next token, retracting the newest holders if needed."""
-        reqs = self.decode.ordered()
+        """Give every running request room for its next token, retracting the newest holders if needed.
+        A request whose pending token ends it (max_tokens, context) sits this step out."""
+        reqs = [r for r in self.decode.ordered() if not self._ends_with_pending(r)]
         for r in reqs:
-            while r.table_row >= 0 and not self.table.reserve(r.table_row, r.seq_len):
+            while r.table_row >= 0 and not self.table.reserve(r.table_row, r.cached_len + 1):
                 self._retract(self._newest_holder())
         return [r for r in reqs if r.table_row >= 0]
+
+    def _ends_with_pending(self, req: Req) -> bool:
+        return req.pending > 0 and (
+            req.decoding_output_len >= req.sampling_params.max_tokens
+            or req.seq_len + req.pending >= self.max_seq_len
+        )
 
     def _newest_holder(self) -> Req:
         holders = list(self.decode.running.values()) + self.prefill.prefilling
@@ -236,21 +280,33 @@ class Scheduler(SchedulerIOMixin):
         return len(self.decode) + len(self.prefill.prefilling)
 
     # -- results --------------------------------------------------------------------------------------
-    def _process(self, batch: Batch, tokens: list[int]) -> None:
-        sampled = iter(tokens)
+    def _on_launch(self, batch: Batch) -> None:
+        """A step was launched: its tokens' K/V are in the pool, its samples are pending, and requests
+        whose prefill ended decode from now on."""
         for req, n, samples in zip(batch.reqs, batch.extend_lens, batch.sample_mask, strict=True):
             req.cached_len += n
+            if samples:
+                req.pending += 1
+                if not batch.is_decode:
+                    self.prefill.done(req)
+                    self.decode.add(req)
+
+    def _on_result(self, batch: Batch, tokens: list[int]) -> None:
+        """A step's sampled tokens arrived: append them, reply, and end the requests that finished."""
+        sampled = iter(tokens)
+        for req, samples in zip(batch.reqs, batch.sample_mask, strict=True):
             if not samples:
                 continue
             token = next(sampled)
-            if not batch.is_decode:
-                self.prefill.done(req)
-                self.decode.add(req)
+            req.pending -= 1
+            if req.finished:  # aborted or stopped while this step ran: its token is dropped
+                continue
             req.token_ids.append(token)
             reason = self._finish_reason(req, token)
             self._replies.append(DetokenizeMsg(req.uid, token, bool(reason), reason))
             if reason:
-                self.decode.remove(req.uid)
+                if self.decode.remove(req.uid) is None:
+                    self.prefill.remove(req.uid)  # retracted meanwhile: it waits in the queue
                 self._release(req)
 
     def _finish_reason(self, req: Req, token: int) -> str:
@@ -262,7 +318,9 @@ class Scheduler(SchedulerIOMixin):
         return ""
 
     def _release(self, req: Req) -> None:
-        """Free a finished or aborted request's pages at once."""
+        """Free a finished or aborted request's pages at once (a step still in flight may write its
+        last K/V into them: device work runs in order, so a later owner's writes come after)."""
+        req.finished = True
         if req.table_row >= 0:
             self.table.free_row(req.table_row)
             req.table_row = -1
@@ -275,6 +333,15 @@ class Scheduler(SchedulerIOMixin):
 
     def offline_send_result(self, reply: list[BaseTokenizerMsg]) -> None:
         raise NotImplementedError("offline mode needs a subclass (minisgl.LLM) to take results")
+
+
+def _overlap_enabled(config: Any, engine: Engine | DummyEngine) -> bool:
+    """`config.overlap_schedule`: None = on when the engine runs on a GPU (on a CPU a step returns
+    only once computed, so there is nothing to overlap); the dummy engine never overlaps."""
+    if not isinstance(engine, Engine):
+        return False
+    choice = getattr(config, "overlap_schedule", None)
+    return engine.device.type == "cuda" if choice is None else bool(choice)
 
 
 def _flatten(msgs: list[Any]) -> list[Any]:

@@ -35,6 +35,7 @@ class ServerArgs:
     seed: int = 0
     attention_backend: str = "auto"
     cuda_graph_max_bs: int | None = None
+    disable_overlap: bool = False
     log_level: str = "info"
     startup_timeout: float = 600.0
     unhealthy_grace: float = 1.0  # how long /health reports 503 after a worker died, before exiting
@@ -171,6 +172,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="decode batches up to N replay CUDA graphs captured at start (default 256; 0: off)",
+    )
+    g.add_argument(
+        "--disable-overlap",
+        action="store_true",
+        help="wait for each step's tokens before preparing the next (overlap is on by default on a GPU)",
     )
     g.add_argument("--seed", type=int, default=d.seed, help="sampling seed of requests that give none")
 

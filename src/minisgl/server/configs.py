@@ -96,6 +96,7 @@ def build(args: ServerArgs, model_dir: Path, device: str) -> list[Any]:
         dummy_weights=args.dummy_weights,
         seed=args.seed,
         attention_backend=args.attention_backend,
+        overlap_schedule=False if args.disable_overlap else None,
         dist_init_addr=f"tcp://127.0.0.1:{free_tcp_port()}" if args.tp > 1 else "",
         **options,
     )
