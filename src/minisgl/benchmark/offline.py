@@ -48,20 +48,26 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def output_lengths(num_prompts: int, min_len: int, max_len: int, seed: int) -> list[int]:
+    """Per-prompt output lengths, uniform in [min_len, max_len] (seeded apart from the prompts)."""
+    rng = random.Random(seed + 7919)
+    return [rng.randint(min_len, max_len) for _ in range(num_prompts)]
+
+
 def _time_minisgl(
-    llm: Any, prompts: list[list[int]], output_len: int
+    llm: Any, prompts: list[list[int]], output_lens: list[int]
 ) -> tuple[float, float, list[list[int]], dict[str, float]]:
     """Wall-clock and CPU seconds (all threads of this process) of one run, the tokens, and the
     engine's per-phase counters for this run (empty when the engine keeps none)."""
     from minisgl.core import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in output_lens]
     stats = getattr(llm.engine, "stats", None)
     before = dataclasses.asdict(stats) if stats is not None else {}
     t0, c0 = time.perf_counter(), time.process_time()
     outs = llm.generate(prompts, params)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-    assert all(len(o["token_ids"]) == output_len for o in outs)
+    assert [len(o["token_ids"]) for o in outs] == output_lens
     phases = {k: v - before[k] for k, v in dataclasses.asdict(stats).items()} if stats is not None else {}
     return dt, cpu, [o["token_ids"] for o in outs], phases
 
@@ -177,29 +183,33 @@ def _load(
 
 
 def _bench_one(
-    ms: _Models, prompts: list[list[int]], output_len: int, repeats: int, device: str
+    ms: _Models, prompts: list[list[int]], output_lens: list[int], repeats: int, device: str
 ) -> dict[str, Any]:
-    """Alternate the engines `repeats` times on `prompts`; keep each one's best run."""
+    """Alternate the engines `repeats` times on `prompts`; keep each one's best run. transformers
+    runs only when every prompt has the same output length (one `generate` call)."""
+    hf = ms.hf if len(set(output_lens)) == 1 else None
+    output_len = output_lens[0]
     warm = [prompts[0][:8]]
-    _time_minisgl(ms.llm, warm, 2)  # warm-up: first-call allocations of both engines
-    if ms.hf is not None:
-        _time_hf(ms.hf, warm, 2, ms.pad_id, device)
+    _time_minisgl(ms.llm, warm, [2])  # warm-up: first-call allocations of both engines
+    if hf is not None:
+        _time_hf(hf, warm, 2, ms.pad_id, device)
     best_m = best_h = cpu_m = cpu_h = float("inf")
     toks_m: list[list[int]] = []
     toks_h: list[list[int]] = []
     phases: dict[str, float] = {}
     for _ in tqdm(range(repeats), desc=f"bench offline, {len(prompts)} prompts (minisgl, transformers)"):
-        dt, cpu, toks_m, ph = _time_minisgl(ms.llm, prompts, output_len)
+        dt, cpu, toks_m, ph = _time_minisgl(ms.llm, prompts, output_lens)
         if dt < best_m:
             phases = ph
         best_m, cpu_m = min(best_m, dt), min(cpu_m, cpu)
-        if ms.hf is not None:
-            dt, cpu, toks_h = _time_hf(ms.hf, prompts, output_len, ms.pad_id, device)
+        if hf is not None:
+            dt, cpu, toks_h = _time_hf(hf, prompts, output_len, ms.pad_id, device)
             best_h, cpu_h = min(best_h, dt), min(cpu_h, cpu)
-    total = len(prompts) * output_len
+    total = sum(output_lens)
     res: dict[str, Any] = {
         "num_prompts": len(prompts),
         "prompt_lens": [len(p) for p in prompts],
+        "output_lens": output_lens,
         "minisgl_s": best_m,
         "minisgl_cpu_s": cpu_m,
         "minisgl_tok_s": total / best_m,
@@ -209,7 +219,7 @@ def _bench_one(
         layer_w, head_w = _matmul_params(model)
         bytes_per_w = model.lm_head.weight.element_size()
         res["phases"] = dict(phases, layer_weights=layer_w, head_weights=head_w, bytes_per_weight=bytes_per_w)
-    if ms.hf is not None:
+    if hf is not None:
         same = sum(a == b for a, b in zip(toks_m, toks_h, strict=True))
         res.update(
             hf_s=best_h,
@@ -222,21 +232,47 @@ def _bench_one(
     return res
 
 
-def _roofline(ms: _Models, res: dict[str, Any], output_len: int, bandwidth: float) -> dict[str, float]:
-    """The decode step's bandwidth floor for this workload: weights once plus every request's KV at
-    its mean context, over the measured copy bandwidth; and the fraction of it the steps reached."""
+def matmul_rate(device: str, n: int = 8192) -> float:
+    """bf16 FLOP/s of an n x n x n matmul on random data, median of 10 after warm-up."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    times = []
+    for i in range(13):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        if i >= 3:
+            times.append(start.elapsed_time(end) / 1e3)
+    return 2 * n**3 / sorted(times)[len(times) // 2]
+
+
+def _roofline(ms: _Models, res: dict[str, Any], bandwidth: float, flops: float) -> dict[str, float]:
+    """The workload's floor: every decode step reads the weights once plus the KV of the requests
+    still running (all admitted at once), over the measured copy bandwidth; prefill does its matmul
+    FLOPs at the measured matmul rate. Also the mean decode step's floor against the measured one."""
     engine = ms.llm.engine
     weights = _decode_weight_bytes(engine.model)
     kv_per_token = sum(k.shape[1] * k.shape[2] * k.element_size() * 2 for k in engine.pool.k)
-    mean_ctx = sum(res["prompt_lens"]) / len(res["prompt_lens"]) + output_len / 2
-    floor_s = (weights + res["num_prompts"] * mean_ctx * kv_per_token) / bandwidth
+    ins, outs = res["prompt_lens"], res["output_lens"]
+    decode_s = 0.0
+    for t in range(1, max(outs)):  # step t feeds each running request's t-th output token
+        kv = sum(n + t for n, o in zip(ins, outs, strict=True) if o > t) * kv_per_token
+        decode_s += (weights + kv) / bandwidth
+    layer_w, head_w = _matmul_params(engine.model)
+    prefill_s = (2 * layer_w * sum(ins) + 2 * head_w * len(ins)) / flops
     ph = res.get("phases", {})
-    step_s = ph["decode_s"] / ph["decode_batches"] if ph.get("decode_batches") else float("nan")
+    steps = ph.get("decode_batches", 0)
+    step_s = ph["decode_s"] / steps if steps else float("nan")
+    floor_step = decode_s / max(1, max(outs) - 1)
     return {
         "weight_bytes": weights,
-        "floor_ms": floor_s * 1e3,
+        "floor_ms": floor_step * 1e3,
         "step_ms": step_s * 1e3,
-        "fraction": floor_s / step_s,
+        "fraction": floor_step / step_s,
+        "workload_floor_s": decode_s + prefill_s,
+        "workload_tok_s": sum(outs) / (decode_s + prefill_s),
     }
 
 
@@ -253,6 +289,7 @@ def run_offline_bench(
     device: str = "auto",
     model_config: str | None = None,
     batch_sizes: list[int] | None = None,
+    max_output_len: int | None = None,
     **llm_options: Any,
 ) -> dict[str, Any]:
     """Run both engines `repeats` times on one seeded workload per batch size (default: one of
@@ -264,23 +301,27 @@ def run_offline_bench(
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     with tempfile.TemporaryDirectory(prefix="msgl-bench-") as tmp:
         ms = _load(model, model_config, device, dtype, skip_hf, Path(tmp), **llm_options)
-        bandwidth = copy_bandwidth(device) if device.startswith("cuda") else None
+        cuda = device.startswith("cuda")
+        bandwidth, flops = (copy_bandwidth(device), matmul_rate(device)) if cuda else (None, None)
         runs = []
         for n in batch_sizes or [num_prompts]:
             prompts = make_workload(n, min_input_len, max_input_len, ms.llm.vocab_size, seed)
-            res = _bench_one(ms, prompts, output_len, repeats, device)
+            out_lens = output_lengths(n, output_len, max_output_len or output_len, seed)
+            res = _bench_one(ms, prompts, out_lens, repeats, device)
             if bandwidth is not None and "phases" in res:
-                res["roofline"] = _roofline(ms, res, output_len, bandwidth)
+                res["roofline"] = _roofline(ms, res, bandwidth, flops)
             runs.append(res)
     return {
         "device": device,
         "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor(),
         "dtype": str(dtype).removeprefix("torch."),
         "model": ms.label,
-        "output_len": output_len,
+        "output_len_range": (output_len, max_output_len or output_len),
         "input_len_range": (min_input_len, max_input_len),
         "threads": torch.get_num_threads(),
         "copy_bandwidth": bandwidth,
+        "matmul_rate": flops,
+        "overlap": ms.llm.overlap,
         "runs": runs,
     }
 
@@ -290,12 +331,17 @@ def print_report(res: dict[str, Any]) -> None:
         f"machine: {res['device_name'] or platform.machine()} ({res['device']}), torch threads {res['threads']}"
     )
     if res["copy_bandwidth"]:
-        print(f"device copy bandwidth (read + write), measured: {res['copy_bandwidth'] / 1e12:.2f} TB/s")
+        print(
+            f"measured here: device copy {res['copy_bandwidth'] / 1e12:.2f} TB/s (read + write), "
+            f"bf16 matmul {res['matmul_rate'] / 1e12:.0f} TFLOP/s; overlap scheduling {'on' if res['overlap'] else 'off'}"
+        )
     lo, hi = res["input_len_range"]
+    olo, ohi = res["output_len_range"]
+    outs = f"{olo}" if olo == ohi else f"uniform random in [{olo}, {ohi}]"
     print(
-        f"model: {res['model']}, {res['dtype']}; input lengths uniform random in [{lo}, {hi}], "
-        f"{res['output_len']} output tokens each (greedy); transformers: the same prompts left-padded "
-        "in one generate call"
+        f"model: {res['model']}, {res['dtype']}; input lengths uniform random in [{lo}, {hi}], output "
+        f"lengths {outs} (greedy, ignore EOS); transformers (equal output lengths only): the same "
+        "prompts left-padded in one generate call"
     )
     for run in res["runs"]:
         lens = run["prompt_lens"]
@@ -313,7 +359,9 @@ def print_report(res: dict[str, Any]) -> None:
             r = run["roofline"]
             print(
                 f"  roofline   : decode step floor {r['floor_ms']:.2f} ms ({r['weight_bytes'] / 1e9:.2f} GB of "
-                f"weights + KV), measured {r['step_ms']:.2f} ms: {100 * r['fraction']:.0f}% of the roofline"
+                f"weights + KV), measured {r['step_ms']:.2f} ms: {100 * r['fraction']:.0f}% of the roofline; "
+                f"whole workload floor {r['workload_floor_s']:.2f} s = {r['workload_tok_s']:.0f} output tok/s, "
+                f"reached {100 * run['minisgl_tok_s'] / r['workload_tok_s']:.0f}%"
             )
         if "hf_tok_s" in run:
             print(
@@ -353,7 +401,11 @@ def main(ns: argparse.Namespace) -> int:
     ):
         print("minisgl bench offline: counts must be >= 1 and --max-input-len >= --min-input-len")
         return 2
-    extra = {} if ns.cuda_graph_max_bs is None else {"cuda_graph_max_bs": ns.cuda_graph_max_bs}
+    extra: dict[str, Any] = (
+        {} if ns.cuda_graph_max_bs is None else {"cuda_graph_max_bs": ns.cuda_graph_max_bs}
+    )
+    if ns.disable_overlap:
+        extra["overlap_schedule"] = False
     res = run_offline_bench(
         ns.num_prompts,
         ns.output_len,
@@ -367,6 +419,7 @@ def main(ns: argparse.Namespace) -> int:
         ns.device,
         ns.model_config,
         sizes,
+        ns.max_output_len,
         **extra,
     )
     print_report(res)

@@ -11,7 +11,15 @@ __all__ = ["add_arguments"]
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default=None, help="HF dir or GGUF file (default: the embedded model)")
     ap.add_argument("--num-prompts", type=int, default=16)
-    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument(
+        "--output-len",
+        type=int,
+        default=64,
+        help="output tokens per prompt (the minimum with --max-output-len)",
+    )
+    ap.add_argument(
+        "--max-output-len", type=int, default=None, help="output lengths uniform in [--output-len, this]"
+    )
     ap.add_argument("--min-input-len", type=int, default=16)
     ap.add_argument("--max-input-len", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per engine; the best counts")
@@ -36,3 +44,4 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--cuda-graph-max-bs", type=int, default=None, help="as for `minisgl serve` (0: no graphs)"
     )
+    ap.add_argument("--disable-overlap", action="store_true", help="as for `minisgl serve`")
