@@ -64,8 +64,8 @@ def test_logits_within_bf16_tolerance_of_transformers(model_dir: Path) -> None:
         captured.append(logits.float().cpu())
         return sample(logits, params, generators)
 
-    def spy_replay(inputs: torch.Tensor):  # noqa: ANN202  (greedy decode steps skip the sampler)
-        logits, best = replay(inputs)
+    def spy_replay(inputs: torch.Tensor, pending=None):  # noqa: ANN001, ANN202  (greedy steps skip the sampler)
+        logits, best = replay(inputs, pending)
         captured.append(logits.float().cpu())
         assert torch.equal(best, logits.argmax(dim=-1))
         return logits, best
