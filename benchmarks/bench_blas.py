@@ -13,25 +13,18 @@ import tempfile
 from pathlib import Path
 
 import torch
+from profile_decode import replay_ms  # benchmarks/, the script's own folder
 
 from minisgl import LLM, SamplingParams
 from minisgl.benchmark.offline import make_workload
 from minisgl.benchmark.presets import preset_config, write_model_dir
 
 
-def replay_ms(llm: LLM, bs: int, iters: int = 100) -> float:
+def decode_replay_ms(llm: LLM, bs: int) -> float:
+    """Run a short generate of `bs` prompts (so the graphs see real metadata), then time a replay."""
     prompts = make_workload(bs, 256, 256, llm.vocab_size, 0)
     llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))
-    graph = llm.engine.graphs.graphs[llm.engine.graphs.padded_size(bs)]
-    for _ in range(10):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
+    return replay_ms(llm, bs, iters=100)
 
 
 def main() -> None:
@@ -53,7 +46,7 @@ def main() -> None:
                 kv_cache_memory=4 << 30,
                 cuda_graph_max_bs=8,
             )
-            times = {bs: replay_ms(llm, bs) for bs in (1, 8)}
+            times = {bs: decode_replay_ms(llm, bs) for bs in (1, 8)}
             print(f"{mode:10} " + "  ".join(f"bs={bs}: {t:.3f} ms" for bs, t in times.items()), flush=True)
             torch.cuda.tunable.tuning_enable(False)
             del llm

@@ -22,7 +22,8 @@ from minisgl.benchmark.offline import make_workload
 from minisgl.benchmark.presets import preset_config, write_model_dir
 
 
-def _replay_ms(llm: LLM, bs: int, iters: int = 50) -> float:
+def replay_ms(llm: LLM, bs: int, iters: int = 50) -> float:
+    """GPU time of one replay of the decode graph that holds a batch of `bs` (events, after warm-up)."""
     runner = llm.engine.graphs
     size = runner.padded_size(bs)
     graph = runner.graphs[size]
@@ -57,7 +58,7 @@ def main() -> None:
         llm.generate(prompts, params)
         wall = time.perf_counter() - t0
         step_ms = (st.decode_s - d0) / (st.decode_batches - n0) * 1e3
-        replay = _replay_ms(llm, ns.batch_size)
+        replay = replay_ms(llm, ns.batch_size)
         print(
             f"{ns.model_config} bs={ns.batch_size}: decode step {step_ms:.3f} ms through the scheduler "
             f"({ns.batch_size * 1e3 / step_ms:.0f} tok/s), graph replay alone {replay:.3f} ms on the GPU, "
