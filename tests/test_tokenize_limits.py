@@ -93,6 +93,18 @@ def test_a_long_prompt_that_fits_is_not_refused_by_the_bound(tokenizer) -> None:
     assert len(msg.input_ids) == n_tokens
 
 
+def test_bytes_the_tokenizer_drops_are_not_counted(tokenizer) -> None:
+    """SmolLM2's vocabulary lacks 21 of the 256 byte-level characters (control characters among
+    them): BPE silently drops those bytes, so they must not count towards the bound."""
+    bound = LengthBound.of(tokenizer)
+    assert bound is not None and 0x16 in bound.dropped and len(bound.dropped) == 21
+    text = "\x16" * 50_000 + "Hello"
+    assert bound.min_tokens(text) <= len(tokenizer.encode(text)) == 1
+    m, _ = manager(tokenizer)
+    [msg] = m.prepare(TokenizeMsg(uid=1, text=text, sampling_params=SamplingParams(max_tokens=4)))
+    assert len(msg.input_ids) == 1
+
+
 _SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<repo_name>"]
 _TEXT = st.lists(
     st.one_of(
@@ -211,6 +223,7 @@ def _set(path: list[str], value: object):
         ),
         (lambda spec: spec["added_tokens"][0].update(lstrip=True), "swallows spaces"),
         (_set(["model", "byte_fallback"], False), "an unknown character becomes one <unk>"),
+        (lambda spec: spec["model"]["vocab"].pop("<0x16>"), "a byte token is missing"),
     ],
 )
 def test_no_bound_where_it_could_be_wrong(sentencepiece_like, edit, why: str) -> None:

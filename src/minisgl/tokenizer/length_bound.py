@@ -4,13 +4,15 @@ context is refused without being tokenized (tokenizing a megabyte takes the work
 The bound must never exceed the true count, or a valid request would be refused. It holds for a
 tokenizer whose tokens together cover every byte of the text it tokenizes:
 
-    tokens(text) >= ceil(bytes(normalized text) / L)
+    tokens(text) >= ceil(bytes(normalized text, less the bytes it may drop) / L)
 
 where L is the most bytes of normalized text one token can stand for. That is the case for a BPE
-model that cannot drop a character (a byte-level alphabet, or byte fallback for unknown characters)
-behind normalizers and pre-tokenizers that never shorten the text beyond what we measure: we run the
-tokenizer's own normalizer (fast, no BPE) and measure its output; pre-tokenizers may only split or
-grow it. Anything else — a Unigram or WordPiece model, a pre-tokenizer that removes whitespace, a
+model that cannot drop a character unnoticed: a byte-level alphabet (a byte whose character is not
+in the vocabulary vanishes: SmolLM2 lacks 21 of the 256, control characters among them, so those
+bytes are not counted), or byte fallback with all 256 byte tokens; behind normalizers and
+pre-tokenizers that never shorten the text beyond what we measure: we run the tokenizer's own
+normalizer (fast, no BPE) and measure its output; pre-tokenizers may only split or grow it. Anything
+else — a Unigram or WordPiece model, a pre-tokenizer that removes whitespace, a
 `Strip` normalizer, added tokens that swallow neighbouring spaces (lstrip/rstrip), truncation set in
 the tokenizer — gets no bound (`LengthBound.of` returns None) and every prompt is tokenized.
 """
@@ -47,11 +49,15 @@ class LengthBound:
 
     max_token_bytes: int  # L: the most normalized-text bytes one token stands for
     normalize: Callable[[str], str] | None  # the tokenizer's own normalizer, if it has one
+    dropped: bytes = b""  # byte values the tokenizer may silently drop (not counted)
 
     def min_tokens(self, text: str) -> int:
         if self.normalize is not None:
             text = self.normalize(text)
-        return -(-len(_utf8(text)) // self.max_token_bytes)
+        data = _utf8(text)
+        if self.dropped:
+            data = data.translate(None, self.dropped)
+        return -(-len(data) // self.max_token_bytes)
 
     @classmethod
     def of(cls, tokenizer: Any) -> LengthBound | None:
@@ -66,6 +72,8 @@ class LengthBound:
             spec.get("normalizer"), "ByteLevel"
         )
         vocab = spec["model"].get("vocab") or {}
+        if not byte_level and not all(f"<0x{b:02X}>" in vocab for b in range(256)):
+            return None  # byte fallback without all its byte tokens: a character could vanish
         # A byte-level token's characters are bytes one for one; any other token is a piece of the
         # (pre-tokenized) text itself, or a byte-fallback "<0x41>" that stands for fewer bytes.
         sizes = [len(t) if byte_level else len(_utf8(t)) for t in vocab]
@@ -76,11 +84,36 @@ class LengthBound:
             sizes += [len(_utf8(content)), len(_utf8(normalize(content) if normalize else content))]
         if not sizes:
             return None
-        return cls(max(max(sizes), 1), normalize)
+        dropped = _unknown_bytes(vocab) if byte_level else b""
+        return cls(max(max(sizes), 1), normalize, dropped)
 
 
 def _utf8(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
+
+
+def _unknown_bytes(vocab: dict[str, int]) -> bytes:
+    """The bytes whose byte-level character is not in the vocabulary: BPE drops them (or, with an
+    unknown token, may fuse a run of them into one token)."""
+
+    chars = _byte_level_chars()
+    return bytes(b for b in range(256) if chars[b] not in vocab)
+
+
+def _byte_level_chars() -> list[str]:
+    """GPT-2's byte-to-character table (what the ByteLevel pre-tokenizer maps byte b to)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    table = {b: chr(b) for b in printable}
+    n = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + n)
+            n += 1
+    return [table[b] for b in range(256)]
 
 
 def _covers_every_byte(spec: dict[str, Any]) -> bool:
