@@ -94,5 +94,6 @@ def test_fuzz_http_bodies_in_process(app: App, fuzz_report) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_fuzz_http_bodies_in_process_long(app: App, fuzz_report) -> None:
     fuzz_report("HTTP bodies, in-process ASGI app (fake workers), slow run", fuzz(app, 25_000))

@@ -140,6 +140,7 @@ def test_fuzz_frontend_reply_socket(server: ServerProcess, fuzz_report) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_fuzz_real_server_long(server: ServerProcess, fuzz_report) -> None:
     fuzz_report("HTTP bodies, real `minisgl serve --engine dummy`, slow run", fuzz_http(server, 3000))
     counts = fuzz_socket(server, "backend", "backend", 10_000)

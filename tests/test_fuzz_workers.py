@@ -176,6 +176,7 @@ def test_fuzz_tokenizer_and_detokenizer_inputs(worker: Worker, fuzz_report) -> N
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_fuzz_worker_inputs_long(worker: Worker, fuzz_report) -> None:
     fuzz(worker, "tokenizer", 10_000, fuzz_report, "tokenizer input (worker process), slow run")
     fuzz(worker, "detokenizer", 10_000, fuzz_report, "detokenizer input (worker process), slow run")

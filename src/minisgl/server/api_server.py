@@ -157,7 +157,7 @@ class _BodyLimit:
         while True:
             message = await receive()
             if message["type"] != "http.request":  # the client left: let the app see it
-                await self.app(scope, _replay([], message, receive), send)
+                await self.app(scope, _replay(message, receive), send)
                 return
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
@@ -167,7 +167,7 @@ class _BodyLimit:
             if not message.get("more_body", False):
                 break
         body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        await self.app(scope, _replay([body], None, receive), send)
+        await self.app(scope, _replay(body, receive), send)
 
     async def _too_large(self, scope: Any, receive: Any, send: Any) -> None:
         message = (
@@ -177,12 +177,12 @@ class _BodyLimit:
         await error_response(413, message, "invalid_request_error")(scope, receive, send)
 
 
-def _replay(messages: list[dict], then: dict | None, receive: Any) -> Any:
-    """A `receive` that gives `messages` (and `then`), then reads on from the real one."""
-    queue = [*messages, *([then] if then is not None else [])]
+def _replay(first: dict, receive: Any) -> Any:
+    """A `receive` that gives `first` once, then reads on from the real one."""
+    pending = [first]
 
     async def replay() -> dict:
-        return queue.pop(0) if queue else await receive()
+        return pending.pop() if pending else await receive()
 
     return replay
 

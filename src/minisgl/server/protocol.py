@@ -28,22 +28,32 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 def lone_surrogate_at(data: Any) -> str | None:
     """Where in a decoded JSON value (keys included) a string holds a lone surrogate, e.g.
-    "messages[0].content"; None if nowhere. Iterative: JSON nesting depth is the client's choice."""
-    stack: list[tuple[Any, str]] = [(data, "")]
+    "messages[0].content"; None if nowhere. Iterative (JSON nesting depth is the client's choice)
+    and quick over long lists of numbers (token ids)."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(data, ())]
     while stack:
         value, path = stack.pop()
         if isinstance(value, str):
-            if not value.isascii() and _SURROGATE.search(value):
-                return path or "the body"
+            if _has_surrogate(value):
+                return _json_path(path)
         elif isinstance(value, dict):
             for k, v in value.items():
-                key = f"{path}.{k}" if path else str(k)
-                if isinstance(k, str) and not k.isascii() and _SURROGATE.search(k):
-                    return f"a key in {path or 'the body'}"
-                stack.append((v, key))
+                if isinstance(k, str) and _has_surrogate(k):
+                    return f"a key in {_json_path(path)}"
+                if isinstance(v, (str, dict, list)):
+                    stack.append((v, (*path, str(k))))
         elif isinstance(value, list):
-            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
+            stack.extend((v, (*path, i)) for i, v in enumerate(value) if isinstance(v, (str, dict, list)))
     return None
+
+
+def _has_surrogate(text: str) -> bool:
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
+def _json_path(path: tuple[str | int, ...]) -> str:
+    out = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+    return out or "the body"
 
 
 class _Body(BaseModel):
