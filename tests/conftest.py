@@ -17,6 +17,26 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# What the fuzz tests sent (name -> count), printed at the end of the run for the issue's note.
+FUZZ_COUNTS: dict[str, int] = {}
+
+
+@pytest.fixture
+def fuzz_report():
+    """`fuzz_report(name, count)` records how many inputs a fuzz test sent."""
+
+    def record(name: str, count: int) -> None:
+        FUZZ_COUNTS[name] = FUZZ_COUNTS.get(name, 0) + count
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if FUZZ_COUNTS:
+        terminalreporter.section("fuzz counts")
+        for name, count in FUZZ_COUNTS.items():
+            terminalreporter.write_line(f"{count:>8,}  {name}")
+
 
 @pytest.fixture
 def ipc_dir() -> Iterator[Path]:

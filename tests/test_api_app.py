@@ -36,7 +36,8 @@ class FakeWorkers:
         for m in msg.data if isinstance(msg, BatchTokenizerMsg) else [msg]:
             if isinstance(m, TokenizeMsg):
                 self.received.append(m)
-                self.tasks[m.uid] = asyncio.create_task(self.run(m))
+                for i in range(m.n):  # choice i: uid + i (the real tokenizer also gives it seed + i)
+                    self.tasks[m.uid + i] = asyncio.create_task(self.run(m, m.uid + i))
             elif isinstance(m, AbortMsg):
                 self.aborted.append(m.uid)
                 task = self.tasks.get(m.uid)
@@ -46,17 +47,19 @@ class FakeWorkers:
     async def recv(self):
         return await self.out.get()
 
-    async def run(self, m: TokenizeMsg) -> None:
+    async def run(self, m: TokenizeMsg, uid: int) -> None:
         if isinstance(m.text, str):
             prompt = m.text
         elif m.text and isinstance(m.text[0], dict):
             prompt = " ".join(d["content"] for d in m.text)
         else:
             prompt = " ".join(f"t{t}" for t in m.text)
+        if "SILENT" in prompt:
+            return  # a tokenizer that never answers
         if "REJECT" in prompt:
-            self.out.put_nowait(UserReply(m.uid, "", True, "error", error="prompt too long for the context"))
+            self.out.put_nowait(UserReply(uid, "", True, "error", error="prompt too long for the context"))
             return
-        self.out.put_nowait(UserReply(m.uid, "", False, prompt_tokens=len(prompt.split())))
+        self.out.put_nowait(UserReply(uid, "", False, prompt_tokens=len(prompt.split())))
         words = ("echo: " + prompt).split(" ")
         k = 0
         while True:
@@ -66,7 +69,7 @@ class FakeWorkers:
             length = m.sampling_params.max_tokens > 0 and k >= m.sampling_params.max_tokens
             done = length or (k >= len(words) and "FOREVER" not in prompt)
             reason = ("length" if length else "stop") if done else ""
-            self.out.put_nowait(UserReply(m.uid, piece, done, reason, completion_tokens=k))
+            self.out.put_nowait(UserReply(uid, piece, done, reason, completion_tokens=k))
             if done:
                 return
 
@@ -133,7 +136,8 @@ async def test_n_choices_and_prompt_lists(api) -> None:
     assert [c["text"] for c in body["choices"]] == ["echo: x y "] * 2 + ["echo: z "] * 2
     assert body["usage"]["prompt_tokens"] == 3  # each prompt once, not once per choice
     assert body["usage"]["completion_tokens"] == 3 + 3 + 2 + 2
-    assert [m.sampling_params.seed for m in api.workers.received[-4:]] == [5, 6, 5, 6]
+    # one message per prompt, tokenized once for both choices; the tokenizer gives choice i seed 5 + i
+    assert [(m.n, m.sampling_params.seed) for m in api.workers.received[-2:]] == [(2, 5), (2, 5)]
     r = await api.post("/v1/completions", json={"prompt": [[5, 6], [7]]})
     assert [c["text"] for c in r.json()["choices"]] == ["echo: t5 t6 ", "echo: t7 "]
     r = await api.post("/v1/completions", json={"prompt": [5, 6, 7]})

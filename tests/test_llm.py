@@ -136,6 +136,24 @@ def test_top_k_1_equals_greedy(llm: LLM, prompt_ids: list[list[int]], hf_tokens:
     assert llm.generate(prompt_ids[4], sp)[0]["token_ids"] == hf_tokens[4]
 
 
+def test_degenerate_sampling_params_run_and_match_greedy(
+    llm: LLM, prompt_ids: list[list[int]], hf_tokens: list[list[int]]
+) -> None:
+    """Issue 9: temperatures and top_p that round to 0 in float32 once made the sampler index -1 and
+    killed the scheduler. Tiny temperatures now sample greedily; a tiny top_p keeps the top token."""
+    batch = [prompt_ids[0], prompt_ids[1], prompt_ids[5]]
+    params = [
+        SamplingParams(temperature=1e-40, max_tokens=N_NEW, ignore_eos=True),
+        SamplingParams(temperature=1.0, top_p=1e-46, max_tokens=N_NEW, ignore_eos=True, seed=3),
+        SamplingParams(temperature=2e-6, top_k=2**80, max_tokens=N_NEW, ignore_eos=True),
+    ]
+    outs = llm.generate(batch, params)
+    assert [o["token_ids"] for o in outs] == [hf_tokens[0], hf_tokens[1], hf_tokens[5]]
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature"):
+            llm.generate("Hi", SamplingParams(temperature=bad, max_tokens=2))
+
+
 def test_stop_token_ids_and_eos(llm: LLM, prompt_ids: list[list[int]], hf_tokens: list[list[int]]) -> None:
     ref = hf_tokens[3]
     stop = ref[5]

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+import torch
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -236,6 +237,49 @@ def test_openai_client_raises_on_context_overflow(client) -> None:
         client.chat.completions.create(model="smol", messages=QUESTION, max_tokens=10_000)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=QUESTION)
+
+
+def test_degenerate_sampling_params_do_not_take_the_server_down(server) -> None:
+    """Issue 9: a temperature or top_p that rounds to 0 in float32 made the sampler index -1 and the
+    scheduler die; a NaN temperature sent straight to the scheduler's socket did the same."""
+    from minisgl.core import SamplingParams
+    from minisgl.message import BaseBackendMsg, UserMsg
+    from minisgl.utils import ZmqPushQueue
+
+    base = {"model": "smol", "prompt": "The capital of France is", "max_tokens": 4}
+    greedy = httpx.post(server.url + "/v1/completions", json={**base, "temperature": 0}, timeout=60).json()
+    for extra in ({"temperature": 1e-40}, {"temperature": 1.0, "top_p": 1e-46}, {"temperature": 5e-6}):
+        r = httpx.post(server.url + "/v1/completions", json={**base, **extra}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == greedy["choices"][0]["text"], extra
+    [backend] = server.ipc_root.glob("msgl-*/backend")
+    start = len(server.output())
+    push = ZmqPushQueue(f"ipc://{backend}", create=False, encoder=BaseBackendMsg.encoder)
+    try:
+        ids = torch.tensor([504, 3575], dtype=torch.int32)
+        push.put(UserMsg(10**9, ids, SamplingParams(temperature=float("nan"), max_tokens=4)))
+    finally:
+        push.stop(linger_ms=2000)
+    server.wait_for_log(re.compile(r"rejected request 1000000000: temperature must be"), start)
+    r = httpx.post(server.url + "/v1/completions", json={**base, "temperature": 0}, timeout=60)
+    assert r.json()["choices"][0]["text"] == greedy["choices"][0]["text"]
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_large_requests_are_refused_early(server) -> None:
+    """Issue 9: a 1 MB prompt with n=64 was tokenized 64 times (25 s). Now it is refused by its
+    length alone; a body over --max-request-bytes (8 MiB by default) gets 413."""
+    huge = {"model": "smol", "prompt": "Lorem ipsum dolor sit amet. " * 40_000, "n": 64, "max_tokens": 4}
+    t0 = time.monotonic()
+    r = httpx.post(server.url + "/v1/completions", json=huge, timeout=60)
+    assert r.status_code == 400 and "at least" in r.json()["error"]["message"], r.text
+    assert time.monotonic() - t0 < 30  # generous: it used to take 25 s on this machine
+    body = b'{"prompt": "' + b"x" * (9 * 2**20) + b'"}'
+    r = httpx.post(
+        server.url + "/v1/completions", content=body, headers={"content-type": "application/json"}, timeout=60
+    )
+    assert r.status_code == 413 and "--max-request-bytes" in r.json()["error"]["message"]
+    assert httpx.get(server.url + "/health").status_code == 200
 
 
 def test_disconnect_aborts_and_frees_pages(server) -> None:

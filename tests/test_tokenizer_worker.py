@@ -122,3 +122,40 @@ def test_abort_and_scheduler_error_and_garbage(pipes) -> None:
         got += replies(api_in)
     assert (got[0].uid, got[0].finish_reason, got[0].error) == (4, "error", "no room")
     assert (got[1].uid, got[1].finish_reason, got[1].incremental_output) == (5, "abort", "")
+
+
+def test_n_choices_get_one_ack_and_one_request_each(pipes) -> None:
+    worker, api_out, _, sched_in, api_in = pipes
+    api_out.put(TokenizeMsg(uid=20, text="Hello there", sampling_params=SamplingParams(max_tokens=4), n=3))
+    step(worker)
+    acks = replies(api_in)
+    assert [(r.uid, r.finished, r.prompt_tokens > 0) for r in acks] == [
+        (20, False, True),
+        (21, False, True),
+        (22, False, True),
+    ]
+    batch = sched_in.get()
+    assert [m.uid for m in batch.data] == [20, 21, 22]
+    api_out.put(TokenizeMsg(uid=30, text="", sampling_params=SamplingParams(max_tokens=4), n=2))
+    step(worker)
+    assert [(r.uid, r.finish_reason) for r in replies(api_in)] == [(30, "error"), (31, "error")]
+
+
+def test_a_reply_that_cannot_be_encoded_is_dropped_alone(pipes) -> None:
+    """uids near msgpack's limit (only a malformed message sends them): the choices whose uid
+    overflows are dropped, logged; the rest, and the worker, go on."""
+    worker, api_out, _, sched_in, api_in = pipes
+    top = 2**64 - 1
+    api_out.put(TokenizeMsg(uid=top - 1, text="Hi", sampling_params=SamplingParams(max_tokens=4), n=3))
+    api_out.put(TokenizeMsg(uid=40, text="Hi", sampling_params=SamplingParams(max_tokens=4)))
+    step(worker)
+    got = []
+    while api_in.poll(0.5):
+        msg = api_in.get()
+        got += msg.data if isinstance(msg, BatchFrontendMsg) else [msg]
+    assert sorted(r.uid for r in got) == [40, top - 1, top]
+    sent = []
+    while sched_in.poll(0.5):
+        msg = sched_in.get()
+        sent += msg.data if hasattr(msg, "data") else [msg]
+    assert sorted(m.uid for m in sent) == [40, top - 1, top]

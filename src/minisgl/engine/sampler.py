@@ -45,20 +45,25 @@ class Sampler:
     ) -> torch.Tensor:
         n, vocab = logits.shape
         dev = logits.device
-        temps = torch.tensor([p.temperature for p in params], device=dev, dtype=logits.dtype)
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=dev)
-        top_p = torch.tensor([p.top_p for p in params], device=dev, dtype=logits.dtype)
-        sorted_logits, sorted_idx = (logits / temps[:, None]).sort(dim=-1, descending=True)  # (n, V)
+        f32 = torch.float32  # whatever the logits' dtype, 1/T and the CDF need float32's range
+        temps = torch.tensor([p.temperature for p in params], device=dev, dtype=f32)
+        top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=dev)
+        top_p = torch.tensor([p.top_p for p in params], device=dev, dtype=f32)
+        sorted_logits, sorted_idx = (logits.to(f32) / temps[:, None]).sort(dim=-1, descending=True)  # (n, V)
         rank = torch.arange(vocab, device=dev)
         sorted_logits.masked_fill_(rank[None, :] >= top_k[:, None], float("-inf"))
-        probs = sorted_logits.softmax(dim=-1)  # (n, V), descending
-        # top-p: keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        probs.masked_fill_(probs.cumsum(dim=-1) - probs >= top_p[:, None], 0.0)
+        # (n, V), descending. A row with NaN or +inf logits (or all -inf) has NaN probabilities:
+        # zeroed, it has no mass and falls back to its first sorted token below.
+        probs = sorted_logits.softmax(dim=-1).nan_to_num_(nan=0.0)
+        # top-p: keep the smallest prefix whose mass reaches top_p; the first token always stays,
+        # even when top_p rounds to 0 in float32.
+        probs.masked_fill_((probs.cumsum(dim=-1) - probs >= top_p[:, None]) & (rank[None, :] > 0), 0.0)
         cdf = probs.cumsum(dim=-1)  # (n, V)
         u = self._uniforms(generators, dev) * cdf[:, -1]  # (n,) in [0, mass)
         choice = torch.searchsorted(cdf, u[:, None], right=True)  # (n, 1)
-        # Rounding can put u at the very top of the CDF: never step past the last kept token.
-        last_kept = (probs > 0).sum(dim=-1, keepdim=True) - 1
+        # Rounding can put u at the very top of the CDF: never step past the last kept token (nor
+        # below the first, for a row with no mass at all).
+        last_kept = ((probs > 0).sum(dim=-1, keepdim=True) - 1).clamp_(min=0)
         choice = torch.minimum(choice, last_kept)
         return sorted_idx.gather(1, choice).squeeze(1)
 

@@ -26,11 +26,14 @@ class BatchTokenizerMsg(BaseTokenizerMsg):
 @_GROUP.register
 @dataclass
 class TokenizeMsg(BaseTokenizerMsg):
-    """From the API server: a prompt (text, chat messages, or token ids) to tokenize and schedule."""
+    """From the API server: a prompt (text, chat messages, or token ids) to tokenize once and
+    schedule as `n` requests (choices), uids `uid .. uid + n - 1`; choice i samples with seed + i
+    when a seed is given."""
 
     uid: int
     text: str | list[dict[str, str]] | list[int]
     sampling_params: SamplingParams
+    n: int = 1
 
 
 @_GROUP.register

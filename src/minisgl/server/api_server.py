@@ -6,9 +6,12 @@ and a `ServerState` (health, model names); the launcher runs it under uvicorn, t
 it against a fake backend. Every error, a client's or ours, is answered in OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}`; a client's mistake is never a 500.
 
-A request with `n` choices (times the number of prompts) becomes that many scheduler requests. A
-client that disconnects has all of its unfinished requests aborted: streaming responses notice it
-through the ASGI server, non-streaming ones by polling `request.is_disconnected()`.
+A request with `n` choices (times the number of prompts) becomes that many scheduler requests, each
+prompt tokenized once. A client that disconnects has all of its unfinished requests aborted:
+streaming responses notice it through the ASGI server; a handler waiting for the tokenizer's verdict
+or for a non-streaming result, by polling `request.is_disconnected()`. The wait for the tokenizer's
+verdict is bounded (`ServerState.tokenize_timeout`), and a body over `max_request_bytes` gets 413
+before it is read.
 """
 
 from __future__ import annotations
@@ -27,12 +30,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from minisgl.core import SamplingParams
+
 from .frontend import Chunk, FrontendManager, Overloaded, RequestError, RequestStream
-from .protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest, SamplingRequest
+from .protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 logger = logging.getLogger("minisgl.server")
 
 _DISCONNECT_POLL_S = 0.25
+DEFAULT_MAX_REQUEST_BYTES = 8 * 2**20
+DEFAULT_TOKENIZE_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -43,6 +50,8 @@ class ServerState:
     model_name: str
     model_aliases: set[str] = field(default_factory=set)
     max_seq_len: int = 0
+    max_request_bytes: int | None = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413; None: no cap
+    tokenize_timeout: float = DEFAULT_TOKENIZE_TIMEOUT_S  # seconds to wait for the tokenizer's verdict
     status: str = "starting"  # starting | serving | stopping | unhealthy
     detail: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
@@ -65,6 +74,12 @@ class APIError(Exception):
 _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error"}
 
 
+def _printable(text: str) -> str:
+    """`text` made encodable as UTF-8: a lone surrogate (from the client's JSON) becomes '\\udXXX'.
+    An error message that echoes the client's input must not itself fail to be sent (a 500)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_response(
     status: int,
     message: str,
@@ -75,10 +90,10 @@ def error_response(
     type_ = type_ or _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     body = {
         "error": {
-            "message": message,
+            "message": _printable(message),
             "type": type_,
-            "param": param,
-            "code": code if code is not None else status,
+            "param": None if param is None else _printable(param),
+            "code": _printable(code) if isinstance(code, str) else code if code is not None else status,
         }
     }
     return JSONResponse(body, status_code=status)
@@ -93,7 +108,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return f"malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}", None
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
-    msg = first.get("msg", "invalid value")
+    msg = first.get("msg", "invalid value").removeprefix("Value error, ")
     return (f"{param}: {msg}" if param else msg), param
 
 
@@ -119,6 +134,57 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 # ---- request plumbing --------------------------------------------------------------------------
+
+
+class _BodyLimit:
+    """ASGI middleware: a request body over `limit` bytes is answered 413 without being read further
+    (at once when its Content-Length says so). The body read is handed on to the app unchanged."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._too_large(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left: let the app see it
+                await self.app(scope, _replay(message, receive), send)
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                await self._too_large(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _too_large(self, scope: Any, receive: Any, send: Any) -> None:
+        message = (
+            f"the request body is larger than {self.limit} bytes, the most this server accepts "
+            "(--max-request-bytes)"
+        )
+        await error_response(413, message, "invalid_request_error")(scope, receive, send)
+
+
+def _replay(first: dict, receive: Any) -> Any:
+    """A `receive` that gives `first` once, then reads on from the real one."""
+    pending = [first]
+
+    async def replay() -> dict:
+        return pending.pop() if pending else await receive()
+
+    return replay
 
 
 class _StreamResponse(StreamingResponse):
@@ -149,21 +215,37 @@ def _check_ready(state: ServerState, model: str | None) -> None:
         )
 
 
-async def _open_all(state: ServerState, prompts: list[Any], body: SamplingRequest) -> list[RequestStream]:
-    """One stream per (prompt, choice); waits until the tokenizer accepted all of them."""
+async def _open_all(
+    state: ServerState,
+    request: Request,
+    prompts: list[Any],
+    params: SamplingParams,
+    stops: list[str],
+    n: int,
+) -> list[RequestStream]:
+    """`n` streams per prompt; waits (bounded, and no longer than the client stays) until the
+    tokenizer accepted all of them."""
     manager = state.manager
     streams: list[RequestStream] = []
     try:
+        manager.check_room(len(prompts) * n)
         for prompt in prompts:
-            for i in range(body.n):
-                streams.append(manager.open(prompt, body.sampling_params(i), body.stop_list))
-        await asyncio.gather(*(s.accepted() for s in streams))
+            streams += manager.open(prompt, params, stops, n)
+        accepted = asyncio.gather(*(s.accepted() for s in streams))
+        await _until_disconnect(request, asyncio.wait_for(accepted, state.tokenize_timeout))
     except Overloaded as e:
         _release_all(manager, streams)
         raise APIError(503, f"the server is busy: {e}", "service_unavailable_error") from None
     except RequestError as e:
         _release_all(manager, streams)
         raise APIError(e.status, e.message, "invalid_request_error") from None
+    except asyncio.TimeoutError:
+        _release_all(manager, streams)
+        raise APIError(
+            503,
+            f"the tokenizer did not answer within {state.tokenize_timeout:g} s",
+            "service_unavailable_error",
+        ) from None
     except BaseException:
         _release_all(manager, streams)
         raise
@@ -262,6 +344,8 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="minisgl", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.server = state
     _install_error_handlers(app)
+    if state.max_request_bytes is not None:
+        app.add_middleware(_BodyLimit, limit=state.max_request_bytes)
     manager = state.manager
 
     @app.get("/health")
@@ -298,7 +382,9 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         _check_ready(state, body.model)
-        streams = await _open_all(state, [body.conversation()], body)
+        streams = await _open_all(
+            state, request, [body.conversation()], body.sampling_params(), body.stop_list, body.n
+        )
         rid, name = f"chatcmpl-{uuid.uuid4().hex}", body.model or state.model_name
         if body.stream:
             return _StreamResponse(
@@ -352,7 +438,9 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         _check_ready(state, body.model)
-        streams = await _open_all(state, body.prompts(), body)
+        streams = await _open_all(
+            state, request, body.prompts(), body.sampling_params(), body.stop_list, body.n
+        )
         rid, name = f"cmpl-{uuid.uuid4().hex}", body.model or state.model_name
         if body.stream:
             return _StreamResponse(
@@ -403,7 +491,7 @@ def create_app(state: ServerState) -> FastAPI:
         """The chapters' native endpoint. Streams `data: {"text": ..., "finish_reason": ...}` events
         then `data: [DONE]`; with "stream": false answers one JSON object."""
         _check_ready(state, None)
-        [stream] = await _open_streams_native(body)
+        [stream] = await _open_all(state, request, [body.prompt], body.sampling_params(), body.stop_list, 1)
         if body.stream:
             return _StreamResponse(_generate_events(stream), lambda: manager.release(stream))
         try:
@@ -420,20 +508,6 @@ def create_app(state: ServerState) -> FastAPI:
                 "completion_tokens": stream.completion_tokens,
             }
         )
-
-    async def _open_streams_native(body: GenerateRequest) -> list[RequestStream]:
-        try:
-            stream = manager.open(body.prompt, body.sampling_params(), body.stop_list)
-        except Overloaded as e:
-            raise APIError(503, f"the server is busy: {e}", "service_unavailable_error") from None
-        try:
-            await stream.accepted()
-        except RequestError as e:  # the stream is closed already
-            raise APIError(e.status, e.message, "invalid_request_error") from None
-        except BaseException:
-            manager.release(stream)
-            raise
-        return [stream]
 
     async def _generate_events(stream: RequestStream) -> AsyncIterator[bytes]:
         try:

@@ -29,6 +29,8 @@ class ServerArgs:
     page_size: int | None = None
     max_seq_len: int | None = None
     max_queued_requests: int | None = None
+    max_request_bytes: int = 8 * 2**20  # HTTP bodies over this get 413
+    tokenize_timeout: float = 60.0  # how long a request waits for the tokenizer's verdict
     engine: str = "model"
     dummy_weights: bool = False
     served_model_name: str | None = None
@@ -76,6 +78,10 @@ class ServerArgs:
             raise ValueError(f"--cuda-graph-max-bs must be >= 0, got {self.cuda_graph_max_bs}")
         if self.startup_timeout <= 0:
             raise ValueError("--startup-timeout must be > 0")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"--max-request-bytes must be >= 1, got {self.max_request_bytes}")
+        if not self.tokenize_timeout > 0:
+            raise ValueError(f"--tokenize-timeout must be > 0, got {self.tokenize_timeout}")
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -123,6 +129,20 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="requests in flight beyond which new ones get 503 (default: unlimited)",
+    )
+    g.add_argument(
+        "--max-request-bytes",
+        type=_size,
+        default=d.max_request_bytes,
+        metavar="SIZE",
+        help="largest HTTP request body, e.g. 8MiB or 1000000; larger ones get 413 (default 8MiB)",
+    )
+    g.add_argument(
+        "--tokenize-timeout",
+        type=float,
+        default=d.tokenize_timeout,
+        metavar="SECONDS",
+        help="how long a request waits for the tokenizer's verdict before a 503 (default %(default)s)",
     )
     g.add_argument(
         "--startup-timeout",
@@ -179,6 +199,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="wait for each step's tokens before preparing the next (overlap is on by default on a GPU)",
     )
     g.add_argument("--seed", type=int, default=d.seed, help="sampling seed of requests that give none")
+
+
+def _size(text: str) -> int:
+    from .configs import parse_size
+
+    try:
+        return parse_size(text, "--max-request-bytes")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def args_from_namespace(ns: argparse.Namespace) -> ServerArgs:

@@ -40,15 +40,15 @@ class Addresses:
     detokenizer: str  # scheduler rank 0 PUSH (binds) -> detokenizer PULL
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, option: str = "--kv-cache-memory") -> int:
     """'512MiB', '2GiB', '1.5GB', '1000000' -> bytes."""
     m = _SIZE.match(text)
     unit = (m.group(2) or "").upper() if m else ""
     if not m or unit not in _UNITS:
-        raise ValueError(f"--kv-cache-memory: cannot read {text!r} as a size (e.g. 512MiB, 2GiB)")
+        raise ValueError(f"{option}: cannot read {text!r} as a size (e.g. 512MiB, 2GiB)")
     size = int(float(m.group(1)) * _UNITS[unit])
     if size < 1:
-        raise ValueError(f"--kv-cache-memory must be positive, got {text!r}")
+        raise ValueError(f"{option} must be positive, got {text!r}")
     return size
 
 

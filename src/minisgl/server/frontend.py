@@ -227,16 +227,35 @@ class FrontendManager:
 
     # ---- requests --------------------------------------------------------------------------------
 
-    def open(self, prompt: str | list, params: SamplingParams, stops: list[str]) -> RequestStream:
-        """Register a request and queue it for the tokenizer; raises Overloaded when full."""
-        if self.max_queued_requests is not None and len(self.streams) >= self.max_queued_requests:
-            raise Overloaded(f"{len(self.streams)} requests in flight (--max-queued-requests)")
-        uid = next(self._uids)
-        stream = RequestStream(self, uid, stops)
-        self.streams[uid] = stream
-        self.metrics.waiting += 1
-        self._post(TokenizeMsg(uid=uid, text=prompt, sampling_params=params))
-        return stream
+    def open(
+        self, prompt: str | list, params: SamplingParams, stops: list[str], n: int = 1
+    ) -> list[RequestStream]:
+        """Register `n` choices of one prompt (consecutive uids, tokenized once) and queue them for
+        the tokenizer; raises Overloaded when they do not fit under --max-queued-requests now."""
+        self.check_room(n)
+        first = next(self._uids)
+        for _ in range(n - 1):
+            next(self._uids)
+        streams = [RequestStream(self, first + i, stops) for i in range(n)]
+        for s in streams:
+            self.streams[s.uid] = s
+        self.metrics.waiting += n
+        self._post(TokenizeMsg(uid=first, text=prompt, sampling_params=params, n=n))
+        return streams
+
+    def check_room(self, count: int) -> None:
+        """Overloaded if `count` more requests do not fit under --max-queued-requests now;
+        RequestError (400) if they never could, since waiting would not help."""
+        limit = self.max_queued_requests
+        if limit is None:
+            return
+        if count > limit:
+            raise RequestError(
+                f"this request needs {count} requests (prompts x n), more than the server holds "
+                f"in flight ({limit}, --max-queued-requests)"
+            )
+        if len(self.streams) + count > limit:
+            raise Overloaded(f"{len(self.streams)} requests in flight (--max-queued-requests {limit})")
 
     def close(self, uid: int) -> None:
         """Forget a request (finished, or about to be aborted); idempotent."""
@@ -294,16 +313,30 @@ class FrontendManager:
             msgs = [await self._outbox.get()]
             while not self._outbox.empty():
                 msgs.append(self._outbox.get_nowait())
-            try:
-                await self._send(msgs[0] if len(msgs) == 1 else BatchTokenizerMsg(data=msgs))
-            except Exception as e:  # the requests of this batch would wait forever: end them
-                logger.exception("cannot send %d message(s) to the tokenizer", len(msgs))
+            await self._send_batch(msgs)
+
+    async def _send_batch(self, msgs: list[BaseTokenizerMsg]) -> None:
+        """Send `msgs` together; if that fails, each alone, so that one message that cannot be sent
+        (e.g. text that is not valid Unicode) fails only its own request and no abort is lost."""
+        try:
+            await self._send(msgs[0] if len(msgs) == 1 else BatchTokenizerMsg(data=msgs))
+            return
+        except Exception as e:
+            if len(msgs) > 1:
                 for m in msgs:
-                    stream = self.streams.get(m.uid) if isinstance(m, TokenizeMsg) else None
-                    if stream is not None:
-                        stream.push(
-                            UserReply(m.uid, "", True, "error", error=f"cannot send the request: {e}")
-                        )
+                    await self._send_batch([m])
+                return
+            self._send_failed(msgs[0], e)
+
+    def _send_failed(self, msg: BaseTokenizerMsg, error: Exception) -> None:
+        """The request of an unsendable message waits for nothing: end it with an error."""
+        logger.error("cannot send a %s to the tokenizer: %s", type(msg).__name__, error)
+        if not isinstance(msg, TokenizeMsg):
+            return
+        for uid in range(msg.uid, msg.uid + msg.n):
+            stream = self.streams.get(uid)
+            if stream is not None:
+                stream.push(UserReply(uid, "", True, "error", error=f"cannot send the request: {error}"))
 
     async def listen(self, recv: Callable[[], Awaitable[BaseFrontendMsg]]) -> None:
         while True:

@@ -136,7 +136,13 @@ class Launcher:
         manager = FrontendManager(to_tokenizer.put, ServerMetrics(), self.args.max_queued_requests)
         manager.start(from_workers.get)
         aliases = {str(self.model_dir)} | ({self.args.model} if self.args.model else set())
-        state = ServerState(manager, self.args.model_name, aliases)
+        state = ServerState(
+            manager,
+            self.args.model_name,
+            aliases,
+            max_request_bytes=self.args.max_request_bytes,
+            tokenize_timeout=self.args.tokenize_timeout,
+        )
         config = uvicorn.Config(
             create_app(state),
             access_log=self.args.log_level == "debug",

@@ -3,24 +3,85 @@
 Pydantic checks types and ranges, so every malformed request becomes a 400 before anything is sent
 to a worker. Checks that need the tokenizer (prompt length against the context, token ids against
 the vocabulary) happen in the tokenizer worker, which answers with an error reply (also a 400).
+
+Integers are strict (`true`, `"5"` and `5.0` are not integers: `"prompt": [true, false]` is not a
+list of token ids). Text must be valid Unicode: JSON may spell a lone surrogate (`"\\ud800"`), which
+no UTF-8 pipe can carry, so a body holding one anywhere is refused before any field is read. OpenAI
+fields that would change the output but are not implemented are refused by name, not ignored.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator, model_validator
 
 from minisgl.core import SamplingParams
-from minisgl.tokenizer.tokenize import FILL_CONTEXT
+from minisgl.tokenizer.tokenize import FILL_CONTEXT, MAX_CHOICES
 
-MAX_N = 64  # choices per prompt
+MAX_N = MAX_CHOICES  # choices per prompt
 _INT32 = 2**31 - 1  # bounds keep every number encodable (msgpack) and meaningful downstream
 _SEED = 2**63 - 1 - MAX_N  # seed + choice index stays an int64
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate_at(data: Any) -> str | None:
+    """Where in a decoded JSON value (keys included) a string holds a lone surrogate, e.g.
+    "messages[0].content"; None if nowhere. Iterative (JSON nesting depth is the client's choice)
+    and quick over long lists of numbers (token ids)."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(data, ())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if _has_surrogate(value):
+                return _json_path(path)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if isinstance(k, str) and _has_surrogate(k):
+                    return f"a key in {_json_path(path)}"
+                if isinstance(v, (str, dict, list)):
+                    stack.append((v, (*path, str(k))))
+        elif isinstance(value, list):
+            stack.extend((v, (*path, i)) for i, v in enumerate(value) if isinstance(v, (str, dict, list)))
+    return None
+
+
+def _has_surrogate(text: str) -> bool:
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
+def _json_path(path: tuple[str | int, ...]) -> str:
+    out = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+    return out or "the body"
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class _Request(_Body):
+    """A whole request body (not a part of one)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = lone_surrogate_at(data)
+        if where is not None:
+            raise ValueError(f"{where}: text must be valid Unicode (it holds a lone UTF-16 surrogate)")
+        return data
+
+
+# Accepted OpenAI fields that minisgl does not implement: refused unless absent or "off".
+_NOT_IMPLEMENTED_OFF: dict[str, tuple[Any, ...]] = {
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+    "top_logprobs": (None, 0),
+}
 
 
 class StreamOptions(_Body):
@@ -44,25 +105,40 @@ class ChatMessage(_Body):
         return "".join(p.text for p in self.content)
 
 
-class SamplingRequest(_Body):
+class SamplingRequest(_Request):
     """Fields shared by both OpenAI endpoints."""
 
     model: str | None = None
-    max_tokens: Annotated[int, Field(ge=1, le=_INT32)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1, le=_INT32)] | None = None
+    max_tokens: Annotated[StrictInt, Field(ge=1, le=_INT32)] | None = None
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1, le=_INT32)] | None = None
     temperature: Annotated[float, Field(ge=0.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    top_k: Annotated[int, Field(le=_INT32)] = -1
-    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    top_k: Annotated[StrictInt, Field(le=_INT32)] = -1
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
     stop: str | list[str] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0, le=_INT32)]] | None = None
-    seed: Annotated[int, Field(ge=-_SEED, le=_SEED)] | None = None
+    stop_token_ids: list[Annotated[StrictInt, Field(ge=0, le=_INT32)]] | None = None
+    seed: Annotated[StrictInt, Field(ge=-_SEED, le=_SEED)] | None = None
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: Any = None
+    logit_bias: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    top_logprobs: Any = None
+
+    @field_validator(*_NOT_IMPLEMENTED_OFF)
+    @classmethod
+    def _refuse_unless_off(cls, value: Any, info: ValidationInfo) -> Any:
+        off = _NOT_IMPLEMENTED_OFF[info.field_name or ""]
+        if not any(value == o and type(value) is type(o) for o in off):
+            raise ValueError(f"{info.field_name} is not supported by this server")
+        return value
 
     @field_validator("top_k")
     @classmethod
@@ -89,8 +165,8 @@ class SamplingRequest(_Body):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def sampling_params(self, index: int = 0) -> SamplingParams:
-        """The scheduler's sampling parameters for choice `index` (seeds differ between choices)."""
+    def sampling_params(self) -> SamplingParams:
+        """The scheduler's sampling parameters of choice 0 (the tokenizer gives choice i seed + i)."""
         max_tokens = self.max_completion_tokens or self.max_tokens or FILL_CONTEXT
         return SamplingParams(
             temperature=self.temperature,
@@ -99,7 +175,7 @@ class SamplingRequest(_Body):
             ignore_eos=self.ignore_eos,
             max_tokens=max_tokens,
             stop_token_ids=list(self.stop_token_ids or []),
-            seed=None if self.seed is None else self.seed + index,
+            seed=self.seed,
         )
 
 
@@ -110,7 +186,7 @@ class ChatCompletionRequest(SamplingRequest):
         return [{"role": m.role, "content": m.text()} for m in self.messages]
 
 
-TokenId = Annotated[int, Field(ge=-_INT32, le=_INT32)]  # the tokenizer checks the vocabulary
+TokenId = Annotated[StrictInt, Field(ge=-_INT32, le=_INT32)]  # the tokenizer checks the vocabulary
 Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
 
 
@@ -142,14 +218,14 @@ class CompletionRequest(SamplingRequest):
         return list(p)  # type: ignore[arg-type]
 
 
-class GenerateRequest(_Body):
+class GenerateRequest(_Request):
     """The chapters' native endpoint: a prompt, a token budget, and streamed text."""
 
     prompt: str | list[TokenId]
-    max_tokens: Annotated[int, Field(ge=1, le=_INT32)] = 128
+    max_tokens: Annotated[StrictInt, Field(ge=1, le=_INT32)] = 128
     ignore_eos: bool = False
     temperature: Annotated[float, Field(ge=0.0)] = 0.0
-    top_k: Annotated[int, Field(le=_INT32)] = -1
+    top_k: Annotated[StrictInt, Field(le=_INT32)] = -1
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     stop: str | list[str] | None = None
     stream: bool = True

@@ -46,7 +46,7 @@ from minisgl.utils.handshake import recv_status, send_status
 from minisgl.utils.logger import init_logger
 
 from .detokenize import DetokenizeManager
-from .tokenize import ModelLimits, RequestRejected, TokenizeManager
+from .tokenize import MAX_CHOICES, ModelLimits, RequestRejected, TokenizeManager
 
 logger = init_logger("minisgl.tokenizer")
 
@@ -142,7 +142,7 @@ class TokenizerWorker:
         to_backend: list[BaseBackendMsg] = []
         for msg in msgs:
             if isinstance(msg, TokenizeMsg) and self.tokenize is not None:
-                to_frontend.append(self._tokenize(msg, to_backend))
+                to_frontend.extend(self._tokenize(msg, to_backend))
             elif isinstance(msg, AbortMsg) and self.tokenize is not None:
                 to_backend.append(AbortBackendMsg(uid=msg.uid))
             elif isinstance(msg, DetokenizeMsg) and self.detokenize is not None:
@@ -154,31 +154,50 @@ class TokenizerWorker:
         # Acknowledgements go out before the requests reach the scheduler, so the API server sees a
         # request's prompt token count before its first token.
         if to_frontend:
-            self.to_frontend.put(_one_or_batch(to_frontend, BatchFrontendMsg))
+            self._send(self.to_frontend, to_frontend, BatchFrontendMsg)
         if to_backend and self.to_backend is not None:
-            self.to_backend.put(_one_or_batch(to_backend, BatchBackendMsg))
+            self._send(self.to_backend, to_backend, BatchBackendMsg)
 
-    def _tokenize(self, msg: TokenizeMsg, to_backend: list[BaseBackendMsg]) -> UserReply:
+    def _send(self, queue: Any, msgs: list[Any], batch_cls: type) -> None:
+        """Send `msgs` as one batch; if that cannot be encoded (e.g. a uid from a malformed message
+        beyond what msgpack holds), send each alone and drop, logged, only those that fail."""
+        try:
+            queue.put(_one_or_batch(msgs, batch_cls))
+            return
+        except (ValueError, TypeError, OverflowError) as e:
+            if len(msgs) == 1:
+                logger.warning(
+                    "%s: dropped a %s that cannot be sent: %s", self.config.name, type(msgs[0]).__name__, e
+                )
+                return
+        for m in msgs:
+            self._send(queue, [m], batch_cls)
+
+    def _tokenize(self, msg: TokenizeMsg, to_backend: list[BaseBackendMsg]) -> list[UserReply]:
+        """One reply per choice: an acknowledgement with the prompt's token count, or the error."""
         assert self.tokenize is not None
         try:
-            user_msg = self.tokenize.prepare(msg)
+            user_msgs = self.tokenize.prepare(msg)
         except RequestRejected as e:
-            return UserReply(
-                uid=msg.uid, incremental_output="", finished=True, finish_reason="error", error=str(e)
-            )
+            return self._reject(msg, str(e))
         except Exception as e:  # a bug or a tokenizer failure must not take the worker down
             logger.exception("%s: cannot tokenize request %d", self.config.name, msg.uid)
-            return UserReply(
-                uid=msg.uid,
-                incremental_output="",
-                finished=True,
-                finish_reason="error",
-                error=f"cannot tokenize the prompt: {type(e).__name__}: {e}",
+            return self._reject(msg, f"cannot tokenize the prompt: {type(e).__name__}: {e}")
+        to_backend.extend(user_msgs)
+        return [
+            UserReply(uid=m.uid, incremental_output="", finished=False, prompt_tokens=len(m.input_ids))
+            for m in user_msgs
+        ]
+
+    @staticmethod
+    def _reject(msg: TokenizeMsg, error: str) -> list[UserReply]:
+        n = msg.n if 1 <= msg.n <= MAX_CHOICES else 1
+        return [
+            UserReply(
+                uid=msg.uid + i, incremental_output="", finished=True, finish_reason="error", error=error
             )
-        to_backend.append(user_msg)
-        return UserReply(
-            uid=msg.uid, incremental_output="", finished=False, prompt_tokens=len(user_msg.input_ids)
-        )
+            for i in range(n)
+        ]
 
     def _detokenize(self, msg: DetokenizeMsg) -> UserReply:
         assert self.detokenize is not None

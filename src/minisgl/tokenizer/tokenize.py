@@ -3,7 +3,8 @@
 This is also where a request is checked against the model, because only here are the prompt's
 tokens known: an empty prompt, token ids outside the vocabulary, bad sampling parameters and
 prompt + max_tokens beyond the context are rejected with a `RequestRejected` that the worker turns
-into an error reply for the API server (HTTP 400); the scheduler never sees such a request.
+into an error reply for the API server (HTTP 400); the scheduler never sees such a request. One
+TokenizeMsg carries all `n` choices of a prompt: it is tokenized once and fanned out.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ from typing import Any
 
 import torch
 
+from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg, UserMsg
+
+from .length_bound import LengthBound
+
+MAX_CHOICES = 64  # n of one request at most (the API's limit, checked again here for the socket)
 
 # max_tokens of a request that did not say: "as many as the context leaves". Replaced here, once
 # the prompt length is known; the scheduler never sees it.
@@ -34,26 +40,28 @@ class ModelLimits:
 
 
 class TokenizeManager:
-    """Turns TokenizeMsg into UserMsg with one tokenizer, checking each request on the way."""
+    """Turns TokenizeMsg into UserMsgs with one tokenizer, checking each request on the way.
+
+    A prompt is tokenized once whatever its number of choices, and a text that is longer than the
+    context by its length alone (see length_bound.py) is refused without being tokenized."""
 
     def __init__(self, tokenizer: Any, limits: ModelLimits) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
+        self.bound = LengthBound.of(tokenizer)
 
-    def token_ids(self, prompt: str | list[Any]) -> list[int]:
+    def token_ids(self, prompt: str | list[Any], max_tokens: int = FILL_CONTEXT) -> list[int]:
+        """The prompt's ids; RequestRejected if it is malformed, or a text obviously too long for
+        the context with `max_tokens` more."""
         if isinstance(prompt, str):
+            self._check_length(prompt, max_tokens)
             return list(self.tokenizer.encode(prompt))
         if not isinstance(prompt, list):
             raise RequestRejected(
                 f"a prompt must be text, messages or token ids, got {type(prompt).__name__}"
             )
         if prompt and all(isinstance(m, dict) for m in prompt):
-            from minisgl.utils.hf import apply_chat_template
-
-            try:
-                return apply_chat_template(self.tokenizer, prompt)
-            except Exception as e:  # a template may raise anything (e.g. jinja's "roles must alternate")
-                raise RequestRejected(f"cannot apply the chat template: {e}") from None
+            return self._chat_ids(prompt, max_tokens)
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             bad = [t for t in prompt if not 0 <= t < self.limits.vocab_size]
             if bad:
@@ -63,12 +71,36 @@ class TokenizeManager:
             return list(prompt)
         raise RequestRejected("a prompt list must hold only chat messages or only token ids")
 
-    def prepare(self, msg: TokenizeMsg) -> UserMsg:
-        """The scheduler's request for `msg`; raises RequestRejected with a reason for the client."""
-        ids = self.token_ids(msg.text)
+    def _chat_ids(self, messages: list[dict[str, Any]], max_tokens: int) -> list[int]:
+        from minisgl.utils.hf import render_chat
+
+        try:
+            text = render_chat(self.tokenizer, messages)
+        except Exception as e:  # a template may raise anything (e.g. jinja's "roles must alternate")
+            raise RequestRejected(f"cannot apply the chat template: {e}") from None
+        self._check_length(text, max_tokens)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _check_length(self, text: str, max_tokens: int) -> None:
+        if self.bound is None or len(text) < self.limits.max_seq_len:  # short: cheap to tokenize
+            return
+        at_least = self.bound.min_tokens(text)
+        room = self.limits.max_seq_len - (1 if max_tokens == FILL_CONTEXT else max_tokens)
+        if at_least > room:
+            raise RequestRejected(
+                f"the prompt has at least {at_least} tokens (by its length: {len(text)} characters), "
+                f"{_too_long(self.limits.max_seq_len, max_tokens)}"
+            )
+
+    def prepare(self, msg: TokenizeMsg) -> list[UserMsg]:
+        """The scheduler's requests for `msg`, one per choice (uids msg.uid .. msg.uid + n - 1);
+        raises RequestRejected with a reason for the client."""
+        if not 1 <= msg.n <= MAX_CHOICES:
+            raise RequestRejected(f"n must be in 1..{MAX_CHOICES}, got {msg.n}")
+        params = msg.sampling_params
+        ids = self.token_ids(msg.text, params.max_tokens)
         if not ids:
             raise RequestRejected("the prompt is empty")
-        params = msg.sampling_params
         room = self.limits.max_seq_len - len(ids)
         if params.max_tokens == FILL_CONTEXT:
             if room < 1:
@@ -82,8 +114,26 @@ class TokenizeManager:
                 f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
                 f"context of {self.limits.max_seq_len} tokens"
             )
+        choices = [_choice(params, i) for i in range(msg.n)]
         try:
-            params.validate(self.limits.vocab_size)
+            for p in choices:
+                p.validate(self.limits.vocab_size)
         except ValueError as e:
             raise RequestRejected(str(e)) from None
-        return UserMsg(uid=msg.uid, input_ids=torch.tensor(ids, dtype=torch.int32), sampling_params=params)
+        input_ids = torch.tensor(ids, dtype=torch.int32)
+        return [
+            UserMsg(uid=msg.uid + i, input_ids=input_ids, sampling_params=p) for i, p in enumerate(choices)
+        ]
+
+
+def _choice(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice `index` of a request: its own seed (seed + index) when the request has one."""
+    if index == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=params.seed + index)
+
+
+def _too_long(max_seq_len: int, max_tokens: int) -> str:
+    if max_tokens == FILL_CONTEXT:
+        return f"which fills the context of {max_seq_len} tokens"
+    return f"which with max_tokens ({max_tokens}) exceeds the context of {max_seq_len} tokens"

@@ -28,7 +28,11 @@ def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]]) -> list[
 
     Renders to text then encodes without adding special tokens (what transformers' tokenize=True
     does), which returns a plain list on every transformers version."""
+    return list(tokenizer.encode(render_chat(tokenizer, messages), add_special_tokens=False))
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
+    """`messages` rendered with the model's chat template as text, ending with the assistant prompt."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this tokenizer has no chat template")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
