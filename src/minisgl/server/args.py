@@ -35,6 +35,10 @@ class ServerArgs:
     seed: int = 0
     log_level: str = "info"
     startup_timeout: float = 600.0
+    # SIGTERM/SIGINT: how long requests in flight may finish before they are aborted. 8 s fits in
+    # `docker stop`'s default 10 s grace with room for the processes to stop; raise it together with
+    # the orchestrator's (docker stop -t, terminationGracePeriodSeconds, systemd's TimeoutStopSec).
+    shutdown_timeout: float = 8.0
     unhealthy_grace: float = 1.0  # how long /health reports 503 after a worker died, before exiting
 
     @property
@@ -71,6 +75,8 @@ class ServerArgs:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
         if self.startup_timeout <= 0:
             raise ValueError("--startup-timeout must be > 0")
+        if not self.shutdown_timeout >= 0:  # also refuses NaN
+            raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -125,6 +131,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=d.startup_timeout,
         metavar="SECONDS",
         help="how long each process may take to report ready (default %(default)s)",
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=d.shutdown_timeout,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long requests in flight may finish before they are aborted "
+        "(default %(default)s: fits docker stop's 10 s grace; a second signal aborts at once)",
     )
     g.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"])
 
