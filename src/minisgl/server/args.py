@@ -158,7 +158,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--max-running-requests", type=int, metavar="N", help="requests decoded together at most")
     g.add_argument(
-        "--max-prefill-tokens", type=int, metavar="N", help="prompt tokens per prefill step at most"
+        "--max-prefill-tokens",
+        type=int,
+        metavar="N",
+        help="prompt tokens per prefill step at most; a step is what an abort or a new request may "
+        "wait for (default: 256 on the CPU, about half a second for the embedded model; 4096 on a GPU)",
     )
     g.add_argument(
         "--max-seq-len",
