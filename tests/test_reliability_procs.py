@@ -48,7 +48,10 @@ class Stream:
     def _run(self) -> None:
         body = {"prompt": "x", "max_tokens": self.max_tokens, "ignore_eos": True, "stream": True}
         try:
-            with httpx.Client(timeout=120) as c, c.stream("POST", self.url + "/v1/completions", json=body) as r:
+            with (
+                httpx.Client(timeout=120) as c,
+                c.stream("POST", self.url + "/v1/completions", json=body) as r,
+            ):
                 for line in r.iter_lines():
                     if line:
                         self.lines.append(line)
