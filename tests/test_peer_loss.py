@@ -26,7 +26,6 @@ from minisgl.scheduler import run_scheduler
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.utils import ZmqAsyncPushQueue, ZmqPullQueue, ZmqPushQueue
 from minisgl.utils.handshake import recv_status, send_status
-from minisgl.utils.ipc import IpcDirLease
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -112,6 +111,8 @@ def test_async_push_without_peer_raises_timeout(ipc_dir: Path) -> None:
 
 
 def test_last_one_out_removes_the_ipc_dir(tmp_path: Path) -> None:
+    from minisgl.utils.ipc import IpcDirLease
+
     d = tmp_path / "msgl-x"
     d.mkdir()
     (d / "backend").write_text("")
