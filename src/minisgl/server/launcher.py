@@ -290,8 +290,14 @@ def _configure_logging(level: str) -> None:
     init_logger("minisgl").setLevel(level.upper())
 
 
+def _stop_before_serving(signum: int, _frame: Any) -> None:
+    raise SystemExit(0)  # nothing is running yet that needs draining
+
+
 def serve(args: ServerArgs) -> int:
     """Run a server until it is stopped; return the process exit code."""
+    for sig in (signal.SIGINT, signal.SIGTERM):  # until the launcher installs its own
+        signal.signal(sig, _stop_before_serving)
     _configure_logging(args.log_level)
     from minisgl.models import resolve_model_path
 
