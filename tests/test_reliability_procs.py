@@ -159,7 +159,9 @@ def test_kill9_of_a_child_under_load_ends_streams_and_stops_the_server(victim: s
     try:
         streams = start_load(srv.url)
         psutil.Process(pid_of(srv, victim)).kill()
+        start = time.monotonic()
         assert srv.proc.wait(30) == 1
+        print(f"\nkill -9 of the {victim}: the server exited {time.monotonic() - start:.2f} s later")
         for s in streams:
             s.wait_ended(30)
             assert s.finish_reason() == "abort", (s.lines[-2:], s.error)
