@@ -69,7 +69,7 @@ def _exit_on_sigterm(config: Any, scheduler: Any) -> None:
     main thread blocked in a ZMQ receive (and the signal may land on another thread). Instead the
     C-level handler writes to a wakeup fd that a small thread watches; that thread pushes an ExitMsg
     into rank 0's backend queue. Rank 0 forwards it to every rank like any message, so all ranks
-    leave their loop in the same round and close their sockets. The thread also tells the
+    leave their loop in the same round and close their sockets. The thread first tells the
     scheduler's sends to stop waiting: a send to a detokenizer that already exited would otherwise
     wait for it (up to its timeout) before the loop could read the ExitMsg.
     """
@@ -94,12 +94,12 @@ def _exit_on_sigterm(config: Any, scheduler: Any) -> None:
                 logger.info(
                     "scheduler rank %d: SIGTERM, asking the scheduler loop to exit", config.tp_info.rank
                 )
+                scheduler.interrupt_sends()  # first: the loop must not wait in a send to read the exit
                 push = ZmqPushQueue(config.zmq_backend_addr, create=False, encoder=BaseBackendMsg.encoder)
                 try:
                     push.put(ExitMsg())
                 finally:
                     push.stop(linger_ms=2000)  # a fresh connect may not be up yet: let it deliver
-                scheduler.interrupt_sends()
                 return
 
     threading.Thread(target=watch, name="sigterm-watch", daemon=True).start()

@@ -96,8 +96,6 @@ class Scheduler(SchedulerIOMixin):
         msgs = self.receive_msg(blocking=blocking)
         for msg in _flatten(msgs):
             self._handle(msg)
-        if self._exit:  # stop now: another step would only make replies nobody reads any more
-            return
         batch = self._schedule()
         if batch is not None:
             self._idle_logged = False
