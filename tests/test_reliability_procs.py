@@ -22,7 +22,7 @@ import pytest
 
 from test_peer_loss import wait_gone
 from test_server import ServerProcess
-from test_server_lifecycle import wait_no_requests
+from test_server_lifecycle import burst, wait_no_requests
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -259,46 +259,18 @@ def test_sigterm_to_the_process_group_under_load_exits_0() -> None:
 # ---- overload ----------------------------------------------------------------------------------------
 
 
-async def _burst(url: str, n: int, max_tokens: int) -> list[httpx.Response]:
-    limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as c:
-        body = {"prompt": "Hello", "max_tokens": max_tokens, "ignore_eos": True}
-        return await asyncio.gather(*(c.post(url + "/v1/completions", json=body) for _ in range(n)))
-
-
 def test_overload_without_a_queue_limit_serves_everyone() -> None:
+    """300 requests at once, no --max-queued-requests: every one is served, none is lost. (With the
+    limit: test_server_lifecycle.py::test_overload_burst_is_503_or_served.)"""
     srv = ServerProcess(*SERVER_ARGS)
     try:
-        responses = asyncio.run(_burst(srv.url, 300, 32))
+        responses = asyncio.run(burst(srv.url, 300, 32))
         codes = [r.status_code for r in responses]
         assert codes == [200] * 300, sorted(set(codes))
         for r in responses:
             c = r.json()["choices"][0]
             assert c["finish_reason"] == "length" and r.json()["usage"]["completion_tokens"] == 32
         wait_no_requests(srv.url)
-        assert srv.stop() == 0 and srv.leftovers() == []
-    finally:
-        srv.stop()
-        srv.cleanup()
-
-
-def test_overload_with_a_queue_limit_refuses_with_503_and_recovers() -> None:
-    srv = ServerProcess(*SERVER_ARGS, "--max-queued-requests", "8")
-    try:
-        responses = asyncio.run(_burst(srv.url, 200, 2000))
-        codes = [r.status_code for r in responses]
-        assert set(codes) <= {200, 503}, sorted(set(codes))
-        assert codes.count(503) > 0 and codes.count(200) >= 8, (codes.count(200), codes.count(503))
-        for r in responses:
-            if r.status_code == 503:
-                err = r.json()["error"]
-                assert err["type"] == "service_unavailable_error", err
-                assert err["message"].startswith("the server is busy"), err
-            else:
-                assert r.json()["choices"][0]["finish_reason"] == "length"
-        wait_no_requests(srv.url)
-        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 4}, timeout=30)
-        assert r.status_code == 200, r.text  # the queue drained: served again
         assert srv.stop() == 0 and srv.leftovers() == []
     finally:
         srv.stop()
