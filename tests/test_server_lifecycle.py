@@ -4,6 +4,7 @@ exit, and the serving benchmark client producing sane figures."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -31,6 +32,14 @@ def wait_no_requests(url: str, timeout: float = 20.0) -> None:
             return
         time.sleep(0.1)
     raise AssertionError("requests still in flight")
+
+
+async def burst(url: str, n: int, max_tokens: int) -> list[httpx.Response]:
+    """n concurrent non-streaming completions."""
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as c:
+        body = {"prompt": "Hello", "max_tokens": max_tokens, "ignore_eos": True}
+        return await asyncio.gather(*(c.post(url + "/v1/completions", json=body) for _ in range(n)))
 
 
 def chat(url: str, **kw) -> httpx.Response:
@@ -87,6 +96,24 @@ def test_overload_is_503(pool_server) -> None:
         t.join(30)
     assert r.status_code == 503 and r.json()["error"]["message"].startswith("the server is busy")
     wait_no_requests(srv.url)  # the closed streams were aborted and forgotten
+
+
+def test_overload_burst_is_503_or_served(pool_server) -> None:
+    """100 requests at once against --max-queued-requests 4: each is served or refused with a 503 in
+    OpenAI's shape, and the server serves again afterwards."""
+    srv = pool_server
+    responses = asyncio.run(burst(srv.url, 100, 500))
+    codes = [r.status_code for r in responses]
+    assert set(codes) <= {200, 503} and codes.count(503) > 0 and codes.count(200) >= 4, sorted(codes)
+    for r in responses:
+        if r.status_code == 503:
+            err = r.json()["error"]
+            assert err["type"] == "service_unavailable_error", err
+            assert err["message"].startswith("the server is busy"), err
+        else:
+            assert r.json()["choices"][0]["finish_reason"] == "length"
+    wait_no_requests(srv.url)
+    assert chat(srv.url).status_code == 200
 
 
 def test_non_streaming_disconnect_aborts(pool_server) -> None:

@@ -47,7 +47,7 @@ def run_scheduler(config: Any, ready_conn: Any) -> None:
         return
     rank = config.tp_info.rank
     try:
-        _exit_on_sigterm(config)
+        _exit_on_sigterm(config, scheduler)
         info = scheduler.info()
         send_status(ready_conn, "ready", info)
         logger.info("scheduler rank %d ready: %s", rank, info)
@@ -62,14 +62,16 @@ def run_scheduler(config: Any, ready_conn: Any) -> None:
         destroy_process_groups()
 
 
-def _exit_on_sigterm(config: Any) -> None:
+def _exit_on_sigterm(config: Any, scheduler: Any) -> None:
     """Turn SIGTERM into an ExitMsg sent to rank 0's own input.
 
     A Python signal handler only runs in the main thread between bytecodes, so it cannot wake a
     main thread blocked in a ZMQ receive (and the signal may land on another thread). Instead the
     C-level handler writes to a wakeup fd that a small thread watches; that thread pushes an ExitMsg
     into rank 0's backend queue. Rank 0 forwards it to every rank like any message, so all ranks
-    leave their loop in the same round and close their sockets.
+    leave their loop in the same round and close their sockets. The thread first tells the
+    scheduler's sends to stop waiting: a send to a detokenizer that already exited would otherwise
+    wait for it (up to its timeout) before the loop could read the ExitMsg.
     """
     import socket
     import threading
@@ -92,6 +94,7 @@ def _exit_on_sigterm(config: Any) -> None:
                 logger.info(
                     "scheduler rank %d: SIGTERM, asking the scheduler loop to exit", config.tp_info.rank
                 )
+                scheduler.interrupt_sends()  # first: the loop must not wait in a send to read the exit
                 push = ZmqPushQueue(config.zmq_backend_addr, create=False, encoder=BaseBackendMsg.encoder)
                 try:
                     push.put(ExitMsg())

@@ -30,6 +30,7 @@ from minisgl.message import (
     MessageDecodeError,
 )
 from minisgl.utils import ZmqPubQueue, ZmqPullQueue, ZmqPushQueue, ZmqSubQueue, init_logger
+from minisgl.utils.mp import PEER_SEND_TIMEOUT_S
 
 from .config import SchedulerConfig
 
@@ -78,6 +79,7 @@ class SchedulerIOMixin:
                     config.zmq_detokenizer_addr,
                     create=config.backend_create_detokenizer_link,
                     encoder=BaseTokenizerMsg.encoder,
+                    send_timeout_s=PEER_SEND_TIMEOUT_S,  # a dead detokenizer must not hang this rank
                 )
             )
         if tp_info.size > 1:
@@ -119,6 +121,12 @@ class SchedulerIOMixin:
 
     def offline_send_result(self, reply: list[BaseTokenizerMsg]) -> None:
         raise NotImplementedError("offline mode needs the subclass's offline_send_result")
+
+    def interrupt_sends(self) -> None:
+        """The process is stopping: sends stop waiting for peers (thread-safe; e.g. a SIGTERM watch)."""
+        for q in getattr(self, "_io_queues", []):
+            if hasattr(q, "interrupt"):
+                q.interrupt()
 
     def stop_io(self) -> None:
         """Close every socket this mixin opened (linger 0: never hangs). Safe to call twice."""

@@ -11,6 +11,13 @@ from typing import Any
 
 from .args import ServerArgs
 
+# The prefill budget (prompt tokens per scheduler step) when --max-prefill-tokens is not given, on the
+# CPU. A step cannot be interrupted, so it is how long an abort or a new request may have to wait:
+# SmolLM2-135M float32 prefills about 500 tokens/s on the 2-core test box when it is otherwise idle,
+# so 256 tokens keep a step near half a second (a chunk at the end of an 8k-token prompt, whose
+# attention spans the whole prefix, near a second). GPUs keep SchedulerConfig's default (4096).
+CPU_MAX_PREFILL_TOKENS = 256
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {
     "": 1,
@@ -87,6 +94,8 @@ def build(args: ServerArgs, model_dir: Path, device: str) -> list[Any]:
     }
     if args.kv_cache_memory is not None:
         options["kv_cache_memory"] = parse_size(args.kv_cache_memory)
+    if args.max_prefill_tokens is None and device == "cpu":
+        options["max_prefill_tokens"] = CPU_MAX_PREFILL_TOKENS
     rank0 = SchedulerConfig(
         model_path=str(model_dir),
         tp_info=DistributedInfo(0, args.tp),

@@ -12,8 +12,15 @@ workers before they report ready. A child that fails, dies or is silent past --s
 stops the start-up with a message naming it.
 
 Serving: /health is 200. If any child dies, /health turns 503, in-flight requests finish with
-"abort", and the server exits (code 1). SIGINT/SIGTERM stop it the same way (code 0). On every exit
-all children are stopped (SIGTERM, then SIGKILL) and the private ipc directory is removed.
+"abort", and the server exits (code 1).
+
+Stopping: SIGTERM or SIGINT to the launcher (docker stop, systemd, Ctrl-C) drains: /health says 503
+"stopping", new requests get 503, requests in flight may finish for up to --shutdown-timeout
+seconds, then what remains ends with finish_reason "abort" (streams still end with `data: [DONE]`,
+non-streaming clients get their JSON). A second signal aborts at once. Exit code 0, also when the
+signal reached the whole process group and the children stopped on their own. On every exit all
+children are stopped (SIGTERM, then SIGKILL) and the private ipc directory is removed; if the
+launcher itself is killed, the children notice and stop on their own (`child.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import os
 import signal
 import socket
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +83,9 @@ class Launcher:
         self.device = resolve_device(args.device)
         self.sched_configs = configs.build(args, model_dir, self.device)
         self.addrs = configs.addresses(self.sched_configs[0])
-        self.group = ProcessGroup()
+        self.group = ProcessGroup(str(self.sched_configs[0].ipc_dir))  # the last child out removes it
         self.stop_requested = False
+        self.abort_now = False  # a second signal: abort what is in flight without waiting
         self.exit_code = 0
 
     # ---- children --------------------------------------------------------------------------------
@@ -130,8 +140,14 @@ class Launcher:
         import uvicorn
 
         from minisgl.utils import ZmqAsyncPullQueue, ZmqAsyncPushQueue
+        from minisgl.utils.mp import PEER_SEND_TIMEOUT_S
 
-        to_tokenizer = ZmqAsyncPushQueue(self.addrs.tokenizer, create=True, encoder=BaseTokenizerMsg.encoder)
+        to_tokenizer = ZmqAsyncPushQueue(
+            self.addrs.tokenizer,
+            create=True,
+            encoder=BaseTokenizerMsg.encoder,
+            send_timeout_s=PEER_SEND_TIMEOUT_S,
+        )
         from_workers = ZmqAsyncPullQueue(self.addrs.frontend, create=True, decoder=BaseFrontendMsg.decoder)
         manager = FrontendManager(to_tokenizer.put, ServerMetrics(), self.args.max_queued_requests)
         manager.start(from_workers.get)
@@ -149,8 +165,8 @@ class Launcher:
             timeout_graceful_shutdown=3,
             lifespan="off",
         )
-        server = uvicorn.Server(config)
-        self._install_signal_handlers(server)
+        server = _uvicorn_server(config, self.request_stop)
+        self._install_signal_handlers()
         serve_task = asyncio.create_task(server.serve(sockets=[sock]), name="uvicorn")
         try:
             await self._start_up(state, serve_task)
@@ -197,8 +213,12 @@ class Launcher:
         self, state: ServerState, manager: FrontendManager, server: Any, serve_task: asyncio.Task
     ) -> None:
         while not serve_task.done():
+            if self.stop_requested:
+                await self._drain(state, manager)
+                server.should_exit = True
+                return
             dead = self.group.first_dead()
-            if dead is not None:
+            if dead is not None and not self.stop_requested:  # a signal to the whole group: no failure
                 msg = f"{dead.name} {dead.describe_exit()}; shutting the server down"
                 print(f"minisgl: {msg}", file=sys.stderr, flush=True)
                 state.status, state.detail = "unhealthy", msg
@@ -207,17 +227,46 @@ class Launcher:
                 await asyncio.wait({serve_task}, timeout=self.args.unhealthy_grace)
                 server.should_exit = True
                 return
-            await asyncio.wait({serve_task}, timeout=0.2)
+            await asyncio.wait({serve_task}, timeout=0.1)
 
-    def _install_signal_handlers(self, server: Any) -> None:
-        """Our handlers stay in place after uvicorn restores them and re-raises what it caught."""
+    async def _drain(self, state: ServerState, manager: FrontendManager) -> None:
+        """Refuse new requests, let those in flight finish (up to --shutdown-timeout), abort the rest,
+        and give their handlers a moment to send their last bytes."""
+        state.status, state.detail = "stopping", "the server is shutting down"
+        timeout = self.args.shutdown_timeout
+        if manager.streams:
+            print(
+                f"minisgl: stopping: waiting up to {timeout:g} s for {len(manager.streams)} request(s) "
+                "in flight (signal again to abort them now)",
+                file=sys.stderr,
+                flush=True,
+            )
+        deadline = time.monotonic() + timeout
+        while manager.streams and time.monotonic() < deadline and not self._must_abort():
+            await asyncio.sleep(0.05)
+        if manager.streams:
+            print(
+                f"minisgl: stopping: aborting {len(manager.streams)} request(s)", file=sys.stderr, flush=True
+            )
+            manager.finish_all("abort")
+        deadline = time.monotonic() + _LAST_BYTES_S
+        while manager.streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
 
-        def on_signal(signum: int, _frame: Any) -> None:
-            self.stop_requested = True
-            server.should_exit = True
+    def _must_abort(self) -> bool:
+        """True when waiting is pointless: a second signal, or a child is gone (it cannot answer)."""
+        return self.abort_now or self.group.first_dead() is not None
 
+    def request_stop(self, signum: int) -> None:
+        """A signal handler (main thread): the first SIGTERM/SIGINT drains, a second aborts now."""
+        if self.stop_requested:
+            self.abort_now = True
+        self.stop_requested = True
+
+    def _install_signal_handlers(self) -> None:
+        """For the moments uvicorn's capture (see `_uvicorn_server`) is not in place."""
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, on_signal)
+            signal.signal(sig, lambda signum, _frame: self.request_stop(signum))
 
     def shutdown(self) -> None:
         from . import configs
@@ -226,14 +275,35 @@ class Launcher:
         configs.cleanup(self.sched_configs[0])
 
 
+_LAST_BYTES_S = 2.0  # after the drain, how long handlers get to write their last events
+
+
+def _uvicorn_server(config: Any, on_signal: Callable[[int], None]) -> Any:
+    """A uvicorn server whose SIGINT/SIGTERM handler calls `on_signal` instead of stopping at once
+    (uvicorn's own handler would cut every stream and answer waiting requests with a plain 500)."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            on_signal(sig)
+
+    return DrainingServer(config)
+
+
 def _configure_logging(level: str) -> None:
     """The launcher and (through the environment) every child log at `level` to stderr."""
     os.environ["MINISGL_LOG_LEVEL"] = level.upper()
     init_logger("minisgl").setLevel(level.upper())
 
 
+def _stop_before_serving(signum: int, _frame: Any) -> None:
+    raise SystemExit(0)  # nothing is running yet that needs draining
+
+
 def serve(args: ServerArgs) -> int:
     """Run a server until it is stopped; return the process exit code."""
+    for sig in (signal.SIGINT, signal.SIGTERM):  # until the launcher installs its own
+        signal.signal(sig, _stop_before_serving)
     _configure_logging(args.log_level)
     from minisgl.models import resolve_model_path
 

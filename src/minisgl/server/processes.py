@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing as mp
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import psutil
 
 from minisgl.utils.handshake import recv_status
 
-from .child import child_main
+from .child import Lifeline, child_main
 
 logger = logging.getLogger("minisgl.launcher")
 
@@ -47,15 +48,21 @@ class Child:
 
 
 class ProcessGroup:
-    """Children started with the spawn method (safe with threads, CUDA and ZMQ in the parent)."""
+    """Children started with the spawn method (safe with threads, CUDA and ZMQ in the parent).
 
-    def __init__(self) -> None:
+    Each child watches for this process's death and stops on its own (`child.Lifeline`); with
+    `ipc_dir`, the last process of the server to exit removes that directory."""
+
+    def __init__(self, ipc_dir: str | None = None, parent_death_grace_s: float = 5.0) -> None:
         self.ctx = mp.get_context("spawn")
         self.children: list[Child] = []
+        self.lifeline = Lifeline(os.getpid(), ipc_dir, grace_s=parent_death_grace_s)
 
     def spawn(self, name: str, target: Callable[..., Any], *args: Any) -> Child:
         parent_end, child_end = self.ctx.Pipe(duplex=True)
-        proc = self.ctx.Process(target=child_main, args=(target, *args, child_end), name=name, daemon=False)
+        proc = self.ctx.Process(
+            target=child_main, args=(self.lifeline, target, *args, child_end), name=name, daemon=False
+        )
         proc.start()
         child_end.close()
         child = Child(name, proc, parent_end)

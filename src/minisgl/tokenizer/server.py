@@ -96,6 +96,7 @@ class TokenizerWorker:
 
     def __init__(self, config: TokenizerWorkerConfig, tokenizer: Any, limits: ModelLimits) -> None:
         from minisgl.utils import ZmqPullQueue, ZmqPushQueue
+        from minisgl.utils.mp import PEER_SEND_TIMEOUT_S as timeout
 
         self.config = config
         self.tokenize = TokenizeManager(tokenizer, limits) if config.tokenizes else None
@@ -109,9 +110,14 @@ class TokenizerWorker:
             self.pulls.append(
                 ZmqPullQueue(config.detokenizer_addr, create=False, decoder=BaseTokenizerMsg.decoder)
             )
-        self.to_frontend = ZmqPushQueue(config.frontend_addr, create=False, encoder=BaseFrontendMsg.encoder)
+        # Timed sends: a peer that died must not hang this worker (what is dropped is logged once).
+        self.to_frontend = ZmqPushQueue(
+            config.frontend_addr, create=False, encoder=BaseFrontendMsg.encoder, send_timeout_s=timeout
+        )
         self.to_backend = (
-            ZmqPushQueue(config.backend_addr, create=False, encoder=BaseBackendMsg.encoder)
+            ZmqPushQueue(
+                config.backend_addr, create=False, encoder=BaseBackendMsg.encoder, send_timeout_s=timeout
+            )
             if config.tokenizes
             else None
         )

@@ -4,10 +4,20 @@ A server's sockets live in `<root>/msgl-<suffix>/` (root: $MINISGL_IPC_ROOT or /
 and owned by the current user, so another user cannot connect to them or plant a socket there, and
 two servers (different suffixes) never collide. The path is a pure function of the suffix: every
 process of one server derives the same addresses. `remove_ipc_dir` deletes it when the server stops.
+
+"The last one out removes it": the launcher removes the directory after a normal stop, but if the
+launcher is killed (SIGKILL) its children outlive it briefly. So every child process of a server
+holds a shared `flock` on `<dir>/.alive` (`IpcDirLease`); on its way out a child trades it for an
+exclusive lock without waiting, which succeeds only if no other child still holds one, and then
+removes the directory. (A failed trade drops the shared lock, so of children leaving together one
+always succeeds.) The kernel drops a dead process's lock, however it died. The launcher holds no
+share: the kernel signals its death to the children when its main thread exits, possibly before its
+files are closed, and a share still held then would make every child think another one is left.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -62,3 +72,30 @@ def ipc_addr(directory: Path | str, name: str) -> str:
 def remove_ipc_dir(path: Path | str) -> None:
     """Delete a server's ipc directory (missing is fine)."""
     shutil.rmtree(path, ignore_errors=True)
+
+
+class IpcDirLease:
+    """A process's share of a server's ipc directory (see the module docstring)."""
+
+    LOCK_NAME = ".alive"
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._fd: int | None = os.open(self.path / self.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_SH)
+
+    def leave(self) -> bool:
+        """Give up this process's share; remove the directory if no other process holds one.
+        Returns True if this call removed it. Idempotent."""
+        if self._fd is None:
+            return False
+        fd, self._fd = self._fd, None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # another process still holds a share: it (or a later one) removes it
+            return False
+        else:
+            remove_ipc_dir(self.path)
+            return True
+        finally:
+            os.close(fd)

@@ -11,11 +11,21 @@ next message is unaffected). `get_raw()` never decodes; `decode(raw)` raises the
 
 `stop()` closes with linger 0 (pending outgoing messages are dropped, never waited for) and never
 hangs. ipc:// paths are checked against the platform's sun_path limit before ZMQ sees them.
+
+Sends and a missing peer: a PUSH blocks while no peer can take a message (none connected, or its
+pipe full), so a process whose peer died would hang in `put` and never read its own exit message.
+A sender built with `send_timeout_s` waits at most that long, and not at all once `interrupt()` was
+called (the process is stopping); what it then drops is logged once, not per message: one line when
+it starts dropping, one (with the count) when a message gets through again. Without a timeout
+(the default, the chapters' semantics) `put` blocks as ZMQ does.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -28,6 +38,13 @@ from minisgl.message import MessageDecodeError
 from minisgl.message.utils import group_of
 
 T = TypeVar("T")
+
+logger = logging.getLogger("minisgl.utils.mp")
+
+# How long a server process's send waits for a peer before it drops the message. A live peer takes
+# a message within milliseconds (its receive buffer holds a thousand); only a dead one makes a send wait.
+PEER_SEND_TIMEOUT_S = 5.0
+_POLL_SLICE_S = 0.05  # a timed send re-checks `interrupt()` this often while it waits
 
 # sockaddr_un.sun_path: 108 bytes on Linux, 104 on macOS/BSD, one of them the terminating NUL.
 IPC_PATH_MAX = 103 if sys.platform == "darwin" or "bsd" in sys.platform else 107
@@ -131,24 +148,97 @@ class _Receiver(_ZmqQueue, Generic[T]):
         return self.socket.poll(max(0, int(timeout_s * 1000)), zmq.POLLIN) != 0
 
 
+class _SendGate:
+    """The timeout policy of one sending socket: how long a send may wait, and the drop log.
+
+    After a send timed out, later sends do not wait at all until one gets through again (a dead peer
+    must not cost the timeout on every message)."""
+
+    def __init__(self, addr: str, send_timeout_s: float | None) -> None:
+        if send_timeout_s is not None and send_timeout_s < 0:
+            raise ValueError(f"send_timeout_s must be >= 0 or None, got {send_timeout_s}")
+        self.addr = addr
+        self.timeout_s = send_timeout_s
+        self.interrupted = threading.Event()
+        self.dropped = 0  # messages dropped since the last one that got through
+        self.total_dropped = 0
+
+    def wait_s(self) -> float:
+        """How long the next send may wait for a peer."""
+        if self.interrupted.is_set() or self.dropped or self.timeout_s is None:
+            return 0.0
+        return self.timeout_s
+
+    def on_sent(self) -> None:
+        if self.dropped:
+            logger.warning("%s: a peer takes messages again; %d were dropped", self.addr, self.dropped)
+            self.dropped = 0
+
+    def on_dropped(self) -> None:
+        if not self.dropped:
+            why = "stopping" if self.interrupted.is_set() else f"no peer took it within {self.timeout_s:g} s"
+            logger.warning("%s: dropping messages (%s)", self.addr, why)
+        self.dropped += 1
+        self.total_dropped += 1
+
+
 class _Sender(_ZmqQueue, Generic[T]):
-    def __init__(self, addr: str, create: bool, kind: int, encoder: Callable[[T], dict]) -> None:
+    def __init__(
+        self,
+        addr: str,
+        create: bool,
+        kind: int,
+        encoder: Callable[[T], dict],
+        send_timeout_s: float | None = None,
+    ) -> None:
+        self._gate = _SendGate(addr, send_timeout_s)
         super().__init__(addr, create, kind)
         self._encode = _packer(encoder)
 
-    def put(self, obj: T) -> None:
-        self.socket.send(self._encode(obj), copy=False)
+    @property
+    def total_dropped(self) -> int:
+        """Messages this queue dropped for want of a peer (only with a send timeout)."""
+        return self._gate.total_dropped
 
-    def put_raw(self, raw: bytes) -> None:
+    def interrupt(self) -> None:
+        """From now on never wait for a peer (safe from another thread; the process is stopping)."""
+        self._gate.interrupted.set()
+
+    def put(self, obj: T) -> bool:
+        """Send; False if it was dropped (only with a send timeout: no peer took it in time)."""
+        return self._send(self._encode(obj))
+
+    def put_raw(self, raw: bytes) -> bool:
         """Send bytes as they are (e.g. forwarding what another queue's `get_raw` returned)."""
-        self.socket.send(raw, copy=False)
+        return self._send(raw)
+
+    def _send(self, raw: bytes) -> bool:
+        if self._gate.timeout_s is None:
+            self.socket.send(raw, copy=False)
+            return True
+        deadline = time.monotonic() + self._gate.wait_s()
+        while True:
+            try:
+                self.socket.send(raw, zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                left = min(deadline - time.monotonic(), self._gate.wait_s())
+                if left <= 0:
+                    self._gate.on_dropped()
+                    return False
+                self.socket.poll(int(min(left, _POLL_SLICE_S) * 1000) + 1, zmq.POLLOUT)
+                continue
+            self._gate.on_sent()
+            return True
 
 
 class ZmqPushQueue(_Sender[T]):
-    """One end of a pipe: messages arrive in order, none dropped (send blocks at the high-water mark)."""
+    """One end of a pipe: messages arrive in order. Without a send timeout none is dropped (send
+    blocks at the high-water mark); with one, see the module docstring."""
 
-    def __init__(self, addr: str, create: bool, encoder: Callable[[T], dict]) -> None:
-        super().__init__(addr, create, zmq.PUSH, encoder)
+    def __init__(
+        self, addr: str, create: bool, encoder: Callable[[T], dict], send_timeout_s: float | None = None
+    ) -> None:
+        super().__init__(addr, create, zmq.PUSH, encoder, send_timeout_s)
 
 
 class ZmqPullQueue(_Receiver[T]):
@@ -195,19 +285,35 @@ class ZmqSubQueue(_Receiver[T]):
 
 
 class ZmqAsyncPushQueue(_ZmqQueue, Generic[T]):
-    """PUSH for an asyncio event loop (the API server): `await put(obj)` never blocks the loop."""
+    """PUSH for an asyncio event loop (the API server): `await put(obj)` never blocks the loop.
+
+    With `send_timeout_s`, a put that no peer takes in time raises TimeoutError (the caller has
+    requests to answer); the message is not sent."""
 
     _async = True
 
-    def __init__(self, addr: str, create: bool, encoder: Callable[[T], dict]) -> None:
+    def __init__(
+        self, addr: str, create: bool, encoder: Callable[[T], dict], send_timeout_s: float | None = None
+    ) -> None:
+        if send_timeout_s is not None and send_timeout_s < 0:
+            raise ValueError(f"send_timeout_s must be >= 0 or None, got {send_timeout_s}")
         super().__init__(addr, create, zmq.PUSH)
         self._encode = _packer(encoder)
+        self.send_timeout_s = send_timeout_s
 
     async def put(self, obj: T) -> None:
-        await self.socket.send(self._encode(obj), copy=False)
+        await self.put_raw(self._encode(obj))
 
     async def put_raw(self, raw: bytes) -> None:
-        await self.socket.send(raw, copy=False)
+        if self.send_timeout_s is None:
+            await self.socket.send(raw, copy=False)
+            return
+        try:
+            await asyncio.wait_for(self.socket.send(raw, copy=False), self.send_timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(
+                f"{self.addr}: no peer took the message within {self.send_timeout_s:g} s"
+            ) from None
 
 
 class ZmqAsyncPullQueue(_ZmqQueue, Generic[T]):
