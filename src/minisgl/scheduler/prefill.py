@@ -5,21 +5,23 @@ from __future__ import annotations
 from collections import deque
 
 from minisgl.core import Batch, Req
-from minisgl.kvcache import PageTable
+
+from .cache import CacheManager
 
 
 class PrefillManager:
     """Requests not yet decoding: `waiting` (no pages yet, FIFO) and `prefilling` (pages held for all
     their tokens, some chunks still to run, in admission order).
 
-    Admission takes pages for a request's whole prompt at once, so a started prefill never stalls
-    for pages; the head of the queue waits (FIFO, no overtaking) until enough pages are free.
+    Admission borrows the longest cached prefix of a request's tokens and takes pages for the rest
+    of its prompt at once, so a started prefill never stalls for pages and feeds only the uncached
+    suffix; the head of the queue waits (FIFO, no overtaking) until enough pages are available.
     """
 
-    def __init__(self, table: PageTable, max_prefill_tokens: int) -> None:
+    def __init__(self, cache: CacheManager, max_prefill_tokens: int) -> None:
         if max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
-        self.table = table
+        self.cache = cache
         self.max_prefill_tokens = max_prefill_tokens
         self.waiting: deque[Req] = deque()
         self.prefilling: list[Req] = []
@@ -70,16 +72,11 @@ class PrefillManager:
         return Batch(reqs, lens, "prefill") if reqs else None
 
     def _admit(self, req: Req, reserve_pages: int) -> bool:
-        table = self.table
-        need = -(-req.seq_len // table.page_size)
-        if table.num_free_rows == 0:
+        if self.cache.table.num_free_rows == 0:
             return False
-        if need + reserve_pages > table.allocator.num_free:
+        if not self.cache.admit(req, reserve_pages):
             self.num_page_waits += 1
             return False
-        req.table_row = table.alloc_row(req.uid)
-        ok = table.reserve(req.table_row, req.seq_len)
-        assert ok, "free pages were counted just above"
         return True
 
     def done(self, req: Req) -> None:
