@@ -125,6 +125,8 @@ class RadixCache:
 
     def unlock(self, node: RadixNode) -> None:
         """Undo one `lock(node)`; the path becomes evictable where nothing else pins it."""
+        if node.parent is None and node is not self.root:
+            raise KVIntegrityError(f"radix node {node.node_id} is unlocked but no longer in the tree")
         first = node
         while node.parent is not None:
             if node.ref <= 0:
@@ -145,7 +147,7 @@ class RadixCache:
             if not self._evictable_leaf(node) or node.last_use != last_use:
                 continue  # a stale entry
             take = min(len(node.pages), num_pages - len(out))
-            out.extend(node.pages[len(node.pages) - take :])
+            out.extend(reversed(node.pages[len(node.pages) - take :]))
             self.num_pages -= take
             self.num_evictable -= take
             if take < len(node.pages):
@@ -201,18 +203,17 @@ class RadixCache:
             child = node.children.get(tuple(token_ids[pos : pos + ps]))
             if child is None:
                 break
-            child.last_use = self._clock
             n = _matching_pages(child.key, token_ids, pos, limit, ps)
             partly = n < len(child.pages)
-            if partly:
+            if partly:  # the unmatched rest keeps its place in the LRU order
                 child = self._split(child, n)
+            child.last_use = self._clock
+            self._push(child)  # if an evictable leaf, its place in the LRU order moved
             pages.extend(child.pages)
             pos += len(child.key)
             node = child
             if partly:
                 break
-        if node is not self.root and node.is_leaf:
-            self._push(node)  # its last_use changed
         return node, pages
 
     def _split(self, node: RadixNode, n: int) -> RadixNode:
