@@ -148,21 +148,23 @@ def test_second_request_prefills_only_its_suffix(model_dir: Path) -> None:
     assert [r["token_ids"] for r in naive.generate([a, b], _greedy(8))] == [ra["token_ids"], rb["token_ids"]]
 
 
-@pytest.mark.parametrize(("overlap", "cached"), [(False, 64), (True, 48)])
+@pytest.mark.parametrize(("overlap", "budget"), [(False, 16), (True, 16), (False, 256), (True, 256)])
 def test_concurrent_requests_share_a_prefix_while_it_is_prefilled(
-    model_dir: Path, overlap: bool, cached: int
+    model_dir: Path, overlap: bool, budget: int
 ) -> None:
-    """A is prefilled in chunks of 16; B (same 64-token prefix) is admitted with A's last chunk and
-    borrows what A's returned chunks computed: all 64 tokens, or 48 with overlap scheduling (the
-    step with A's fourth chunk is still in flight, and what it computes is not cached yet)."""
+    """A and B (the same 64-token prefix) arrive together. B is not admitted while A is computing
+    that prefix (in chunks of 16, or at once), nor, with overlap scheduling, while the step with A's
+    last chunk is in flight; then it borrows the whole prefix and prefills only its 7 own tokens."""
     rng = random.Random(3)
     shared = _tokens(rng, 64)
     a, b = shared + _tokens(rng, 5), shared + _tokens(rng, 7)
-    llm = _llm(model_dir, "radix", max_prefill_tokens=16, overlap_schedule=overlap)
+    llm = _llm(model_dir, "radix", max_prefill_tokens=budget, overlap_schedule=overlap)
     ra, rb = llm.generate([a, b], _greedy(6))
-    assert (ra["cached_tokens"], rb["cached_tokens"]) == (0, cached)
-    assert llm.num_prefill_tokens == len(a) + len(b) - cached
-    naive = _llm(model_dir, "naive", max_prefill_tokens=16)
+    assert (ra["cached_tokens"], rb["cached_tokens"]) == (0, 64)
+    assert llm.num_prefill_tokens == len(a) + 7
+    # with chunks of 16 and no overlap, A's budget-filling chunks keep B out until the prefix is cached
+    assert (llm.prefill.num_prefix_waits > 0) == (overlap or budget == 256)
+    naive = _llm(model_dir, "naive", max_prefill_tokens=budget)
     assert [r["token_ids"] for r in naive.generate([a, b], _greedy(6))] == [ra["token_ids"], rb["token_ids"]]
 
 

@@ -67,6 +67,14 @@ class CacheManager:
             self.stats.cached_tokens += req.cached_prompt_len
         return True
 
+    def waits_for_prefix(self, req: Req, producers: list[Req]) -> bool:
+        """Whether `req` should wait because a request being prefilled (`producers`) will soon cache
+        at least one more whole page of `req`'s prefix than is cached now: admitted now, `req` would
+        compute those tokens a second time (concurrent requests with one system prompt)."""
+        limit = req.token_ids[: req.seq_len - 1]
+        cached = len(self.prefix.match(limit).pages)
+        return any(_common_pages(p.token_ids, limit, self.page_size) > cached for p in producers)
+
     def grow(self, req: Req, num_tokens: int) -> bool:
         """Room for `num_tokens` tokens in `req`'s row (evicting if needed); False if pages are short."""
         return self.make_room(self.table.pages_needed(req.table_row, num_tokens)) and self.table.reserve(
@@ -125,3 +133,14 @@ class CacheManager:
                 shared = self.table.row_pages[r.table_row][: self.table.row_shared[r.table_row]]
                 if shared != path_pages(self._locks[r.uid]):
                     raise KVIntegrityError(f"request {r.uid}: its shared pages are not its cache path")
+
+
+def _common_pages(a: list[int], b: list[int], ps: int) -> int:
+    """Whole pages that `a` and `b` share from their start."""
+    n = min(len(a), len(b)) // ps
+    if a[: n * ps] == b[: n * ps]:
+        return n
+    i = 0
+    while a[i * ps : (i + 1) * ps] == b[i * ps : (i + 1) * ps]:
+        i += 1
+    return i
