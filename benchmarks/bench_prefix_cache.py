@@ -7,7 +7,7 @@ The workload is `minisgl bench serve --workload shared-prefix`: --num-groups sys
 the completions endpoint. The script tokenizes two prompts of a group with the embedded model's
 tokenizer and prints how many of their tokens they share (the defaults: about 90%).
 
-    .venv/bin/python benchmarks/bench_prefix_cache.py [--num-prompts 48] [--concurrency 8]
+    .venv/bin/python benchmarks/bench_prefix_cache.py [--num-prompts 64] [--concurrency 16]
         [--shared-prefix-len 450] [--input-len 50] [--output-len 16] [--rounds 1]
         [--server-args "--device cpu"]
 """
@@ -98,8 +98,8 @@ def shared_fraction(cfg: BenchConfig) -> float:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--num-prompts", type=int, default=48)
-    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--num-groups", type=int, default=4)
     p.add_argument("--shared-prefix-len", type=int, default=450, metavar="WORDS")
     p.add_argument("--input-len", type=int, default=50, metavar="WORDS")

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from minisgl import LLM, SamplingParams
 from minisgl.distributed import DistributedInfo
+from minisgl.kernels.triton import triton_available
 from minisgl.message import AbortBackendMsg, BaseTokenizerMsg, DetokenizeMsg, UserMsg
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.scheduler.scheduler import Scheduler
@@ -28,6 +29,7 @@ from minisgl.tokenizer.detokenize import DetokenizeManager
 from test_models_support import save_tiny_hf_model
 
 PS = 4  # page size of every test here: prefixes of a few pages stay short
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +84,27 @@ def test_shared_prefix_workload_gives_the_naive_caches_tokens(model_dir: Path, o
     stats = radix.cache.stats
     assert stats.cached_tokens > 0.6 * stats.prompt_tokens  # most of the second round, some of the first
     assert radix.num_prefill_tokens + stats.cached_tokens == naive.num_prefill_tokens
+
+
+@pytest.mark.parametrize("attention", ["torch", "triton"] + (["cpu"] if DEV == "cpu" else []))
+def test_every_attention_backend_gives_the_naive_caches_tokens(model_dir: Path, attention: str) -> None:
+    """Prefill over a cached prefix runs each backend's extend path (Triton's varlen kernel runs in
+    Triton's interpreter without a GPU; on a GPU, with overlap scheduling and CUDA graphs)."""
+    if attention == "triton" and not triton_available():
+        pytest.skip("triton is not installed")
+    prompts, _ = _shared_prefix_workload(5)
+    prompts, params = prompts[:4], [_greedy(4)] * 4  # the fourth shares the first's system prompt
+    outs = {}
+    for kind in ("naive", "radix"):
+        llm = LLM(
+            str(model_dir), device=DEV, dtype="float32", page_size=PS, cache_type=kind,
+            attention_backend=attention, max_prefill_tokens=32, num_pages=128,
+        )  # fmt: skip
+        assert llm.engine.attn_backend.name == attention
+        outs[kind] = _run(llm, prompts, params)
+        if kind == "radix":
+            assert llm.cache.stats.cached_tokens >= 28  # the shared system prompt's whole pages
+    assert outs["radix"] == outs["naive"]
 
 
 def test_multi_turn_chat_gives_the_naive_caches_tokens(model_dir: Path) -> None:
