@@ -119,6 +119,13 @@ class CacheManager:
         self.stats.evicted_pages += len(evicted)
         return True
 
+    def flush(self) -> int:
+        """Evict every cached page no request pins (a benchmark round starts cold); how many."""
+        evicted = self.prefix.evict(self.prefix.num_evictable)
+        self.table.allocator.free(evicted)
+        self.stats.evicted_pages += len(evicted)
+        return len(evicted)
+
     # -- checks ---------------------------------------------------------------------------------------
     def check_integrity(self, live: list[Req]) -> None:
         """Pages: each free, owned by one live request, or held by the cache; the cache's references
