@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import random
 import shlex
 import signal
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import torch
 
 from minisgl import LLM, SamplingParams
 from minisgl.benchmark.serve import (
@@ -170,13 +172,17 @@ def offline(ns: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
             model, dummy = str(write_model_dir(preset_config(ns.model_config), Path(tmp) / "model")), True
         runs: dict[str, list[dict[str, Any]]] = {"radix": [], "naive": []}
         for kind in runs:  # one engine at a time (a GPU's memory holds one), its rounds in a row
-            llm = TimedLLM(model, device=ns.device, cache_type=kind, dummy_weights=dummy)
+            opts = {"gpu_memory_fraction": ns.gpu_memory_fraction} if ns.gpu_memory_fraction else {}
+            llm = TimedLLM(model, device=ns.device, cache_type=kind, dummy_weights=dummy, **opts)
             prompts = token_prompts(ns, llm.vocab_size)
             shared = ns.shared_prefix_len / (ns.shared_prefix_len + ns.input_len)
             print(f"{len(prompts)} prompts of {len(prompts[0])} tokens, {shared:.1%} shared in groups")
             for _ in range(ns.rounds):
                 runs[kind].append(measure_offline(llm, kind, prompts, ns.output_len))
             del llm
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # the next engine sizes its KV pool from the free memory
         return runs
 
 
@@ -198,6 +204,9 @@ def main() -> int:
     p.add_argument("--offline", action="store_true", help="LLM in this process, one burst of requests")
     p.add_argument("--device", default="auto", help="--offline: auto, cpu or cuda")
     p.add_argument("--model-config", help="--offline: a preset's shapes with random weights (e.g. llama3-8b)")
+    p.add_argument(
+        "--gpu-memory-fraction", type=float, help="--offline: of the free GPU memory, for the KV pool"
+    )
     ns = p.parse_args()
     runs = offline(ns) if ns.offline else serving(ns)
     print("\nround  req/s radix  naive  ratio   TTFT p50 ms radix  naive  ratio   cached (radix)")
