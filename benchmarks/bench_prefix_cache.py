@@ -8,6 +8,9 @@ words of its own, --concurrency requests in flight, on the completions endpoint.
 tokenizes two prompts of a group with the embedded model's tokenizer and prints how many tokens they
 share (the defaults: about 90%).
 
+`--workload multi-turn` drives the same two servers with `minisgl bench serve --workload
+multi-turn` (chat conversations that resend their history) instead.
+
 Offline (--offline): `LLM(cache_type=...)` in this process, all --num-prompts requests submitted at
 once (a burst), prompts of random token ids (--shared-prefix-len shared, --input-len own); TTFT is
 when the host got a request's first token. With --model-config (a preset, e.g. llama3-8b) it runs
@@ -201,6 +204,13 @@ def main() -> int:
         help="serving: alternate radix and naive servers; offline: rounds each",
     )
     p.add_argument("--server-args", default="", help="more `minisgl serve` options, one string")
+    p.add_argument(
+        "--workload",
+        default="shared-prefix",
+        choices=["shared-prefix", "multi-turn"],
+        help="serving: multi-turn runs --num-prompts chat conversations of --turns turns instead",
+    )
+    p.add_argument("--turns", type=int, default=4, help="multi-turn: turns per conversation")
     p.add_argument("--offline", action="store_true", help="LLM in this process, one burst of requests")
     p.add_argument("--device", default="auto", help="--offline: auto, cpu or cuda")
     p.add_argument("--model-config", help="--offline: a preset's shapes with random weights (e.g. llama3-8b)")
@@ -223,7 +233,9 @@ def main() -> int:
 
 def serving(ns: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     cfg = BenchConfig(
-        workload="shared-prefix",
+        workload=ns.workload,
+        endpoint="chat" if ns.workload == "multi-turn" else "completions",
+        turns=ns.turns,
         num_prompts=ns.num_prompts,
         concurrency=ns.concurrency,
         num_groups=ns.num_groups,
@@ -232,7 +244,8 @@ def serving(ns: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
         output_len=ns.output_len,
         warmup=2,
     )
-    print(f"prompts of one group share {shared_fraction(cfg):.1%} of their tokens", flush=True)
+    if ns.workload == "shared-prefix":
+        print(f"prompts of one group share {shared_fraction(cfg):.1%} of their tokens", flush=True)
     extra = shlex.split(ns.server_args)
     runs: dict[str, list[dict[str, Any]]] = {"radix": [], "naive": []}
     for _ in range(ns.rounds):
