@@ -2,7 +2,8 @@
 n > 1, usage, every client error, overload, health and metrics.
 
 The fake tokenizer acknowledges a prompt with its word count, rejects prompts containing "REJECT",
-and answers with the words of "echo: <prompt>" one reply per word; "FOREVER" never finishes."""
+and answers with the words of "echo: <prompt>" one reply per word, each saying that half the prompt's
+words (rounded down) came from the prefix cache; "FOREVER" never finishes."""
 
 from __future__ import annotations
 
@@ -69,7 +70,10 @@ class FakeWorkers:
             length = m.sampling_params.max_tokens > 0 and k >= m.sampling_params.max_tokens
             done = length or (k >= len(words) and "FOREVER" not in prompt)
             reason = ("length" if length else "stop") if done else ""
-            self.out.put_nowait(UserReply(uid, piece, done, reason, completion_tokens=k))
+            cached = len(prompt.split()) // 2
+            self.out.put_nowait(
+                UserReply(uid, piece, done, reason, completion_tokens=k, cached_tokens=cached)
+            )
             if done:
                 return
 
@@ -107,7 +111,12 @@ async def test_chat_completion_shape_and_usage(api) -> None:
     [choice] = body["choices"]
     assert choice["message"] == {"role": "assistant", "content": "echo: hello there "}
     assert choice["finish_reason"] == "stop"
-    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+    assert body["usage"] == {
+        "prompt_tokens": 2,
+        "completion_tokens": 3,
+        "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 1},
+    }
     sent = api.workers.received[-1]
     assert sent.text == [{"role": "user", "content": "hello there"}]
     assert sent.sampling_params.max_tokens == -1  # "fill the context", resolved by the tokenizer
@@ -135,6 +144,7 @@ async def test_n_choices_and_prompt_lists(api) -> None:
     assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
     assert [c["text"] for c in body["choices"]] == ["echo: x y "] * 2 + ["echo: z "] * 2
     assert body["usage"]["prompt_tokens"] == 3  # each prompt once, not once per choice
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 1}  # likewise: 2 // 2 + 1 // 2
     assert body["usage"]["completion_tokens"] == 3 + 3 + 2 + 2
     # one message per prompt, tokenized once for both choices; the tokenizer gives choice i seed 5 + i
     assert [(m.n, m.sampling_params.seed) for m in api.workers.received[-2:]] == [(2, 5), (2, 5)]
@@ -158,6 +168,7 @@ async def test_chat_streaming_with_usage(api) -> None:
         assert e["usage"] is None
     assert texts == ["echo: a b "] * 2 and reasons == ["stop", "stop"]
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 6
+    assert events[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 1}
 
 
 async def test_completion_streaming(api) -> None:
@@ -304,6 +315,8 @@ async def test_health_models_metrics(api) -> None:
     ):
         assert name in text
     assert "minisgl_prompt_tokens_total 3.0" in text
+    assert "minisgl_prompt_tokens_cached_total 1.0" in text  # 3 // 2
+    assert "minisgl_prefix_cache_hit_rate 0.333" in text
     assert "minisgl_generation_tokens_total 4.0" in text
     assert 'minisgl_requests_finished_total{finish_reason="stop"} 1.0' in text
     api.state.status = "starting"

@@ -48,6 +48,8 @@ def test_serve_options_map_to_server_args() -> None:
             "smol",
             "--max-queued-requests",
             "3",
+            "--cache-type",
+            "naive",
         ]
     )
     args = args_from_namespace(ns)
@@ -60,7 +62,9 @@ def test_serve_options_map_to_server_args() -> None:
         kv_cache_memory="64MiB",
         served_model_name="smol",
         max_queued_requests=3,
+        cache_type="naive",
     )
+    assert ServerArgs().cache_type == "radix"
     assert args.host == "127.0.0.1" and args.model_name == "smol" and args.url == "http://127.0.0.1:8000"
     assert ServerArgs().model_name == "SmolLM2-135M-Instruct"
 
@@ -75,6 +79,7 @@ def test_serve_options_map_to_server_args() -> None:
         (["serve", "--num-pages", "4", "--kv-cache-memory", "1GiB"], "not allowed with argument"),
         (["serve", "--device", "tpu"], "invalid choice"),
         (["serve", "--port", "many"], "invalid int value"),
+        (["serve", "--cache-type", "lru"], "invalid choice"),
     ],
 )
 def test_bad_serve_options_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

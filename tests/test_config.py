@@ -131,6 +131,7 @@ def test_odd_or_long_suffix_is_hashed_short() -> None:
     "kw,match",
     [
         ({"engine": "fast"}, "engine"),
+        ({"cache_type": "lru"}, "cache_type"),
         ({"page_size": 0}, "page_size"),
         ({"num_pages": 0}, "num_pages"),
         ({"gpu_memory_fraction": 1.5}, "gpu_memory_fraction"),

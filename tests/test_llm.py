@@ -110,7 +110,7 @@ def test_tiny_prefill_budget_and_tiny_pool_give_the_same_tokens(
         assert small.prefill.num_page_waits > 0
         assert small.num_retractions > 0
         alloc = small.table.allocator
-        assert alloc.num_free == alloc.num_pages
+        assert alloc.num_free + small.cache.prefix.num_pages == alloc.num_pages  # no request holds one
         small.check_integrity()
     finally:
         del small

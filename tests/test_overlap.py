@@ -45,7 +45,7 @@ def _generate(model_dir: Path, overlap: bool, prompts: Any, params: Any, **opts:
     assert llm.overlap is overlap
     outs = llm.generate(prompts, params)
     llm.check_integrity()
-    assert llm.table.allocator.num_free == llm.table.allocator.num_pages
+    assert llm.table.allocator.num_free + llm.cache.prefix.num_pages == llm.table.allocator.num_pages
     return [(o["token_ids"], o["finish_reason"]) for o in outs], llm.num_retractions
 
 
@@ -115,7 +115,7 @@ def test_abort_mid_flight_ends_at_once_and_frees_the_pages(model_dir: Path) -> N
         assert len(s.tokens(2)) == sent  # nothing for it after the abort (its in-flight token dropped)
         assert not s.has_work() and s._in_flight is None
         s.check_integrity()
-        assert s.table.allocator.num_free == s.table.allocator.num_pages
+        assert s.table.allocator.num_free + s.cache.prefix.num_pages == s.table.allocator.num_pages
         runs[overlap] = [s.tokens(1), s.tokens(3)]
         assert all(len(t) == 12 for t in runs[overlap])
     assert runs[True] == runs[False]

@@ -70,8 +70,14 @@ class Harness(Scheduler):
         return [m for m in self.outbox if m.uid == uid][-1]
 
 
+def _request_pages(s: Scheduler) -> int:
+    """Pages requests hold (neither free nor held by the prefix cache)."""
+    alloc = s.table.allocator
+    return alloc.num_pages - alloc.num_free - s.cache.prefix.num_pages
+
+
 def _all_free(s: Scheduler) -> bool:
-    return s.table.allocator.num_free == s.table.allocator.num_pages
+    return _request_pages(s) == 0
 
 
 def test_requests_finish_on_length_and_stop_tokens() -> None:
@@ -134,18 +140,26 @@ def test_duplicate_live_uid_is_rejected() -> None:
     assert len(s.tokens(1)) == 50
 
 
-def test_abort_frees_pages_at_once() -> None:
-    s = Harness()
+def _pinned_pages(s: Scheduler) -> int:
+    """Pages requests use (their own, or cached ones they pin): neither free nor evictable."""
+    alloc = s.table.allocator
+    return alloc.num_pages - alloc.num_free - s.cache.prefix.num_evictable
+
+
+@pytest.mark.parametrize("cache_type", ["naive", "radix"])
+def test_abort_frees_pages_at_once(cache_type: str) -> None:
+    s = Harness(cache_type=cache_type)
     s.submit(1, list(range(1, 30)), max_tokens=50)
     s.submit(2, [1, 2, 3], max_tokens=50)
     for _ in range(4):
         s.normal_loop()
-    held = s.table.allocator.num_pages - s.table.allocator.num_free
+    held = _pinned_pages(s)
     assert held > 0
     s.inbox.append(AbortBackendMsg(1))
     s.normal_loop()
     assert s.last(1) == DetokenizeMsg(1, -1, True, "abort")
-    assert held - (s.table.allocator.num_pages - s.table.allocator.num_free) >= 8  # uid 1's 29+ tokens
+    # uid 1's 29+ tokens: freed (naive) or left cached but unpinned (radix)
+    assert held - _pinned_pages(s) >= 8
     s.check_integrity()
     s.run_until_idle()
     assert len(s.tokens(2)) == 50 and _all_free(s)
@@ -189,10 +203,14 @@ def test_idle_logs_once_and_integrity_check_catches_a_leak(caplog: pytest.LogCap
         s.normal_loop()  # blocks (offline: returns nothing) -> idle again: one line
         s.normal_loop()  # still idle: no further line
     idle = [r.getMessage() for r in caplog.records if "scheduler idle" in r.getMessage()]
-    assert idle == ["scheduler idle: 0 running, 0 waiting, pages free 64/64"] * 2
+    # 2 prompt + 3 output tokens: K/V for 4, one whole page of 4, which stays cached
+    assert idle == [
+        "scheduler idle: 0 running, 0 waiting, pages free 64/64, cached 0; prompt tokens from the cache 0/0",
+        "scheduler idle: 0 running, 0 waiting, pages free 63/64, cached 1; prompt tokens from the cache 0/2",
+    ]
     s.run_when_idle()  # a clean pool passes
-    s.table.allocator.alloc(1)  # a page owned by nobody
-    with pytest.raises(KVIntegrityError, match="page 0 is allocated but owned by 0"):
+    [leaked] = s.table.allocator.alloc(1)  # a page owned by nobody
+    with pytest.raises(KVIntegrityError, match=f"page {leaked} is allocated but owned by 0 request"):
         s.run_when_idle()
 
 

@@ -25,7 +25,7 @@ import torch
 
 pytestmark = pytest.mark.timeout(240)
 
-_IDLE = re.compile(r"scheduler idle: .*pages free (\d+)/(\d+)")
+_IDLE = re.compile(r"scheduler idle: .*pages free (\d+)/(\d+), cached (\d+)")
 
 
 def free_port() -> int:
@@ -302,10 +302,31 @@ def test_disconnect_aborts_and_frees_pages(server) -> None:
     t_closed = time.monotonic()
     aborted = server.wait_for_log(re.compile(r"aborted request \d+"), start, timeout=20)
     idle = server.wait_for_log(_IDLE, aborted.end(), timeout=20)
-    assert idle.group(1) == idle.group(2), idle.group(0)  # every KV page is free again
+    free, total, cached = map(int, idle.groups())
+    assert free + cached == total, idle.group(0)  # every KV page is free again, or in the prefix cache
     assert time.monotonic() - t_closed < 20
     m = httpx.get(server.url + "/metrics").text
     assert re.search(r"^minisgl_num_requests_running 0\.0$", m, re.M)
+
+
+def test_prefix_cache_shows_in_usage_and_metrics(client, server) -> None:
+    """Sent again, a long chat takes all of its prompt from the prefix cache but the last partial
+    page (16 tokens at most, at least one token), and says so; the answer is the same."""
+    system = "You are a careful assistant. " + " ".join(f"Rule {i}: be brief." for i in range(40))
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Hi!"}]
+    first, second = (
+        client.chat.completions.create(model="smol", temperature=0, max_tokens=8, messages=messages)
+        for _ in range(2)
+    )
+    u1, u2 = first.usage, second.usage
+    assert u1.prompt_tokens > 200 and u1.prompt_tokens_details.cached_tokens < 64  # a new prompt
+    assert u2.prompt_tokens - 16 <= u2.prompt_tokens_details.cached_tokens < u2.prompt_tokens
+    assert second.choices[0].message.content == first.choices[0].message.content
+    metrics = httpx.get(server.url + "/metrics").text
+    cached = float(re.search(r"^minisgl_prompt_tokens_cached_total (\S+)$", metrics, re.M).group(1))
+    assert cached >= u2.prompt_tokens_details.cached_tokens
+    rate = float(re.search(r"^minisgl_prefix_cache_hit_rate (\S+)$", metrics, re.M).group(1))
+    assert 0 < rate < 1
 
 
 def test_chat_cli_streams_and_keeps_history(server) -> None:

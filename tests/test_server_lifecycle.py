@@ -203,7 +203,8 @@ def test_killed_worker_makes_health_503_and_server_exit() -> None:
 
 def test_two_tensor_parallel_ranks_serve_and_stop_cleanly() -> None:
     """--tp 2 (gloo on the CPU, dummy engine): both scheduler ranks start, rank 0 forwards every
-    request to rank 1, replies come back, and SIGTERM stops both ranks without a kill."""
+    request to rank 1, replies come back, both ranks end up with the same KV pool and prefix cache
+    (their idle lines agree), and SIGTERM stops both ranks without a kill."""
     srv = ServerProcess("--engine", "dummy", "--tp", "2")
     try:
         for rank in (0, 1):
@@ -217,7 +218,23 @@ def test_two_tensor_parallel_ranks_serve_and_stop_cleanly() -> None:
             assert r.status_code == 200, r.text
             body = r.json()
             assert len(body["choices"]) == n and body["usage"]["completion_tokens"] == 8 * n
+        long = {"prompt": "word " * 300, "max_tokens": 4}
+        usage = [httpx.post(srv.url + "/v1/completions", json=long, timeout=60).json()["usage"] for _ in "ab"]
+        assert usage[1]["prompt_tokens_details"]["cached_tokens"] >= usage[1]["prompt_tokens"] - 16
         wait_no_requests(srv.url)
+        pids = [
+            re.search(rf"started scheduler rank {r} \(pid (\d+)\)", srv.output()).group(1) for r in (0, 1)
+        ]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # each rank logs its state when it goes idle
+            lines = [
+                re.findall(rf"\[{pid} minisgl\.scheduler\.scheduler\] (scheduler idle: .*)", srv.output())
+                for pid in pids
+            ]
+            if all(lines) and lines[0][-1] == lines[1][-1] and "from the cache 0/" not in lines[0][-1]:
+                break
+            time.sleep(0.2)
+        assert lines[0][-1] == lines[1][-1] and "from the cache 0/" not in lines[0][-1], lines
         assert srv.stop(signal.SIGTERM) == 0
         # rank 1 logs going idle again after work: it ran the forwarded requests too
         assert len(re.findall(rank1_idle, srv.output())) > idle_before, srv.output()

@@ -117,6 +117,11 @@ class Req:
     # flight for it are dropped.
     pending: int = 0
     finished: bool = False
+    # Prefix caching: `kv_ready_len` tokens have K/V computed (the steps that wrote them returned;
+    # only these may enter the prefix cache); `cached_prompt_len` prompt tokens came from the prefix
+    # cache when the request was first admitted (-1 before that; reported as usage).
+    kv_ready_len: int = 0
+    cached_prompt_len: int = -1
 
     def __post_init__(self) -> None:
         if self.prompt_len < 0:
@@ -158,11 +163,13 @@ class Batch:
     extend_lens: list[int]
     phase: str  # "prefill" or "decode"
     sample_mask: list[bool] = field(init=False)
+    kv_ends: list[int] = field(init=False)  # per request: tokens with K/V once this step has run
 
     def __post_init__(self) -> None:
         decode = self.phase == "decode"
+        self.kv_ends = [r.cached_len + n for r, n in zip(self.reqs, self.extend_lens, strict=True)]
         self.sample_mask = [
-            decode or r.cached_len + n == r.seq_len for r, n in zip(self.reqs, self.extend_lens, strict=True)
+            decode or end == r.seq_len for r, end in zip(self.reqs, self.kv_ends, strict=True)
         ]
 
     @property

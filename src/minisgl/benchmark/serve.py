@@ -8,9 +8,16 @@ arrivals, seeded), with random prompts (seeded) or prompts from a file, and repo
   TPOT  time per output token after the first: (E2E - TTFT) / (output tokens - 1)
   E2E   end-to-end latency
 
-as mean / p50 / p90 / p99, plus output tokens/s and requests/s; as a table, as JSON
+as mean / p50 / p90 / p99, plus output tokens/s and requests/s, and how many prompt tokens the
+server took from its prefix cache (`usage.prompt_tokens_details.cached_tokens`); as a table, as JSON
 (--output-json) and as a PNG of the latency distributions (--plot). Imports nothing from minisgl:
 it measures a server from the outside.
+
+Workloads (--workload): `random` (independent prompts of --input-len words), `shared-prefix`
+(--num-groups system prompts of --shared-prefix-len words, each request one of them, in turn, plus
+its own --input-len words: what a prefix cache is for), `multi-turn` (--num-prompts conversations of
+--turns turns at --concurrency; each turn resends the whole history, answers included, plus a new
+user message of --input-len words).
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+Prompt = str | list[dict[str, str]]  # a text, or chat messages ({"role", "content"})
+WORKLOADS = ("random", "shared-prefix", "multi-turn")
 
 _WORDS = (
     "time person year way day thing man world life hand part child eye woman place work week case point "
@@ -47,6 +57,8 @@ class RequestResult:
     e2e: float = 0.0
     itl: list[float] = field(default_factory=list)
     error: str = ""
+    cached_tokens: int = 0  # prompt tokens the server took from its prefix cache
+    text: str = ""  # the output (multi-turn conversations resend it)
 
     @property
     def tpot(self) -> float | None:
@@ -69,14 +81,45 @@ class BenchConfig:
     seed: int = 0
     warmup: int = 2
     timeout: float = 600.0
+    workload: str = "random"  # see WORKLOADS
+    num_groups: int = 4  # shared-prefix: distinct system prompts
+    shared_prefix_len: int = 512  # shared-prefix: words per system prompt
+    turns: int = 4  # multi-turn: requests per conversation
 
 
 # ---- prompts and requests ----------------------------------------------------------------------
 
 
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(n))
+
+
 def random_prompts(n: int, words: int, seed: int) -> list[str]:
     rng = random.Random(seed)
-    return [" ".join(rng.choice(_WORDS) for _ in range(words)) for _ in range(n)]
+    return [_words(rng, words) for _ in range(n)]
+
+
+def shared_prefix_prompts(n: int, groups: int, prefix_words: int, words: int, seed: int) -> list[Prompt]:
+    """Request i: system prompt i % groups (all `prefix_words` long) and a user message of its own."""
+    rng = random.Random(seed)
+    systems = [_words(rng, prefix_words) for _ in range(groups)]
+    return [
+        [{"role": "system", "content": systems[i % groups]}, {"role": "user", "content": _words(rng, words)}]
+        for i in range(n)
+    ]
+
+
+def conversations(n: int, turns: int, words: int, seed: int) -> list[list[str]]:
+    """The user messages of `n` conversations of `turns` turns each."""
+    rng = random.Random(seed)
+    return [[_words(rng, words) for _ in range(turns)] for _ in range(n)]
+
+
+def prompt_text(prompt: Prompt) -> str:
+    """A chat as one text (the completions endpoint): a prefix of the next turn's text."""
+    if isinstance(prompt, str):
+        return prompt
+    return "".join(f"{m['role']}: {m['content']}\n" for m in prompt) + "assistant:"
 
 
 def load_prompts(path: str, n: int) -> list[str]:
@@ -88,7 +131,7 @@ def load_prompts(path: str, n: int) -> list[str]:
     return [prompts[i % len(prompts)] for i in range(n)]
 
 
-def request_body(cfg: BenchConfig, prompt: str) -> dict[str, Any]:
+def request_body(cfg: BenchConfig, prompt: Prompt) -> dict[str, Any]:
     body: dict[str, Any] = {
         "max_tokens": cfg.output_len,
         "temperature": cfg.temperature,
@@ -99,9 +142,9 @@ def request_body(cfg: BenchConfig, prompt: str) -> dict[str, Any]:
     if cfg.model:
         body["model"] = cfg.model
     if cfg.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": prompt}]
+        body["messages"] = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     else:
-        body["prompt"] = prompt
+        body["prompt"] = prompt_text(prompt)
     return body
 
 
@@ -112,13 +155,14 @@ def _chunk_text(obj: dict[str, Any], chat: bool) -> str:
     return "".join(out)
 
 
-async def send_one(client: httpx.AsyncClient, cfg: BenchConfig, prompt: str) -> RequestResult:
+async def send_one(client: httpx.AsyncClient, cfg: BenchConfig, prompt: Prompt) -> RequestResult:
     url = "/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"
     chat = cfg.endpoint == "chat"
     t0 = time.perf_counter()
     res = RequestResult(ok=False)
     arrivals: list[float] = []
     chunks = 0
+    text: list[str] = []
     try:
         async with client.stream("POST", url, json=request_body(cfg, prompt)) as r:
             if r.status_code != 200:
@@ -135,11 +179,15 @@ async def send_one(client: httpx.AsyncClient, cfg: BenchConfig, prompt: str) -> 
                     res.error = str(obj["error"].get("message", obj["error"]))
                     return res
                 if obj.get("usage"):
-                    res.prompt_tokens = obj["usage"].get("prompt_tokens", 0)
-                    res.output_tokens = obj["usage"].get("completion_tokens", 0)
-                if _chunk_text(obj, chat):
+                    usage = obj["usage"]
+                    res.prompt_tokens = usage.get("prompt_tokens", 0)
+                    res.output_tokens = usage.get("completion_tokens", 0)
+                    res.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                piece = _chunk_text(obj, chat)
+                if piece:
                     arrivals.append(time.perf_counter())
                     chunks += 1
+                    text.append(piece)
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         res.error = f"{type(e).__name__}: {e}"
         return res
@@ -148,6 +196,7 @@ async def send_one(client: httpx.AsyncClient, cfg: BenchConfig, prompt: str) -> 
         res.error = "no output"
         return res
     res.ok = True
+    res.text = "".join(text)
     res.ttft = arrivals[0] - t0
     res.output_tokens = res.output_tokens or chunks
     # A chunk may carry several tokens (the server merges what queued up): spread each gap over them.
@@ -159,10 +208,11 @@ async def send_one(client: httpx.AsyncClient, cfg: BenchConfig, prompt: str) -> 
 
 
 async def run_benchmark(
-    cfg: BenchConfig, prompts: list[str], warmup: list[str] = ()
+    cfg: BenchConfig, prompts: list[Prompt] | list[list[str]], warmup: list[str] = ()
 ) -> tuple[list[RequestResult], float]:
-    """Send the warm-up prompts (one at a time, not measured), then every prompt; return the results
-    (in prompt order) and the measured wall time."""
+    """Send the warm-up prompts (one at a time, not measured), then every prompt (or, multi-turn,
+    every conversation: lists of user messages); return the results (in prompt order, a
+    conversation's turns in order) and the measured wall time."""
     limits = httpx.Limits(
         max_connections=max(cfg.concurrency, 1) + 4, max_keepalive_connections=cfg.concurrency
     )
@@ -171,15 +221,17 @@ async def run_benchmark(
         for p in warmup:
             await send_one(client, cfg, p)
         t0 = time.perf_counter()
-        if cfg.request_rate:
-            results = await _open_loop(client, cfg, prompts)
+        if cfg.workload == "multi-turn":
+            results = await _conversation_loop(client, cfg, prompts)  # type: ignore[arg-type]
+        elif cfg.request_rate:
+            results = await _open_loop(client, cfg, prompts)  # type: ignore[arg-type]
         else:
-            results = await _closed_loop(client, cfg, prompts)
+            results = await _closed_loop(client, cfg, prompts)  # type: ignore[arg-type]
         return results, time.perf_counter() - t0
 
 
 async def _closed_loop(
-    client: httpx.AsyncClient, cfg: BenchConfig, prompts: list[str]
+    client: httpx.AsyncClient, cfg: BenchConfig, prompts: list[Prompt]
 ) -> list[RequestResult]:
     results: list[RequestResult | None] = [None] * len(prompts)
     next_i = iter(range(len(prompts)))
@@ -192,11 +244,35 @@ async def _closed_loop(
     return [r for r in results if r is not None]
 
 
-async def _open_loop(client: httpx.AsyncClient, cfg: BenchConfig, prompts: list[str]) -> list[RequestResult]:
+async def _conversation_loop(
+    client: httpx.AsyncClient, cfg: BenchConfig, convs: list[list[str]]
+) -> list[RequestResult]:
+    """`concurrency` conversations at a time; each turn waits for the previous answer."""
+    results: list[list[RequestResult]] = [[] for _ in convs]
+    next_i = iter(range(len(convs)))
+
+    async def worker() -> None:
+        for i in next_i:
+            history: list[dict[str, str]] = []
+            for user in convs[i]:
+                history.append({"role": "user", "content": user})
+                res = await send_one(client, cfg, list(history))
+                results[i].append(res)
+                if not res.ok:
+                    break
+                history.append({"role": "assistant", "content": res.text})
+
+    await asyncio.gather(*(worker() for _ in range(max(cfg.concurrency, 1))))
+    return [r for conv in results for r in conv]
+
+
+async def _open_loop(
+    client: httpx.AsyncClient, cfg: BenchConfig, prompts: list[Prompt]
+) -> list[RequestResult]:
     rng = random.Random(cfg.seed + 1)
     sem = asyncio.Semaphore(max(cfg.concurrency, 1))  # at most this many in flight
 
-    async def one(p: str) -> RequestResult:
+    async def one(p: Prompt) -> RequestResult:
         async with sem:
             return await send_one(client, cfg, p)
 
@@ -236,6 +312,8 @@ def describe(values: list[float]) -> dict[str, float]:
 def summarize(cfg: BenchConfig, results: list[RequestResult], duration: float) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
     errors = [r.error for r in results if not r.ok]
     return {
         "config": asdict(cfg),
@@ -243,7 +321,9 @@ def summarize(cfg: BenchConfig, results: list[RequestResult], duration: float) -
         "failed": len(errors),
         "errors": errors[:10],
         "duration_s": duration,
-        "input_tokens": sum(r.prompt_tokens for r in ok),
+        "input_tokens": in_tokens,
+        "cached_tokens": cached,
+        "cache_hit_rate": cached / in_tokens if in_tokens else 0.0,
         "output_tokens": out_tokens,
         "request_throughput": len(ok) / duration if duration > 0 else math.nan,
         "output_throughput": out_tokens / duration if duration > 0 else math.nan,
@@ -257,11 +337,13 @@ def summarize(cfg: BenchConfig, results: list[RequestResult], duration: float) -
 def format_table(s: dict[str, Any]) -> str:
     c = s["config"]
     mode = f"rate {c['request_rate']}/s" if c["request_rate"] else f"concurrency {c['concurrency']}"
+    mode += f", workload {c['workload']}"
     lines = [
         f"serving benchmark: {c['base_url']} /v1/{'chat/completions' if c['endpoint'] == 'chat' else 'completions'}"
         f", {mode}",
         f"  requests        {s['completed']} ok, {s['failed']} failed in {s['duration_s']:.2f} s",
-        f"  tokens          {s['input_tokens']} in, {s['output_tokens']} out",
+        f"  tokens          {s['input_tokens']} in ({s['cached_tokens']} from the prefix cache, "
+        f"{s['cache_hit_rate']:.1%}), {s['output_tokens']} out",
         f"  throughput      {s['request_throughput']:.2f} req/s, {s['output_throughput']:.1f} output tok/s",
         f"  {'latency (ms)':<15} {'mean':>9} {'p50':>9} {'p90':>9} {'p99':>9}",
     ]
@@ -327,6 +409,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--prompts-file", help="prompts, one per line (text or JSONL with a 'prompt' field)")
     p.add_argument(
+        "--workload",
+        default=d.workload,
+        choices=WORKLOADS,
+        help="random prompts; shared-prefix: groups of requests sharing a long system prompt; "
+        "multi-turn: conversations that resend their history (default %(default)s)",
+    )
+    p.add_argument(
+        "--num-groups", type=int, default=d.num_groups, metavar="N", help="shared-prefix: system prompts"
+    )
+    p.add_argument(
+        "--shared-prefix-len",
+        type=int,
+        default=d.shared_prefix_len,
+        metavar="WORDS",
+        help="shared-prefix: words per system prompt (default %(default)s)",
+    )
+    p.add_argument(
+        "--turns", type=int, default=d.turns, metavar="N", help="multi-turn: turns per conversation"
+    )
+    p.add_argument(
         "--no-ignore-eos",
         dest="ignore_eos",
         action="store_false",
@@ -340,21 +442,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="PATH", help="write a PNG of the latency distributions")
 
 
+def _check(cfg: BenchConfig) -> str:
+    """What is wrong with `cfg`, or ""."""
+    if cfg.num_prompts < 1 or cfg.concurrency < 1 or cfg.output_len < 1:
+        return "--num-prompts, --concurrency and --output-len must be >= 1"
+    if cfg.num_groups < 1 or cfg.turns < 1 or cfg.shared_prefix_len < 0:
+        return "--num-groups and --turns must be >= 1, --shared-prefix-len >= 0"
+    if cfg.workload != "random" and cfg.prompts_file:
+        return "--prompts-file goes with --workload random"
+    if cfg.workload == "multi-turn" and cfg.request_rate:
+        return "--workload multi-turn runs --concurrency conversations (no --request-rate)"
+    return ""
+
+
+def workload(cfg: BenchConfig) -> tuple[list[str], list[Prompt] | list[list[str]]]:
+    """The warm-up prompts (random: they share nothing with the measured ones) and the measured
+    prompts, or conversations for multi-turn."""
+    if cfg.workload != "random":
+        warm = random_prompts(cfg.warmup, cfg.input_len, cfg.seed + 1000)
+        if cfg.workload == "multi-turn":
+            return warm, conversations(cfg.num_prompts, cfg.turns, cfg.input_len, cfg.seed)
+        n, g = cfg.num_prompts, cfg.num_groups
+        return warm, shared_prefix_prompts(n, g, cfg.shared_prefix_len, cfg.input_len, cfg.seed)
+    n = cfg.num_prompts + cfg.warmup
+    if cfg.prompts_file:
+        prompts = load_prompts(cfg.prompts_file, n)
+        return prompts[: cfg.warmup], prompts[cfg.warmup :]
+    prompts = random_prompts(n, cfg.input_len, cfg.seed)
+    return prompts[: cfg.warmup], prompts[cfg.warmup :]
+
+
 def main(ns: argparse.Namespace) -> int:
     fields = {k: v for k, v in vars(ns).items() if k in BenchConfig.__dataclass_fields__}
     if fields.get("request_rate") is not None:
         fields.setdefault("concurrency", BenchConfig.concurrency)
     cfg = BenchConfig(**{k: v for k, v in fields.items() if v is not None})
-    if cfg.num_prompts < 1 or cfg.concurrency < 1 or cfg.output_len < 1:
-        print(
-            "minisgl bench serve: --num-prompts, --concurrency and --output-len must be >= 1", file=sys.stderr
-        )
+    problem = _check(cfg)
+    if problem:
+        print(f"minisgl bench serve: {problem}", file=sys.stderr)
         return 2
-    n = cfg.num_prompts + cfg.warmup
-    prompts = (
-        load_prompts(cfg.prompts_file, n) if cfg.prompts_file else random_prompts(n, cfg.input_len, cfg.seed)
-    )
-    warm, measured = prompts[: cfg.warmup], prompts[cfg.warmup :]
+    warm, measured = workload(cfg)
     results, duration = asyncio.run(run_benchmark(cfg, measured, warm))
     summary = summarize(cfg, results, duration)
     print(format_table(summary))

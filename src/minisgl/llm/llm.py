@@ -38,7 +38,8 @@ def _pick_dtype(dtype: Any, device: str) -> torch.dtype:
 class LLM(Scheduler):
     """`LLM(model=None, **options)`: model None = the embedded SmolLM2-135M-Instruct; options are
     SchedulerConfig fields (device="auto", dtype, page_size, num_pages, kv_cache_memory,
-    max_running_requests, max_prefill_tokens, max_seq_len, seed, engine, dummy_weights, ...)."""
+    max_running_requests, max_prefill_tokens, max_seq_len, seed, engine, dummy_weights,
+    cache_type="radix"|"naive", ...)."""
 
     def __init__(self, model: str | None = None, **options: Any) -> None:
         from minisgl.distributed import DistributedInfo
@@ -81,6 +82,7 @@ class LLM(Scheduler):
             if isinstance(msg, DetokenizeMsg):
                 if msg.next_token >= 0:
                     res["token_ids"].append(msg.next_token)
+                res["cached_tokens"] = msg.cached_tokens
                 if msg.finished:
                     res["finish_reason"] = msg.finish_reason
             elif isinstance(msg, ErrorMsg):
@@ -93,7 +95,8 @@ class LLM(Scheduler):
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[dict[str, Any]]:
         """Complete each prompt (text or token ids). Returns, per prompt, a dict with "text",
-        "token_ids" (generated ids), "finish_reason" ("stop", "length") and "prompt_tokens"."""
+        "token_ids" (generated ids), "finish_reason" ("stop", "length"), "prompt_tokens" and
+        "cached_tokens" (prompt tokens whose KV came from the prefix cache)."""
         token_lists = [self._tokenize(p) for p in _as_prompt_list(prompts)]
         params = _as_params_list(sampling_params, len(token_lists))
         for i, (ids, p) in enumerate(zip(token_lists, params, strict=True)):
@@ -144,7 +147,7 @@ class LLM(Scheduler):
         uids = []
         for ids, p in zip(token_lists, params, strict=True):
             uid, self._next_uid = self._next_uid, self._next_uid + 1
-            self._results[uid] = {"token_ids": [], "finish_reason": None}
+            self._results[uid] = {"token_ids": [], "finish_reason": None, "cached_tokens": 0}
             self._inbox.append(
                 UserMsg(uid=uid, input_ids=torch.tensor(ids, dtype=torch.int32), sampling_params=p)
             )

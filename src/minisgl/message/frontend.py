@@ -25,7 +25,8 @@ class BatchFrontendMsg(BaseFrontendMsg):
 @dataclass
 class UserReply(BaseFrontendMsg):
     """New text of request `uid`. The last reply has finished=True, a finish_reason
-    ("stop", "length", "abort", "error") and the token counts; `error` says why on a rejection."""
+    ("stop", "length", "abort", "error") and the token counts; `error` says why on a rejection.
+    cached_tokens: prompt tokens served from the prefix cache (0 when absent)."""
 
     uid: int
     incremental_output: str
@@ -34,3 +35,4 @@ class UserReply(BaseFrontendMsg):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str = ""
+    cached_tokens: int = 0

@@ -39,12 +39,14 @@ class TokenizeMsg(BaseTokenizerMsg):
 @_GROUP.register
 @dataclass
 class DetokenizeMsg(BaseTokenizerMsg):
-    """From the scheduler: one new token of request `uid`. finish_reason: "", "stop", "length", "abort"."""
+    """From the scheduler: one new token of request `uid`. finish_reason: "", "stop", "length", "abort".
+    cached_tokens: prompt tokens whose K/V came from the prefix cache (usage; 0 when absent)."""
 
     uid: int
     next_token: int
     finished: bool
     finish_reason: str = ""
+    cached_tokens: int = 0
 
 
 @_GROUP.register

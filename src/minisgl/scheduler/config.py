@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from minisgl.distributed import DistributedInfo
+from minisgl.kvcache import CACHE_TYPES
 from minisgl.utils.ipc import ensure_private_dir, ipc_addr, ipc_dir_for, new_suffix, remove_ipc_dir
 
 ENGINES = ("model", "dummy")
@@ -38,6 +39,7 @@ class SchedulerConfig:
     attention_backend: str = "auto"  # auto | torch | cpu | triton (minisgl.attention)
     cuda_graph_max_bs: int = 256  # decode batches up to this size replay CUDA graphs; 0: none
     overlap_schedule: bool | None = None  # launch step N+1 before waiting for step N; None: on a GPU
+    cache_type: str = "radix"  # prefix cache: "radix" shares cached prefixes; "naive" caches nothing
     offline_mode: bool = False  # the offline LLM class: no sockets, the subclass does the IO
     dist_init_addr: str = ""  # tcp://host:port for torch.distributed when tp_info.size > 1
     _unique_suffix: str = field(default_factory=new_suffix)
@@ -49,6 +51,8 @@ class SchedulerConfig:
             raise TypeError(f"dtype must be a torch.dtype, got {self.dtype!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.cache_type not in CACHE_TYPES:
+            raise ValueError(f"cache_type must be one of {CACHE_TYPES}, got {self.cache_type!r}")
         for name in ("page_size", "max_running_requests", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

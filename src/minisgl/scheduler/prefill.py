@@ -5,25 +5,31 @@ from __future__ import annotations
 from collections import deque
 
 from minisgl.core import Batch, Req
-from minisgl.kvcache import PageTable
+
+from .cache import CacheManager
 
 
 class PrefillManager:
     """Requests not yet decoding: `waiting` (no pages yet, FIFO) and `prefilling` (pages held for all
     their tokens, some chunks still to run, in admission order).
 
-    Admission takes pages for a request's whole prompt at once, so a started prefill never stalls
-    for pages; the head of the queue waits (FIFO, no overtaking) until enough pages are free.
+    Admission borrows the longest cached prefix of a request's tokens and takes pages for the rest
+    of its prompt at once, so a started prefill never stalls for pages and feeds only the uncached
+    suffix; the head of the queue waits (FIFO, no overtaking) until enough pages are available, and
+    while a request being prefilled is about to cache more of its prefix (it then borrows that
+    instead of computing it again).
     """
 
-    def __init__(self, table: PageTable, max_prefill_tokens: int) -> None:
+    def __init__(self, cache: CacheManager, max_prefill_tokens: int) -> None:
         if max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
-        self.table = table
+        self.cache = cache
         self.max_prefill_tokens = max_prefill_tokens
         self.waiting: deque[Req] = deque()
         self.prefilling: list[Req] = []
         self.num_page_waits = 0  # steps in which the queue's head waited for KV pages
+        self.num_prefix_waits = 0  # steps in which it waited for a prefix another request computes
+        self._last_batch: Batch | None = None  # the last prefill batch (with overlap, maybe in flight)
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.prefilling)
@@ -67,20 +73,34 @@ class PrefillManager:
             reqs.append(r)
             lens.append(n)
             budget -= n
-        return Batch(reqs, lens, "prefill") if reqs else None
+        if not reqs:
+            return None
+        self._last_batch = Batch(reqs, lens, "prefill")
+        return self._last_batch
 
     def _admit(self, req: Req, reserve_pages: int) -> bool:
-        table = self.table
-        need = -(-req.seq_len // table.page_size)
-        if table.num_free_rows == 0:
+        if self.cache.table.num_free_rows == 0:
             return False
-        if need + reserve_pages > table.allocator.num_free:
+        if self.cache.waits_for_prefix(req, self._producers()):
+            self.num_prefix_waits += 1
+            return False
+        if not self.cache.admit(req, reserve_pages):
             self.num_page_waits += 1
             return False
-        req.table_row = table.alloc_row(req.uid)
-        ok = table.reserve(req.table_row, req.seq_len)
-        assert ok, "free pages were counted just above"
         return True
+
+    def _producers(self) -> list[Req]:
+        """Requests whose prompt K/V will enter the prefix cache soon: those being prefilled, and
+        those whose last chunk is still in flight (overlap scheduling)."""
+        last = self._last_batch
+        if last is None:
+            return self.prefilling
+        in_flight = [  # its result not taken yet
+            r
+            for r, end in zip(last.reqs, last.kv_ends, strict=True)
+            if r.kv_ready_len < end and r.table_row >= 0 and not r.finished and r not in self.prefilling
+        ]
+        return self.prefilling + in_flight
 
     def done(self, req: Req) -> None:
         """`req` ran its last chunk (it decodes from now on)."""

@@ -16,9 +16,14 @@ both loops.
 Everything is deterministic (no clocks, no set or dict iteration order, no rank-dependent state), so
 every tensor-parallel rank, fed the same messages, makes the same decisions and KV placements.
 
-Pool pressure: a request is admitted only when pages for its whole prompt are free (plus one page of
-headroom per running request). If a running request still cannot get a page for its next token, the
-newest request holding pages is retracted — its pages freed, itself requeued at the front of the
+Prefix caching (`cache.py`, `--cache-type radix`, the default): a request borrows the KV pages of the
+longest cached prefix of its tokens and prefills only the rest; the whole pages each returned step
+computed enter the cache, so requests sharing a prefix share its pages while they run and after.
+
+Pool pressure: a request is admitted only when pages for the uncached rest of its prompt are
+available (free, or cached and unpinned: those are evicted, least recently used first) plus one page
+of headroom per running request. If a running request still cannot get a page for its next token,
+even by eviction, the newest request holding pages is retracted — its pages freed, itself requeued at the front of the
 queue to be recomputed later (tokens already sent stay sent) — and no new request is admitted until
 some request finishes, so admission and retraction cannot chase each other. The oldest request always
 progresses (the context limit makes every single request fit in the pool), so nothing deadlocks.
@@ -41,6 +46,7 @@ import torch
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import DummyEngine, Engine, create_engine
 from minisgl.engine.engine import StepOutput
+from minisgl.kvcache import create_prefix_cache
 from minisgl.message import (
     AbortBackendMsg,
     BaseTokenizerMsg,
@@ -51,6 +57,7 @@ from minisgl.message import (
     UserMsg,
 )
 
+from .cache import CacheManager
 from .decode import DecodeManager
 from .io import SchedulerIOMixin
 from .prefill import PrefillManager
@@ -71,7 +78,9 @@ class Scheduler(SchedulerIOMixin):
         self.max_seq_len: int = self.engine.max_seq_len
         self.vocab_size: int = self.engine.vocab_size
         self.eos_ids: frozenset[int] = frozenset(self.engine.eos_token_ids)
-        self.prefill = PrefillManager(self.table, config.max_prefill_tokens)
+        self.cache_type: str = getattr(config, "cache_type", "radix")
+        self.cache = CacheManager(self.table, create_prefix_cache(self.cache_type, self.table.page_size))
+        self.prefill = PrefillManager(self.cache, config.max_prefill_tokens)
         self.decode = DecodeManager()
         self._pending_aborts: OrderedDict[int, None] = OrderedDict()  # aborts that beat their request
         self._recent_done: OrderedDict[int, None] = OrderedDict()
@@ -80,6 +89,7 @@ class Scheduler(SchedulerIOMixin):
         self._idle_logged = False
         self._exit = False
         self.num_retractions = 0  # observability (and tests): how often the pool forced a retraction
+        self.num_prefill_tokens = 0  # tokens fed by prefill steps (a cached prefix is not fed)
         self._replies: list[BaseTokenizerMsg] = []
         self.overlap = _overlap_enabled(config, self.engine)
         self._in_flight: tuple[Batch, StepOutput] | None = None  # overlap: the step launched last
@@ -96,6 +106,7 @@ class Scheduler(SchedulerIOMixin):
             "eos_token_ids": sorted(self.eos_ids),
             "max_running_requests": self.config.max_running_requests,
             "max_prefill_tokens": self.prefill.max_prefill_tokens,
+            "cache_type": self.cache_type,
         }
 
     def run_forever(self) -> None:
@@ -148,21 +159,26 @@ class Scheduler(SchedulerIOMixin):
     def run_when_idle(self) -> None:
         """Called before blocking for messages: log the idle state once and check the KV pool."""
         if not self._idle_logged:
-            alloc = self.table.allocator
+            alloc, stats = self.table.allocator, self.cache.stats
             logger.info(
-                "scheduler idle: %d running, %d waiting, pages free %d/%d",
+                "scheduler idle: %d running, %d waiting, pages free %d/%d, cached %d; "
+                "prompt tokens from the cache %d/%d",
                 len(self.decode),
                 len(self.prefill),
                 alloc.num_free,
                 alloc.num_pages,
+                self.cache.prefix.num_pages,
+                stats.cached_tokens,
+                stats.prompt_tokens,
             )
             self._idle_logged = True
         self.check_integrity()
 
     def check_integrity(self) -> None:
-        """Every KV page is free or owned by exactly one live request (raises KVIntegrityError)."""
-        live = {r.uid for r in self.prefill.prefilling} | set(self.decode.running)
-        self.table.check_integrity(live)
+        """Every KV page is free, owned by exactly one live request, or held by the prefix cache, and
+        the cache's references are the live requests' (raises KVIntegrityError)."""
+        live = self.prefill.prefilling + self.decode.ordered()
+        self.cache.check_integrity(live)
 
     # -- messages -------------------------------------------------------------------------------------
     def _handle(self, msg: Any) -> None:
@@ -228,7 +244,7 @@ class Scheduler(SchedulerIOMixin):
         if req is not None:
             self._release(req)
             logger.info("scheduler: aborted request %d (%d tokens generated)", uid, req.output_len)
-            self._replies.append(DetokenizeMsg(uid, -1, True, "abort"))
+            self._replies.append(DetokenizeMsg(uid, -1, True, "abort", max(req.cached_prompt_len, 0)))
         elif uid not in self._recent_done:  # its UserMsg may still be on its way: remember briefly
             _remember(self._pending_aborts, uid)
 
@@ -249,7 +265,7 @@ class Scheduler(SchedulerIOMixin):
         A request whose pending token ends it (max_tokens, context) sits this step out."""
         reqs = [r for r in self.decode.ordered() if not self._ends_with_pending(r)]
         for r in reqs:
-            while r.table_row >= 0 and not self.table.reserve(r.table_row, r.cached_len + 1):
+            while r.table_row >= 0 and not self.cache.grow(r, r.cached_len + 1):
                 self._retract(self._newest_holder())
         return [r for r in reqs if r.table_row >= 0]
 
@@ -264,11 +280,12 @@ class Scheduler(SchedulerIOMixin):
         return max(holders, key=lambda r: r.admit_seq)
 
     def _retract(self, req: Req) -> None:
-        """Free `req`'s pages and requeue it at the front; its tokens so far are recomputed later."""
+        """Free `req`'s pages and requeue it at the front; its tokens so far are recomputed later
+        (what it computed stays in the prefix cache, unpinned, until evicted)."""
         if self.decode.remove(req.uid) is None:
             self.prefill.prefilling.remove(req)
-        self.table.free_row(req.table_row)
-        req.table_row, req.cached_len, req.admit_seq = -1, 0, -1
+        self.cache.release(req)
+        req.cached_len, req.kv_ready_len, req.admit_seq = 0, 0, -1
         self.prefill.add(req, front=True)
         self._under_pressure = True
         self.num_retractions += 1
@@ -283,6 +300,8 @@ class Scheduler(SchedulerIOMixin):
     def _on_launch(self, batch: Batch) -> None:
         """A step was launched: its tokens' K/V are in the pool, its samples are pending, and requests
         whose prefill ended decode from now on."""
+        if not batch.is_decode:
+            self.num_prefill_tokens += batch.num_tokens
         for req, n, samples in zip(batch.reqs, batch.extend_lens, batch.sample_mask, strict=True):
             req.cached_len += n
             if samples:
@@ -292,18 +311,25 @@ class Scheduler(SchedulerIOMixin):
                     self.decode.add(req)
 
     def _on_result(self, batch: Batch, tokens: list[int]) -> None:
-        """A step's sampled tokens arrived: append them, reply, and end the requests that finished."""
+        """A step's sampled tokens arrived: append them, cache the prefixes it computed (prefill
+        steps; decoded pages are cached at release), reply, and end the requests that finished."""
         sampled = iter(tokens)
-        for req, samples in zip(batch.reqs, batch.sample_mask, strict=True):
-            if not samples:
-                continue
-            token = next(sampled)
-            req.pending -= 1
+        for req, end, samples in zip(batch.reqs, batch.kv_ends, batch.sample_mask, strict=True):
+            token = next(sampled) if samples else -1
+            req.pending -= samples
             if req.finished:  # aborted or stopped while this step ran: its token is dropped
                 continue
-            req.token_ids.append(token)
+            if samples:
+                req.token_ids.append(token)
+            if req.table_row >= 0:  # not retracted meanwhile: the step's K/V are in its pages
+                req.kv_ready_len = end
+                if not batch.is_decode:
+                    self.cache.cache_prefix(req)
+            if not samples:
+                continue
             reason = self._finish_reason(req, token)
-            self._replies.append(DetokenizeMsg(req.uid, token, bool(reason), reason))
+            cached = max(req.cached_prompt_len, 0)
+            self._replies.append(DetokenizeMsg(req.uid, token, bool(reason), reason, cached))
             if reason:
                 if self.decode.remove(req.uid) is None:
                     self.prefill.remove(req.uid)  # retracted meanwhile: it waits in the queue
@@ -318,12 +344,11 @@ class Scheduler(SchedulerIOMixin):
         return ""
 
     def _release(self, req: Req) -> None:
-        """Free a finished or aborted request's pages at once (a step still in flight may write its
-        last K/V into them: device work runs in order, so a later owner's writes come after)."""
+        """Free a finished or aborted request's pages at once, its computed prefix cached (a step still
+        in flight may write its last K/V into them: device work runs in order, so a later owner's
+        writes come after)."""
         req.finished = True
-        if req.table_row >= 0:
-            self.table.free_row(req.table_row)
-            req.table_row = -1
+        if self.cache.release(req):
             self._under_pressure = False
         _remember(self._recent_done, req.uid)
 

@@ -319,10 +319,16 @@ async def _until_disconnect(request: Request, work: Any) -> Any:
             task.cancel()
 
 
-def _usage(streams: list[RequestStream], n: int) -> dict[str, int]:
+def _usage(streams: list[RequestStream], n: int) -> dict[str, Any]:
     prompt = sum(s.prompt_tokens for s in streams[::n])  # each prompt counted once, not per choice
+    cached = sum(s.cached_tokens for s in streams[::n])
     completion = sum(s.completion_tokens for s in streams)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 def _sse(obj: Any) -> bytes:
@@ -506,6 +512,7 @@ def create_app(state: ServerState) -> FastAPI:
                 "finish_reason": reasons[0],
                 "prompt_tokens": stream.prompt_tokens,
                 "completion_tokens": stream.completion_tokens,
+                "cached_tokens": stream.cached_tokens,
             }
         )
 

@@ -38,6 +38,7 @@ class ServerArgs:
     attention_backend: str = "auto"
     cuda_graph_max_bs: int | None = None
     disable_overlap: bool = False
+    cache_type: str = "radix"
     log_level: str = "info"
     startup_timeout: float = 600.0
     # SIGTERM/SIGINT: how long requests in flight may finish before they are aborted. 8 s fits in
@@ -215,6 +216,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--disable-overlap",
         action="store_true",
         help="wait for each step's tokens before preparing the next (overlap is on by default on a GPU)",
+    )
+    g.add_argument(
+        "--cache-type",
+        default=d.cache_type,
+        choices=["radix", "naive"],
+        help="prefix cache: radix reuses the KV of cached prompt prefixes (shared system prompts, chat "
+        "history); naive prefills every prompt whole (default %(default)s)",
     )
     g.add_argument("--seed", type=int, default=d.seed, help="sampling seed of requests that give none")
 

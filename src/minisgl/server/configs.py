@@ -106,6 +106,7 @@ def build(args: ServerArgs, model_dir: Path, device: str) -> list[Any]:
         seed=args.seed,
         attention_backend=args.attention_backend,
         overlap_schedule=False if args.disable_overlap else None,
+        cache_type=args.cache_type,
         dist_init_addr=f"tcp://127.0.0.1:{free_tcp_port()}" if args.tp > 1 else "",
         **options,
     )

@@ -63,6 +63,7 @@ class Chunk:
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
 
 
 class RequestStream:
@@ -74,6 +75,7 @@ class RequestStream:
         self.matcher = StopMatcher(stops)
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cached_tokens = 0  # prompt tokens the scheduler took from its prefix cache
         self.finish_reason: str | None = None
         self._replies: list[UserReply] = []
         self._event = asyncio.Event()
@@ -122,6 +124,7 @@ class RequestStream:
                     r.error or "request failed", status=400 if not self.completion_tokens else 500
                 )
             self._count_tokens(r.completion_tokens)
+            self._count_cached(r.cached_tokens)
             text.append(r.incremental_output)
             if r.finished:
                 self.finish_reason = r.finish_reason or "stop"
@@ -146,6 +149,11 @@ class RequestStream:
         self._t_last = now
         self.completion_tokens = total
 
+    def _count_cached(self, cached: int) -> None:
+        if cached > self.cached_tokens:
+            self.manager.metrics.cached_prompt_tokens += cached - self.cached_tokens
+            self.cached_tokens = cached
+
     async def next_chunk(self) -> Chunk:
         """The text that arrived since the last call (waits for some), with stop strings applied."""
         await self._wait()
@@ -162,7 +170,7 @@ class RequestStream:
             if res.matched is not None:
                 self.manager.abort(self.uid)  # the scheduler stops generating and frees the pages
             self._finish(self.finish_reason or "stop")
-        return Chunk(text, self.finish_reason, self.prompt_tokens, self.completion_tokens)
+        return Chunk(text, self.finish_reason, self.prompt_tokens, self.completion_tokens, self.cached_tokens)
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         while not self.finished:

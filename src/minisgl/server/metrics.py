@@ -52,6 +52,7 @@ class ServerMetrics:
         self.running = 0
         self.waiting = 0
         self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0  # prompt tokens the scheduler took from its prefix cache
         self.generation_tokens = 0
         self.finished: Tally[str] = Tally()
         self.ttft = Histogram("minisgl_time_to_first_token_seconds", "Time to first token", _LATENCY_BUCKETS)
@@ -70,6 +71,16 @@ class ServerMetrics:
         )
         yield CounterMetricFamily(
             "minisgl_prompt_tokens", "Prompt tokens processed", value=self.prompt_tokens
+        )
+        yield CounterMetricFamily(
+            "minisgl_prompt_tokens_cached",
+            "Prompt tokens whose KV came from the prefix cache (not prefilled)",
+            value=self.cached_prompt_tokens,
+        )
+        yield GaugeMetricFamily(
+            "minisgl_prefix_cache_hit_rate",
+            "Cached prompt tokens over prompt tokens, since the server started",
+            value=self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
         )
         yield CounterMetricFamily(
             "minisgl_generation_tokens", "Tokens generated", value=self.generation_tokens

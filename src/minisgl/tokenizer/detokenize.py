@@ -110,6 +110,7 @@ class DetokenizeManager:
             finished=bool(msg.finished),
             finish_reason=msg.finish_reason if msg.finished else "",
             completion_tokens=len(state.ids),
+            cached_tokens=msg.cached_tokens,
         )
 
     def reject(self, msg: ErrorMsg) -> UserReply:
