@@ -50,6 +50,8 @@ def test_serve_options_map_to_server_args() -> None:
             "3",
             "--cache-type",
             "naive",
+            "--dummy-step-ms",
+            "2.5",
         ]
     )
     args = args_from_namespace(ns)
@@ -63,6 +65,7 @@ def test_serve_options_map_to_server_args() -> None:
         served_model_name="smol",
         max_queued_requests=3,
         cache_type="naive",
+        dummy_step_ms=2.5,
     )
     assert ServerArgs().cache_type == "radix"
     assert args.host == "127.0.0.1" and args.model_name == "smol" and args.url == "http://127.0.0.1:8000"

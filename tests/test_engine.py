@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 from torch import nn
 
@@ -138,6 +139,38 @@ def test_dummy_engine_is_deterministic_and_avoids_eos() -> None:
     out_a = _run(a, [[2, 2, 2], [2]], 5, chunk=2)
     assert out_a == _run(b, [[2, 2, 2], [2]], 5, chunk=2)
     assert all(t == 2 for seq in out_a for t in seq)  # the only non-EOS id of a 3-token vocabulary
+
+
+def test_dummy_engine_step_time_comes_from_the_config() -> None:
+    """--dummy-step-ms reaches the engine through create_engine and every step takes at least that
+    long (tests use it so that a long request cannot finish during the test on a fast machine)."""
+    import dataclasses
+    import time
+
+    from minisgl.distributed import DistributedInfo
+    from minisgl.engine import create_engine
+    from minisgl.scheduler.config import SchedulerConfig
+
+    cfg = SchedulerConfig(
+        model_path="none",
+        tp_info=DistributedInfo(0, 1),
+        dtype=torch.float32,
+        engine="dummy",
+        num_pages=64,
+        page_size=4,
+        max_running_requests=4,
+        dummy_step_ms=20.0,
+    )
+    engine = create_engine(cfg)
+    assert isinstance(engine, DummyEngine) and engine.step_s == 0.02
+    t0 = time.perf_counter()
+    out = _run(engine, [[2, 2, 2]], 3, chunk=8)  # one prefill step and two decode steps
+    assert time.perf_counter() - t0 >= 3 * 0.02 and len(out[0]) == 3
+    assert create_engine(dataclasses.replace(cfg, dummy_step_ms=0.0)).step_s == 0.0
+    with pytest.raises(ValueError, match="dummy_step_ms"):
+        dataclasses.replace(cfg, dummy_step_ms=-1.0)
+    with pytest.raises(ValueError, match="step_ms"):
+        DummyEngine(EngineOptions(num_pages=8), step_ms=-1.0)
 
 
 def test_argmax_rows_is_argmax_with_first_index_on_ties() -> None:

@@ -26,8 +26,10 @@ from test_server_lifecycle import burst, wait_no_requests
 
 pytestmark = pytest.mark.timeout(240)
 
-LONG = 99_000  # tokens: a request that cannot finish during a test (the context is 100,000)
-SERVER_ARGS = ("--engine", "dummy", "--max-seq-len", "100000")
+# A request that cannot finish during a test: 99,000 steps of at least 1 ms each take over 99 s,
+# however fast the host (without the step time a fast machine ran them in under 10 s).
+LONG = 99_000  # tokens (the context is 100,000)
+SERVER_ARGS = ("--engine", "dummy", "--max-seq-len", "100000", "--dummy-step-ms", "1")
 
 
 @dataclass

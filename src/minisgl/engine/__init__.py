@@ -27,7 +27,8 @@ def create_engine(config: Any) -> Engine | DummyEngine:
     if options.device == "cuda" and tp_info is not None and tp_info.size > 1:
         options = dataclasses.replace(options, device=f"cuda:{tp_info.rank}")
     if getattr(config, "engine", "model") == "dummy":
-        return DummyEngine(options, **_dummy_model_info(config.model_path))
+        step_ms = getattr(config, "dummy_step_ms", 0.0)
+        return DummyEngine(options, step_ms=step_ms, **_dummy_model_info(config.model_path))
     from minisgl.models import load_model, resolve_model_path
 
     dummy = getattr(config, "dummy_weights", False)

@@ -7,6 +7,8 @@ never an EOS id (requests run to max_tokens or a stop token, so benchmarks see f
 
 from __future__ import annotations
 
+import time
+
 from minisgl.core import Batch
 from minisgl.kvcache import PageAllocator, PageTable
 
@@ -22,8 +24,12 @@ class DummyEngine:
         vocab_size: int = 32000,
         eos_token_ids: list[int] | None = None,
         max_position_embeddings: int = 8192,
+        step_ms: float = 0.0,
     ) -> None:
         options.validate()
+        if step_ms < 0:
+            raise ValueError(f"step_ms must be >= 0, got {step_ms}")
+        self.step_s = step_ms / 1000.0  # a stand-in for the model's time per step
         self.options = options
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids or [])
@@ -38,6 +44,8 @@ class DummyEngine:
         self._eos = set(self.eos_token_ids)
 
     def forward_batch(self, batch: Batch) -> list[int]:
+        if self.step_s:
+            time.sleep(self.step_s)
         out = []
         for r, s in zip(batch.reqs, batch.sample_mask, strict=True):
             if s:

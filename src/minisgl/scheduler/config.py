@@ -28,6 +28,7 @@ class SchedulerConfig:
     device: str = "cpu"
     engine: str = "model"  # "model": load the weights; "dummy": no model (tests, IO demos)
     dummy_weights: bool = False  # random weights of the model's shape (no weight files read)
+    dummy_step_ms: float = 0.0  # the dummy engine sleeps this long per step (a model's step time)
     page_size: int = 16  # tokens per KV page
     num_pages: int | None = None  # KV pool size; None: from kv_cache_memory or gpu_memory_fraction
     kv_cache_memory: int | None = None  # bytes for the KV pool
@@ -64,6 +65,8 @@ class SchedulerConfig:
             raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
         if self.cuda_graph_max_bs < 0:
             raise ValueError(f"cuda_graph_max_bs must be >= 0, got {self.cuda_graph_max_bs}")
+        if not 0.0 <= self.dummy_step_ms <= 60_000.0:
+            raise ValueError(f"dummy_step_ms must be in [0, 60000], got {self.dummy_step_ms}")
         if self.dist_init_addr and not self.dist_init_addr.startswith("tcp://"):
             raise ValueError(f"dist_init_addr must look like tcp://host:port, got {self.dist_init_addr!r}")
         ipc_dir_for(self._unique_suffix)  # a bad suffix fails here, not at the first socket

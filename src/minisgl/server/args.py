@@ -33,6 +33,7 @@ class ServerArgs:
     tokenize_timeout: float = 60.0  # how long a request waits for the tokenizer's verdict
     engine: str = "model"
     dummy_weights: bool = False
+    dummy_step_ms: float = 0.0
     served_model_name: str | None = None
     seed: int = 0
     attention_backend: str = "auto"
@@ -117,6 +118,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--dummy-weights", action="store_true", help="random weights instead of loading the checkpoint"
+    )
+    g.add_argument(
+        "--dummy-step-ms",
+        type=float,
+        default=d.dummy_step_ms,
+        help="--engine dummy: sleep this long in every step, standing in for a model's step time "
+        "(default %(default)s: as fast as the host goes)",
     )
 
     g = p.add_argument_group("server")

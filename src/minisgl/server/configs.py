@@ -103,6 +103,7 @@ def build(args: ServerArgs, model_dir: Path, device: str) -> list[Any]:
         device=device,
         engine=args.engine,
         dummy_weights=args.dummy_weights,
+        dummy_step_ms=args.dummy_step_ms,
         seed=args.seed,
         attention_backend=args.attention_backend,
         overlap_schedule=False if args.disable_overlap else None,
