@@ -20,25 +20,23 @@ __all__ = ["DummyEngine", "Engine", "EngineOptions", "Sampler", "create_engine"]
 logger = logging.getLogger(__name__)
 
 
-def create_engine(config: Any) -> Engine | DummyEngine:
-    """Build the engine a SchedulerConfig asks for (loads the model unless `engine == "dummy"`)."""
-    options = EngineOptions.from_config(config)
-    tp_info = getattr(config, "tp_info", None)
-    if options.device == "cuda" and tp_info is not None and tp_info.size > 1:
+def create_engine(options: EngineOptions) -> Engine | DummyEngine:
+    """Build the engine `options` ask for (a SchedulerConfig is one); loads the model unless
+    `engine == "dummy"`."""
+    tp_info = options.tp_info
+    if options.device == "cuda" and tp_info.size > 1:
         options = dataclasses.replace(options, device=f"cuda:{tp_info.rank}")
-    if getattr(config, "engine", "model") == "dummy":
-        step_ms = getattr(config, "dummy_step_ms", 0.0)
-        return DummyEngine(options, step_ms=step_ms, **_dummy_model_info(config.model_path))
+    if options.engine == "dummy":
+        return DummyEngine(options, step_ms=options.dummy_step_ms, **_dummy_model_info(options.model_path))
     from minisgl.models import load_model, resolve_model_path
 
-    dummy = getattr(config, "dummy_weights", False)
-    model_dir = resolve_model_path(config.model_path, require_weights=not dummy)
+    model_dir = resolve_model_path(options.model_path, require_weights=not options.dummy_weights)
     model, model_config = load_model(
         model_dir,
         options.dtype,
         torch.device(options.device),
         tp_info=tp_info,
-        dummy=dummy,
+        dummy=options.dummy_weights,
     )
     return Engine(model, model_config, options)
 
