@@ -6,7 +6,6 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -41,7 +40,7 @@ def create_engine(options: EngineOptions) -> Engine | DummyEngine:
     return Engine(model, model_config, options)
 
 
-def _dummy_model_info(model_path: str | None) -> dict[str, Any]:
+def _dummy_model_info(model_path: str) -> dict[str, int | list[int]]:
     """Vocabulary size, EOS ids and context of the named model, read from its config.json only
     (the dummy engine must agree with the tokenizer); defaults when there is no such file."""
     try:
@@ -53,7 +52,10 @@ def _dummy_model_info(model_path: str | None) -> dict[str, Any]:
         return {}
     eos = cfg.get("eos_token_id")
     eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
-    info: dict[str, Any] = {"vocab_size": int(cfg.get("vocab_size", 32000)), "eos_token_ids": eos_ids}
+    info: dict[str, int | list[int]] = {
+        "vocab_size": int(cfg.get("vocab_size", 32000)),
+        "eos_token_ids": eos_ids,
+    }
     if cfg.get("max_position_embeddings"):
         info["max_position_embeddings"] = int(cfg["max_position_embeddings"])
     return info
