@@ -66,8 +66,9 @@ class ServerState:
         return name is None or name == self.model_name or name in self.model_aliases
 
 
-def server_state(request: Request) -> ServerState:
-    """The app's `ServerState`, as a FastAPI dependency."""
+async def server_state(request: Request) -> ServerState:
+    """The app's `ServerState`, as a FastAPI dependency (async: FastAPI would run a plain function
+    in its thread pool)."""
     return request.app.state.server
 
 
