@@ -172,3 +172,11 @@ async def test_held_back_text_is_flushed_at_the_end(api) -> None:
     assert choice["message"]["content"] == "echo: hello there " and choice["finish_reason"] == "length"
     r = await api.post("/generate", json={"prompt": "a b", "stop": "b STOP"})
     assert "".join(e["text"] for e in sse_events(r.text)) == "echo: a b "
+
+
+async def test_n_choices_without_a_seed(api, tokenize_manager) -> None:
+    """No seed: every choice is scheduled with seed None (the engine's generator), none fails."""
+    msg = await sent(api, "/v1/completions", {**TEXT, "n": 2, "temperature": 0.7, "max_tokens": 4})
+    want = SamplingParams(temperature=0.7, max_tokens=4)
+    assert msg.sampling_params == want and msg.n == 2
+    assert scheduled(tokenize_manager, msg) == [want, want]
