@@ -180,3 +180,13 @@ async def test_n_choices_without_a_seed(api, tokenize_manager) -> None:
     want = SamplingParams(temperature=0.7, max_tokens=4)
     assert msg.sampling_params == want and msg.n == 2
     assert scheduled(tokenize_manager, msg) == [want, want]
+
+
+async def test_chat_content_forms_and_non_ascii_text_reach_the_tokenizer(api) -> None:
+    """Content as text parts, as null, and text outside ASCII (not a lone surrogate) all pass."""
+    messages = [
+        {"role": "system", "content": None},
+        {"role": "user", "content": [{"type": "text", "text": "Grüß "}, {"type": "text", "text": "dich 🎉"}]},
+    ]
+    msg = await sent(api, "/v1/chat/completions", {"messages": messages})
+    assert msg.text == [{"role": "system", "content": ""}, {"role": "user", "content": "Grüß dich 🎉"}]
