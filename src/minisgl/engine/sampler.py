@@ -43,6 +43,44 @@ class Sampler:
     def _sample_rows(
         self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
     ) -> torch.Tensor:
+        """Each row by the method its own parameters call for (so a seeded row's token never depends
+        on its batch mates): the full vocabulary when it has neither top-k nor top-p, else sorted."""
+        full = [p.top_p >= 1.0 and p.top_k < 0 for p in params]
+        if all(full) or not any(full):
+            method = self._sample_full if full[0] else self._sample_sorted
+            return method(logits, params, generators)
+        out = torch.empty(len(params), dtype=torch.int64, device=logits.device)
+        for method, want in ((self._sample_full, True), (self._sample_sorted, False)):
+            rows = [i for i, f in enumerate(full) if f == want]
+            idx = torch.tensor(rows, device=logits.device)
+            picked = method(
+                logits.index_select(0, idx), [params[i] for i in rows], [generators[i] for i in rows]
+            )
+            out.index_copy_(0, idx, picked)
+        return out
+
+    def _sample_full(
+        self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    ) -> torch.Tensor:
+        """No top-k, no top-p: the inverse CDF over the whole vocabulary in its own order, no sort
+        (the sort of a (B, V) block dominated CPU steps at large batches)."""
+        dev, f32 = logits.device, torch.float32
+        temps = torch.tensor([p.temperature for p in params], device=dev, dtype=f32)
+        # (n, V). A row with NaN or +inf logits (or all -inf) has no mass: it takes its argmax below.
+        probs = (logits.to(f32) / temps[:, None]).softmax(dim=-1).nan_to_num_(nan=0.0)
+        cdf = probs.cumsum(dim=-1)  # (n, V)
+        mass = cdf[:, -1]  # (n,)
+        u = self._uniforms(generators, dev) * mass  # (n,) in [0, mass)
+        choice = torch.searchsorted(cdf, u[:, None], right=True).squeeze(1)  # (n,)
+        # Rounding can put u at the very top of the CDF: never past the last token with mass.
+        last_kept = (probs > 0).cumsum(dim=-1).argmax(dim=-1)  # (n,) the first index of the max count
+        choice = torch.minimum(choice, last_kept)
+        return torch.where(mass > 0, choice, logits.argmax(dim=-1))
+
+    def _sample_sorted(
+        self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    ) -> torch.Tensor:
+        """Top-k and top-p: the inverse CDF over the tokens sorted by probability."""
         n, vocab = logits.shape
         dev = logits.device
         f32 = torch.float32  # whatever the logits' dtype, 1/T and the CDF need float32's range
