@@ -29,34 +29,22 @@ class Sampler:
         params: list[SamplingParams],
         generators: list[torch.Generator | None],
     ) -> torch.Tensor:  # (B,) int64
-        greedy = [p.is_greedy for p in params]
-        if all(greedy):  # the fast path: no softmax, no sort, no random numbers
+        kinds = [_kind(p) for p in params]
+        if all(k == "greedy" for k in kinds):  # the fast path: no softmax, no sort, no random numbers
             return logits.argmax(dim=-1)
+        # Each row by the method its own parameters call for, so that a seeded row's token never
+        # depends on its batch mates; greedy rows keep their argmax.
         out = logits.argmax(dim=-1)
-        rows = [i for i, g in enumerate(greedy) if not g]
-        idx = torch.tensor(rows, device=logits.device)
-        picked = self._sample_rows(
-            logits.index_select(0, idx), [params[i] for i in rows], [generators[i] for i in rows]
-        )
-        return out.index_copy_(0, idx, picked)
-
-    def _sample_rows(
-        self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-    ) -> torch.Tensor:
-        """Each row by the method its own parameters call for (so a seeded row's token never depends
-        on its batch mates): the full vocabulary when it has neither top-k nor top-p, else sorted."""
-        full = [p.top_p >= 1.0 and p.top_k < 0 for p in params]
-        if all(full) or not any(full):
-            method = self._sample_full if full[0] else self._sample_sorted
-            return method(logits, params, generators)
-        out = torch.empty(len(params), dtype=torch.int64, device=logits.device)
-        for method, want in ((self._sample_full, True), (self._sample_sorted, False)):
-            rows = [i for i, f in enumerate(full) if f == want]
-            idx = torch.tensor(rows, device=logits.device)
-            picked = method(
-                logits.index_select(0, idx), [params[i] for i in rows], [generators[i] for i in rows]
-            )
-            out.index_copy_(0, idx, picked)
+        for kind, method in (("full", self._sample_full), ("sorted", self._sample_sorted)):
+            rows = [i for i, k in enumerate(kinds) if k == kind]
+            if len(rows) == len(params):
+                return method(logits, params, generators)
+            if rows:
+                idx = torch.tensor(rows, device=logits.device)
+                picked = method(
+                    logits.index_select(0, idx), [params[i] for i in rows], [generators[i] for i in rows]
+                )
+                out.index_copy_(0, idx, picked)
         return out
 
     def _sample_full(
@@ -115,3 +103,10 @@ class Sampler:
             if g is not None:
                 u[i] = torch.rand(1, generator=g, device=dev, dtype=torch.float64)[0]
         return u.to(torch.float32)
+
+
+def _kind(p: SamplingParams) -> str:
+    """greedy: argmax; full: the whole vocabulary's CDF (no top-k, no top-p); sorted: top-k/top-p."""
+    if p.is_greedy:
+        return "greedy"
+    return "full" if p.top_p >= 1.0 and p.top_k < 0 else "sorted"
