@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU-machine session: install the carried wheels, run the GPU tests, profile, benchmark.
 # Run from the project root on the device machine (logs under $OUT):
-#   bash benchmarks/gpu_session.sh [tests] [profile] [bench]
+#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [skinny] [ab] [wprof] [bs256] [serve]
+# (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
@@ -32,5 +33,39 @@ for step in $steps; do
           --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 1 2>&1 \
           | grep -v "it/s\]" | tail -12 | tee -a "$OUT/workload.log"
       done ;;
+    skinny)  # the skinny matmul against cuBLAS per projection shape, under CUDA graphs
+      for cfg in llama3-8b smollm2-135m; do
+        timeout 120 python3 benchmarks/bench_skinny.py --model-config $cfg --rows 1,8 2>&1 | tee -a "$OUT/skinny.log"
+      done ;;
+    ab)  # decode at batch 1 and 8 (8B shapes): .ab/src, this tree, and the skinny threshold's extremes
+      for v in old new skinny-all skinny-none; do
+        pp=$PYTHONPATH; sk=
+        case $v in old) pp=/tmp/site:$PWD/.ab/src ;; skinny-all) sk=0 ;; skinny-none) sk=1000000000000 ;; esac
+        echo "== $v" | tee -a "$OUT/ab.log"
+        PYTHONPATH=$pp MINISGL_SKINNY_MIN_WEIGHT=${sk:-33554432} timeout 150 python3 -m minisgl bench offline \
+          --device cuda --model-config llama3-8b --batch-sizes 1,8 --min-input-len 256 --max-input-len 256 \
+          --output-len 256 --repeats 2 --skip-hf --cuda-graph-max-bs 8 2>&1 | grep -E "^(---|minisgl|  decode|  roofline)" \
+          | tee -a "$OUT/ab.log"
+      done ;;
+    wprof)  # where the throughput workload's time goes (135M shapes)
+      timeout 200 python3 benchmarks/profile_workload.py --model-config smollm2-135m --out "$OUT" 2>&1 \
+        | grep -v "it/s\]" | tail -60 | tee "$OUT/wprof.log" ;;
+    bs256)  # input 256 / output 256 at batch 256 against transformers
+      for cfg in smollm2-135m llama3-8b; do
+        timeout 240 python3 -m minisgl bench offline --device cuda --model-config $cfg --batch-sizes 256 \
+          --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 1 2>&1 | grep -v "it/s\]" | tail -14 \
+          | tee -a "$OUT/bs256.log"
+      done ;;
+    serve)  # minisgl serve with 135M shapes (random weights), bench serve at concurrency 1 and 256
+      python3 -c "from pathlib import Path; from minisgl.benchmark.presets import preset_config, write_model_dir; write_model_dir(preset_config('smollm2-135m'), Path('/tmp/m135'))"
+      python3 -m minisgl serve --model /tmp/m135 --dummy-weights --device cuda > "$OUT/serve_server.log" 2>&1 &
+      spid=$!
+      for _ in $(seq 180); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:1919/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+      for c in "1 64" "256 1024"; do
+        set -- $c
+        timeout 150 python3 -m minisgl bench serve --concurrency $1 --num-prompts $2 --input-len 200 --output-len 128 \
+          2>&1 | tail -22 | tee -a "$OUT/serve.log"
+      done
+      kill -INT $spid; wait $spid ;;
   esac
 done

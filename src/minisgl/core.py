@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,19 @@ class AttentionBackendProto:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int
     ) -> torch.Tensor:  # q: (T, Hq, D), k/v: (T, Hkv, D) -> (T, Hq, D)
         raise NotImplementedError
+
+    def forward_rope(
+        self,
+        qkv: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+        layer_id: int,
+    ) -> torch.Tensor:
+        """qkv (T, (Hq + 2 Hkv) D), the fused projection before RoPE; rope (cos, sin), (T, 1, D/2) each;
+        `split(qkv)` -> rotated q, k, v (the ops backend's). A backend that rotates inside its own
+        kernel overrides this; the default splits, then attends."""
+        q, k, v = split(qkv)
+        return self.forward(q, k, v, layer_id)
 
 
 @dataclass
