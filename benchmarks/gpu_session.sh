@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine session: install the carried wheels, run the GPU tests, profile, benchmark.
 # Run from the project root on the device machine (logs under $OUT):
-#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [skinny] [ab] [wprof] [bs256] [serve]
+#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [wprof] [bs256] [serve]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -17,7 +17,7 @@ for step in $steps; do
         tests/test_engine_backends.py tests/test_engine.py tests/test_cuda_graph_gpu.py tests/test_engine_gpu.py \
         tests/test_models_gpu.py tests/test_overlap.py 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
     profile)
-      for cfg in "llama3-8b 1" "smollm2-135m 1"; do
+      for cfg in ${PROFILE_CFGS:-"llama3-8b 1" "smollm2-135m 1"}; do
         set -- $cfg
         timeout 150 python3 benchmarks/profile_decode.py --model-config "$1" --batch-size "$2" --out "$OUT" 2>&1 \
           | grep -v "^\s*$" | tail -45 | tee -a "$OUT/profile.log"
@@ -33,19 +33,14 @@ for step in $steps; do
           --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 1 2>&1 \
           | grep -v "it/s\]" | tail -12 | tee -a "$OUT/workload.log"
       done ;;
-    skinny)  # the skinny matmul against cuBLAS per projection shape, under CUDA graphs
-      for cfg in llama3-8b smollm2-135m; do
-        timeout 120 python3 benchmarks/bench_skinny.py --model-config $cfg --rows 1,8 2>&1 | tee -a "$OUT/skinny.log"
-      done ;;
-    ab)  # decode at batch 1 and 8 (8B shapes): .ab/src, this tree, and the skinny threshold's extremes
-      for v in old new skinny-all skinny-none; do
-        pp=$PYTHONPATH; sk=
-        case $v in old) pp=/tmp/site:$PWD/.ab/src ;; skinny-all) sk=0 ;; skinny-none) sk=1000000000000 ;; esac
+    ab)  # decode at batch 1 and 8 (8B shapes): .ab/src (an earlier tree's, carried) against this tree, in turn
+      for v in old new old new; do
+        pp=$PYTHONPATH
+        [ $v = old ] && pp=/tmp/site:$PWD/.ab/src
         echo "== $v" | tee -a "$OUT/ab.log"
-        PYTHONPATH=$pp MINISGL_SKINNY_MIN_WEIGHT=${sk:-33554432} timeout 150 python3 -m minisgl bench offline \
-          --device cuda --model-config llama3-8b --batch-sizes 1,8 --min-input-len 256 --max-input-len 256 \
-          --output-len 256 --repeats 2 --skip-hf --cuda-graph-max-bs 8 2>&1 | grep -E "^(---|minisgl|  decode|  roofline)" \
-          | tee -a "$OUT/ab.log"
+        PYTHONPATH=$pp timeout 150 python3 -m minisgl bench offline --device cuda --model-config llama3-8b \
+          --batch-sizes 1,8 --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 2 --skip-hf \
+          --cuda-graph-max-bs 8 2>&1 | grep -E "^(---|minisgl|  decode|  roofline)" | tee -a "$OUT/ab.log"
       done ;;
     wprof)  # where the throughput workload's time goes (135M shapes)
       timeout 200 python3 benchmarks/profile_workload.py --model-config smollm2-135m --out "$OUT" 2>&1 \

@@ -118,77 +118,6 @@ def test_decode_attention_stores_and_uses_the_new_tokens(dtype: torch.dtype, spl
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 3, 8, 16])
-@pytest.mark.parametrize(("n", "k"), [(96, 64), (200, 576), (40, 1000)])
-def test_skinny_linear_and_its_fusions_match_reference(dtype: torch.dtype, rows: int, n: int, k: int) -> None:
-    """Plain (with bias), after a norm, after SiLU x up, and added into a residual in place."""
-    from minisgl.kernels.triton.skinny import skinny_linear
-
-    gen = torch.Generator().manual_seed(rows * n + k)
-
-    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return (scale * torch.randn(*shape, generator=gen)).to(dtype).to(DEV)
-
-    x, w, b = rand(rows, k), rand(n, k, scale=k**-0.5), rand(n)
-    assert _rel(skinny_linear(x, w, b), REFERENCE_OPS.linear(x, w, b)) < TOL[dtype]
-    nw = (1 + rand(k, scale=0.1)).to(dtype)
-    want = REFERENCE_OPS.norm_linear(x, nw, 1e-5, w, None)
-    assert _rel(skinny_linear(x, w, None, norm=(nw, 1e-5)), want) < TOL[dtype]
-    gate_up = rand(rows, 2 * k, scale=2.0)
-    residual = rand(rows, n)
-    want = REFERENCE_OPS.linear_add_(gate_up.clone(), w, None, residual.clone(), gated=True)
-    got = skinny_linear(gate_up, w, None, gated=True, residual=residual)
-    assert got.data_ptr() == residual.data_ptr()  # in place
-    assert _rel(got, want) < TOL[dtype]
-
-
-def test_skinny_linear_refuses_what_it_cannot_run() -> None:
-    from minisgl.kernels.triton.skinny import skinny_linear
-
-    with pytest.raises(ValueError, match="skinny_linear"):
-        skinny_linear(torch.randn(17, 8, device=DEV), torch.randn(4, 8, device=DEV))  # too many rows
-    with pytest.raises(ValueError, match="residual"):
-        skinny_linear(
-            torch.randn(2, 8, device=DEV),
-            torch.randn(4, 8, device=DEV),
-            residual=torch.zeros(2, 5, device=DEV),
-        )
-
-
-def test_cuda_ops_take_the_skinny_kernel_for_few_rows_over_large_weights(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Which matmuls CudaOps routes to the skinny kernel, and that both routes give the reference."""
-    from minisgl.backends.cuda import CudaOps
-    from minisgl.kernels.triton import skinny
-
-    calls: list[tuple[int, ...]] = []
-    real = skinny.skinny_linear
-
-    def spy(x: torch.Tensor, weight: torch.Tensor, *a: object, **kw: object) -> torch.Tensor:
-        calls.append(tuple(weight.shape))
-        return real(x, weight, *a, **kw)
-
-    monkeypatch.setattr("minisgl.backends.cuda.skinny_linear", spy)
-    ops = CudaOps()
-    ops.skinny_min_weight = 64 * 96
-    gen = torch.Generator().manual_seed(5)
-    small, large = torch.randn(32, 64, generator=gen).to(DEV), torch.randn(96, 64, generator=gen).to(DEV)
-    nw = torch.rand(64, generator=gen).to(DEV) + 0.5
-    for rows, w, want_skinny in [(2, large, True), (2, small, False), (9, large, False)]:
-        calls.clear()
-        x = torch.randn(rows, 64, generator=gen).to(DEV)
-        got = ops.norm_linear(x, nw, 1e-6, w, None)
-        assert _rel(got, REFERENCE_OPS.norm_linear(x, nw, 1e-6, w, None)) < TOL[torch.float32]
-        res = torch.randn(rows, 64, generator=gen).to(DEV)
-        gate_up = torch.randn(rows, 2 * w.shape[0], generator=gen).to(DEV)
-        want = REFERENCE_OPS.linear_add_(gate_up.clone(), w.t().contiguous(), None, res.clone(), gated=True)
-        got = ops.linear_add_(gate_up, w.t().contiguous(), None, res, gated=True)
-        assert _rel(got, want) < TOL[torch.float32]
-        assert calls == ([tuple(w.shape), (64, w.shape[0])] if want_skinny else []), (rows, w.shape)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("hq", "hkv", "d", "splits"), [(8, 2, 64, 1), (9, 3, 40, 4), (4, 1, 128, 2)])
 def test_decode_attention_rotates_q_and_the_new_k(
     dtype: torch.dtype, hq: int, hkv: int, d: int, splits: int
@@ -224,7 +153,9 @@ def test_decode_attention_rotates_q_and_the_new_k(
         raw_q, k_cache, v_cache, pages, seq_lens, ps, d**-0.5, splits,
         new_kv=(raw_k, raw_v, slots_t), rope=(cos, sin),
     )  # fmt: skip
-    assert torch.equal(k_cache, kc_ref) and torch.equal(v_cache, vc_ref)
+    assert torch.equal(v_cache, vc_ref)
+    # The same float32 rotation, but the compiler may contract it into FMAs differently per kernel.
+    assert _rel(k_cache, kc_ref) < (1e-6 if dtype == torch.float32 else 0.0) or torch.equal(k_cache, kc_ref)
     assert _rel(out, ref) < TOL[dtype] / 10
     assert torch.equal(out[2].cpu(), torch.zeros(hq, d, dtype=dtype))  # the empty row
 
