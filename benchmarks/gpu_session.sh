@@ -17,7 +17,7 @@ for step in $steps; do
         tests/test_engine_backends.py tests/test_engine.py tests/test_cuda_graph_gpu.py tests/test_engine_gpu.py \
         tests/test_models_gpu.py tests/test_overlap.py 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
     profile)
-      for cfg in ${PROFILE_CFGS:-"llama3-8b 1" "smollm2-135m 1"}; do
+      for cfg in "llama3-8b 1" "smollm2-135m 1"; do
         set -- $cfg
         timeout 150 python3 benchmarks/profile_decode.py --model-config "$1" --batch-size "$2" --out "$OUT" 2>&1 \
           | grep -v "^\s*$" | tail -45 | tee -a "$OUT/profile.log"
