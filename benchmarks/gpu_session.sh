@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine session: install the carried wheels, run the GPU tests, profile, benchmark.
 # Run from the project root on the device machine (logs under $OUT):
-#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [wprof] [bs256] [serve]
+#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [wprof] [bs256] [serve]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -41,6 +41,13 @@ for step in $steps; do
         PYTHONPATH=$pp timeout 150 python3 -m minisgl bench offline --device cuda --model-config llama3-8b \
           --batch-sizes 1,8 --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 2 --skip-hf \
           --cuda-graph-max-bs 8 2>&1 | grep -E "^(---|minisgl|  decode|  roofline)" | tee -a "$OUT/ab.log"
+      done ;;
+    splits)  # decode at batch 1 and 8 (8B shapes) by the most split-KV programs per (request, KV head)
+      for sp in 16 8 4 2; do
+        echo "== max splits $sp" | tee -a "$OUT/splits.log"
+        MINISGL_DECODE_MAX_SPLITS=$sp timeout 150 python3 -m minisgl bench offline --device cuda --model-config llama3-8b \
+          --batch-sizes 1,8 --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 2 --skip-hf \
+          --cuda-graph-max-bs 8 2>&1 | grep -E "^(---|minisgl|  decode)" | tee -a "$OUT/splits.log"
       done ;;
     wprof)  # where the throughput workload's time goes (135M shapes)
       timeout 200 python3 benchmarks/profile_workload.py --model-config smollm2-135m --out "$OUT" 2>&1 \

@@ -12,6 +12,7 @@ read nothing and write nothing.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,6 +37,9 @@ class _ExtendMeta:
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     supports_cuda_graph = True
+    # Most split-KV programs per (request, KV head) in decode; MINISGL_DECODE_MAX_SPLITS overrides it
+    # (for measurements).
+    max_splits = int(os.environ.get("MINISGL_DECODE_MAX_SPLITS", 16))
 
     def __init__(
         self,
@@ -157,7 +161,7 @@ class TritonAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         """One launch: store the new K/V (rotating k first with `rope`), attend over the pages."""
         bsz = q.shape[0]  # a CUDA graph's padded size while capturing
-        splits = decode_splits(bsz, self.num_kv_heads, self.num_sms)
+        splits = decode_splits(bsz, self.num_kv_heads, self.num_sms, self.max_splits)
         seq_lens, slots = self._dec_meta[0, :bsz], self._dec_meta[1, :bsz]
         return decode_attention(
             q, self.pool.k[layer_id], self.pool.v[layer_id], self._dec_pages, seq_lens, self.pool.page_size,
