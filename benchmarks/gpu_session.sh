@@ -30,7 +30,7 @@ for step in $steps; do
     workload)  # the throughput issue's offline workload: 256 requests, input and output uniform in [100, 1024]
       for cfg in llama3-8b smollm2-135m; do
         timeout 120 python3 -m minisgl bench offline --device cuda --model-config $cfg --num-prompts 256 --skip-hf \
-          --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 1 2>&1 \
+          --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 2 2>&1 \
           | grep -v "it/s\]" | tail -12 | tee -a "$OUT/workload.log"
       done ;;
     ab)  # decode at batch 1 and 8 (8B shapes): .ab/src (an earlier tree's, carried) against this tree, in turn
