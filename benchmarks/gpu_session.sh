@@ -53,20 +53,22 @@ for step in $steps; do
       timeout 200 python3 benchmarks/profile_workload.py --model-config smollm2-135m --out "$OUT" 2>&1 \
         | grep -v "it/s\]" | tail -60 | tee "$OUT/wprof.log" ;;
     bs256)  # input 256 / output 256 at batch 256 against transformers
-      for cfg in smollm2-135m llama3-8b; do
-        timeout 240 python3 -m minisgl bench offline --device cuda --model-config $cfg --batch-sizes 256 \
+      for cfg in ${BS256_CFGS:-smollm2-135m llama3-8b}; do  # 8B: transformers' generate needs ~40 GiB of the GPU
+        timeout 240 python3 -m minisgl bench offline --device cuda --model-config $cfg --batch-sizes 256 --kv-cache-memory 40 \
           --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 1 2>&1 | grep -v "it/s\]" | tail -14 \
           | tee -a "$OUT/bs256.log"
       done ;;
-    serve)  # minisgl serve with 135M shapes (random weights), bench serve at concurrency 1 and 256
+    serve)  # minisgl serve with 135M shapes (random weights), bench serve at concurrency 1 and 256; prompts
+      # of 200 random in-vocabulary words (the preset's tokenizer has one word per id), all different
       python3 -c "from pathlib import Path; from minisgl.benchmark.presets import preset_config, write_model_dir; write_model_dir(preset_config('smollm2-135m'), Path('/tmp/m135'))"
+      python3 -c "import random; r = random.Random(0); print('\n'.join(' '.join(f'<{r.randrange(300, 49152)}>' for _ in range(200)) for _ in range(1100)))" > /tmp/prompts135.txt
       python3 -m minisgl serve --model /tmp/m135 --dummy-weights --device cuda > "$OUT/serve_server.log" 2>&1 &
       spid=$!
       for _ in $(seq 180); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:1919/health', timeout=2)" 2>/dev/null && break; sleep 1; done
       for c in "1 64" "256 1024"; do
         set -- $c
-        timeout 150 python3 -m minisgl bench serve --concurrency $1 --num-prompts $2 --input-len 200 --output-len 128 \
-          2>&1 | tail -22 | tee -a "$OUT/serve.log"
+        timeout 150 python3 -m minisgl bench serve --concurrency $1 --num-prompts $2 --prompts-file /tmp/prompts135.txt \
+          --output-len 128 2>&1 | tail -12 | tee -a "$OUT/serve.log"
       done
       kill -INT $spid; wait $spid ;;
   esac
