@@ -59,18 +59,19 @@ for step in $steps; do
           | tee -a "$OUT/bs256.log"
       done ;;
     serve)  # minisgl serve with 135M shapes (random weights), bench serve at concurrency 1 and 256; prompts
-      # of 200 random in-vocabulary words (the preset's tokenizer has one word per id), all different.
+      # of 200 random in-vocabulary words (the preset's tokenizer has one word per id; ids < 32000, the dummy
+      # engine's vocabulary), all different.
       # SERVE_ARGS: extra server flags, one set per run, separated by ';' (default: none)
       python3 -c "from pathlib import Path; from minisgl.benchmark.presets import preset_config, write_model_dir; write_model_dir(preset_config('smollm2-135m'), Path('/tmp/m135'))"
-      python3 -c "import random; r = random.Random(0); print('\n'.join(' '.join(f'<{r.randrange(300, 49152)}>' for _ in range(200)) for _ in range(1100)))" > /tmp/prompts135.txt
+      python3 -c "import random; r = random.Random(0); print('\n'.join(' '.join(f'<{r.randrange(300, 32000)}>' for _ in range(200)) for _ in range(1100)))" > /tmp/prompts135.txt
       IFS=';' read -ra variants <<< "${SERVE_ARGS:- }"
       for extra in "${variants[@]}"; do
         echo "== minisgl serve $extra" | tee -a "$OUT/serve.log"
         python3 -m minisgl serve --model /tmp/m135 --dummy-weights --device cuda $extra >> "$OUT/serve_server.log" 2>&1 &
         spid=$!
         for _ in $(seq 180); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:1919/health', timeout=2)" 2>/dev/null && break; sleep 1; done
-        for c in "1 64" "256 1024"; do
-          set -- $c
+        for c in ${SERVE_CONC:-1:64 256:1024}; do  # concurrency:requests
+          set -- ${c/:/ }
           timeout 150 python3 -m minisgl bench serve --concurrency $1 --num-prompts $2 --prompts-file /tmp/prompts135.txt \
             --output-len 128 2>&1 | tail -12 | tee -a "$OUT/serve.log"
         done
