@@ -45,6 +45,7 @@ from .args import ServerArgs
 from .frontend import FrontendManager
 from .metrics import ServerMetrics
 from .processes import Child, ProcessGroup, StartupError
+from .router import ReplicaRouter
 
 logger = init_logger("minisgl.launcher")
 
@@ -87,21 +88,20 @@ class Launcher:
     def _spawn_schedulers(self) -> list[Child]:
         from minisgl.scheduler import run_scheduler
 
-        size = len(self.sched_configs)
-        return [
-            self.group.spawn(
-                f"scheduler rank {c.tp_info.rank}" if size > 1 else "scheduler", run_scheduler, c
-            )
-            for c in self.sched_configs
-        ]
+        from .configs import rank_name
+
+        return [self.group.spawn(rank_name(c, self.args), run_scheduler, c) for c in self.sched_configs]
 
     def _worker_configs(self) -> list[TokenizerWorkerConfig]:
+        rank0s = [c for c in self.sched_configs if c.tp_info.is_primary()]  # one per replica
         common = dict(
             model_path=str(self.model_dir),
             tokenizer_addr=self.addrs.zmq_tokenizer_addr,
-            detokenizer_addr=self.addrs.zmq_detokenizer_addr,
-            backend_addr=self.addrs.zmq_backend_addr,
+            detokenizer_addr=rank0s[0].zmq_detokenizer_addr,
+            backend_addr=rank0s[0].zmq_backend_addr,
             frontend_addr=self.addrs.zmq_frontend_addr,
+            more_backend_addrs=tuple(c.zmq_backend_addr for c in rank0s[1:]),
+            more_detokenizer_addrs=tuple(c.zmq_detokenizer_addr for c in rank0s[1:]),
         )
         n = self.args.num_tokenizer
         if n == 0:
@@ -145,7 +145,9 @@ class Launcher:
         from_workers = ZmqAsyncPullQueue(
             self.addrs.zmq_frontend_addr, create=True, decoder=BaseFrontendMsg.decoder
         )
-        manager = FrontendManager(to_tokenizer.put, ServerMetrics(), self.args.max_queued_requests)
+        manager = FrontendManager(
+            to_tokenizer.put, ServerMetrics(), self.args.max_queued_requests, ReplicaRouter(self.args.dp)
+        )
         manager.start(from_workers.get)
         aliases = {str(self.model_dir)} | ({self.args.model} if self.args.model else set())
         state = ServerState(
