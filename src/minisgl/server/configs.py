@@ -17,6 +17,8 @@ from .args import ServerArgs
 if TYPE_CHECKING:
     from minisgl.scheduler.config import SchedulerConfig
 
+    from .nodes import TcpPlan
+
 # The prefill budget (prompt tokens per scheduler step) when --max-prefill-tokens is not given, on the
 # CPU. A step cannot be interrupted, so it is how long an abort or a new request may have to wait:
 # 256 tokens keep a prefill step of the embedded model on a small CPU short (a chunk at the end of a
@@ -88,12 +90,19 @@ def scheduler_config(args: ServerArgs, model_dir: Path, device: str) -> Schedule
     )
 
 
-def build(args: ServerArgs, model_dir: Path, device: str) -> list[SchedulerConfig]:
-    """One SchedulerConfig per rank of every replica (replica-major), sharing one ipc suffix (hence
-    one directory); each replica's ranks meet on their own torch.distributed rendezvous."""
+def build(
+    args: ServerArgs, model_dir: Path, device: str, plan: TcpPlan | None = None
+) -> list[SchedulerConfig]:
+    """One SchedulerConfig per rank of every replica on this machine (replica-major), sharing one
+    ipc suffix (hence one directory); on one machine each replica's ranks meet on their own
+    torch.distributed rendezvous, on several (`plan`) on node 0's store (`nodes.py`)."""
     from minisgl.utils.host import find_free_port
 
     base = dataclasses.replace(scheduler_config(args, model_dir, device), report_load=True)
+    if plan is not None:
+        from .nodes import node_configs
+
+        return node_configs(base, args, plan)
     configs = []
     for replica in range(args.dp):
         addr = f"tcp://127.0.0.1:{find_free_port()}" if args.tp > 1 else ""
