@@ -1,8 +1,16 @@
 """The three message groups (by receiver) and their codec."""
 
 from .backend import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, ExitMsg, UserMsg
-from .frontend import BaseFrontendMsg, BatchFrontendMsg, UserReply
-from .tokenizer import AbortMsg, BaseTokenizerMsg, BatchTokenizerMsg, DetokenizeMsg, ErrorMsg, TokenizeMsg
+from .frontend import BaseFrontendMsg, BatchFrontendMsg, LoadReply, UserReply
+from .tokenizer import (
+    AbortMsg,
+    BaseTokenizerMsg,
+    BatchTokenizerMsg,
+    DetokenizeMsg,
+    ErrorMsg,
+    LoadMsg,
+    TokenizeMsg,
+)
 from .utils import MessageDecodeError
 
 __all__ = [
@@ -17,6 +25,8 @@ __all__ = [
     "DetokenizeMsg",
     "ErrorMsg",
     "ExitMsg",
+    "LoadMsg",
+    "LoadReply",
     "MessageDecodeError",
     "TokenizeMsg",
     "UserMsg",

@@ -36,3 +36,13 @@ class UserReply(BaseFrontendMsg):
     completion_tokens: int = 0
     error: str = ""
     cached_tokens: int = 0
+
+
+@_GROUP.register
+@dataclass
+class LoadReply(BaseFrontendMsg):
+    """A replica's load (see LoadMsg): what the API server routes new requests by."""
+
+    replica: int
+    running: int
+    waiting: int

@@ -28,12 +28,13 @@ class BatchTokenizerMsg(BaseTokenizerMsg):
 class TokenizeMsg(BaseTokenizerMsg):
     """From the API server: a prompt (text, chat messages, or token ids) to tokenize once and
     schedule as `n` requests (choices), uids `uid .. uid + n - 1`; choice i samples with seed + i
-    when a seed is given."""
+    when a seed is given. replica: the data-parallel replica (--dp) the API server routed it to."""
 
     uid: int
     text: str | list[dict[str, str]] | list[int]
     sampling_params: SamplingParams
     n: int = 1
+    replica: int = 0
 
 
 @_GROUP.register
@@ -52,7 +53,21 @@ class DetokenizeMsg(BaseTokenizerMsg):
 @_GROUP.register
 @dataclass
 class AbortMsg(BaseTokenizerMsg):
+    """From the API server: stop request `uid`, held by data-parallel replica `replica`."""
+
     uid: int
+    replica: int = 0
+
+
+@_GROUP.register
+@dataclass
+class LoadMsg(BaseTokenizerMsg):
+    """From scheduler rank 0 of replica `replica`, whenever its counts change: requests running
+    (prefilling or decoding) and waiting for KV pages. The detokenizer forwards it as a LoadReply."""
+
+    replica: int
+    running: int
+    waiting: int
 
 
 @_GROUP.register

@@ -54,6 +54,7 @@ from minisgl.message import (
     DetokenizeMsg,
     ErrorMsg,
     ExitMsg,
+    LoadMsg,
     UserMsg,
 )
 
@@ -99,6 +100,7 @@ class Scheduler(SchedulerIOMixin):
         self._replies: list[BaseTokenizerMsg] = []
         self.overlap = _overlap_enabled(config, self.engine)
         self._in_flight: tuple[Batch, StepOutput] | None = None  # overlap: the step launched last
+        self._reported_load = (0, 0)  # (running, waiting) as last sent in a LoadMsg
         super().__init__(config, tp_cpu_group)
 
     # -- public ---------------------------------------------------------------------------------------
@@ -155,9 +157,24 @@ class Scheduler(SchedulerIOMixin):
             self._handle(msg)
 
     def _send_replies(self) -> None:
+        if self.config.report_load:
+            self._report_load()
         if self._replies:
             replies, self._replies = self._replies, []
             self.send_result(replies)
+
+    def load(self) -> tuple[int, int]:
+        """(running, waiting): requests prefilling or decoding, and requests waiting for pages."""
+        waiting = len(self.prefill.waiting)
+        return len(self.decode) + len(self.prefill) - waiting, waiting
+
+    def _report_load(self) -> None:
+        """A LoadMsg rides with this step's replies when the counts changed (the --dp router's input;
+        a step that changes nothing sends nothing)."""
+        load = self.load()
+        if load != self._reported_load:
+            self._reported_load = load
+            self._replies.append(LoadMsg(self.config.replica, *load))
 
     def has_work(self) -> bool:
         return len(self.prefill) > 0 or len(self.decode) > 0

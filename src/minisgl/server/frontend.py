@@ -28,12 +28,14 @@ from minisgl.message import (
     BaseTokenizerMsg,
     BatchFrontendMsg,
     BatchTokenizerMsg,
+    LoadReply,
     TokenizeMsg,
     UserReply,
 )
 from minisgl.tokenizer.stop import StopMatcher
 
 from .metrics import ServerMetrics
+from .router import ReplicaRouter
 
 logger = logging.getLogger("minisgl.server")
 
@@ -72,9 +74,10 @@ class Chunk:
 class RequestStream:
     """One request (one choice) in flight: its replies as they arrive, and its stop strings."""
 
-    def __init__(self, manager: FrontendManager, uid: int, stops: list[str]) -> None:
+    def __init__(self, manager: FrontendManager, uid: int, stops: list[str], replica: int = 0) -> None:
         self.manager = manager
         self.uid = uid
+        self.replica = replica  # the data-parallel replica that serves it
         self.matcher = StopMatcher(stops)
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -206,9 +209,12 @@ class FrontendManager:
         send: Callable[[BaseTokenizerMsg], Awaitable[None]],
         metrics: ServerMetrics | None = None,
         max_queued_requests: int | None = None,
+        router: ReplicaRouter | None = None,
     ) -> None:
         self._send = send
         self.metrics = metrics or ServerMetrics()
+        self.router = router or ReplicaRouter(1)
+        self.metrics.registry.register(self.router)
         self.max_queued_requests = max_queued_requests
         self.streams: dict[int, RequestStream] = {}
         self._uids = itertools.count()
@@ -243,11 +249,12 @@ class FrontendManager:
         first = next(self._uids)
         for _ in range(n - 1):
             next(self._uids)
-        streams = [RequestStream(self, first + i, stops) for i in range(n)]
+        replica = self.router.pick(n)
+        streams = [RequestStream(self, first + i, stops, replica) for i in range(n)]
         for s in streams:
             self.streams[s.uid] = s
         self.metrics.waiting += n
-        self._post(TokenizeMsg(uid=first, text=prompt, sampling_params=params, n=n))
+        self._post(TokenizeMsg(uid=first, text=prompt, sampling_params=params, n=n, replica=replica))
         return streams
 
     def check_room(self, count: int) -> None:
@@ -275,9 +282,11 @@ class FrontendManager:
             self.metrics.waiting -= 1
 
     def abort(self, uid: int) -> None:
-        """Stop a request: the scheduler drops it and frees its KV pages."""
+        """Stop a request: the scheduler (of the replica that holds it) drops it and frees its pages."""
+        stream = self.streams.get(uid)
+        replica = stream.replica if stream is not None else 0
         self.close(uid)
-        self._post(AbortMsg(uid=uid))
+        self._post(AbortMsg(uid=uid, replica=replica))
 
     def release(self, stream: RequestStream) -> None:
         """End of an HTTP handler's use of `stream`: abort it unless it finished."""
@@ -360,6 +369,10 @@ class FrontendManager:
         if isinstance(msg, BatchFrontendMsg):
             for m in msg.data:
                 self.dispatch(m)
+            return
+        if isinstance(msg, LoadReply):
+            if not self.router.on_report(msg):
+                logger.warning("dropped a load report of replica %d, which does not exist", msg.replica)
             return
         if not isinstance(msg, UserReply):
             logger.warning("dropped an unexpected %s from the workers", type(msg).__name__)
