@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from test_api_app import api, anyio_backend, assert_openai_error  # noqa: F401 (fixtures)
+import test_api_app
+from test_api_app import anyio_backend, assert_openai_error  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.anyio]
+api = test_api_app.api  # the in-process app fixture
 
 # A value that asks for the field's effect (not "off").
 CHAT_VALUES: dict[str, object] = {
@@ -112,7 +114,7 @@ def _cases() -> list[tuple[str, str, object]]:
 @pytest.mark.parametrize(("path", "field", "value"), _cases())
 async def test_every_openai_field_is_supported_or_refused_by_name(
     api, path: str, field: str, value: object
-) -> None:  # noqa: F811
+) -> None:
     assert value is not KeyError, f"{field} of {path}: a new OpenAI field; classify it in this test"
     base = BASE["messages" if "chat" in path else "prompt"]
     body = {"model": "smol", **base, **NEEDS.get(field, {}), field: value}
