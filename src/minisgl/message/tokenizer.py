@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from minisgl.core import SamplingParams
 
@@ -35,19 +35,35 @@ class TokenizeMsg(BaseTokenizerMsg):
     sampling_params: SamplingParams
     n: int = 1
     replica: int = 0
+    # Chat prompts: end with the assistant's turn opened, or continue the last (assistant) message.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    echo: bool = False  # acknowledge with the prompt's text (`echo` of a token-id prompt)
 
 
 @_GROUP.register
 @dataclass
 class DetokenizeMsg(BaseTokenizerMsg):
     """From the scheduler: one new token of request `uid`. finish_reason: "", "stop", "length", "abort".
-    cached_tokens: prompt tokens whose K/V came from the prefix cache (usage; 0 when absent)."""
+    cached_tokens: prompt tokens whose K/V came from the prefix cache (usage; 0 when absent); the
+    logprob fields are empty unless the request asked for them."""
 
     uid: int
     next_token: int
     finished: bool
     finish_reason: str = ""
     cached_tokens: int = 0
+    stop_token_id: int = -1  # the stop token id (not EOS) that ended the request, if one did
+    # With sampling_params.logprobs: the token's log probability and the top alternatives.
+    logprob: float | None = None
+    top_ids: list[int] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
+    # With prompt_logprobs, on the first token only: every prompt token, then per prompt token after
+    # the first its log probability and top alternatives.
+    prompt_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_top_ids: list[list[int]] = field(default_factory=list)
+    prompt_top_logprobs: list[list[float]] = field(default_factory=list)
 
 
 @_GROUP.register

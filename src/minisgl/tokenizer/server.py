@@ -234,8 +234,15 @@ class TokenizerWorker:
             logger.exception("%s: cannot tokenize request %d", self.config.name, msg.uid)
             return self._reject(msg, f"cannot tokenize the prompt: {type(e).__name__}: {e}")
         to_backend[msg.replica].extend(user_msgs)
+        echo = self.tokenize.echo_text(msg, user_msgs[0].input_ids.tolist()) if msg.echo else ""
         return [
-            UserReply(uid=m.uid, incremental_output="", finished=False, prompt_tokens=len(m.input_ids))
+            UserReply(
+                uid=m.uid,
+                incremental_output="",
+                finished=False,
+                prompt_tokens=len(m.input_ids),
+                prompt_text=echo,
+            )
             for m in user_msgs
         ]
 
