@@ -1,9 +1,9 @@
 """The three message groups (by receiver) and their codec."""
 
 from .backend import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, ExitMsg, UserMsg
+from .codec import MessageDecodeError
 from .frontend import BaseFrontendMsg, BatchFrontendMsg, UserReply
 from .tokenizer import AbortMsg, BaseTokenizerMsg, BatchTokenizerMsg, DetokenizeMsg, ErrorMsg, TokenizeMsg
-from .utils import MessageDecodeError
 
 __all__ = [
     "AbortBackendMsg",

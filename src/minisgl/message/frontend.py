@@ -4,24 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .utils import MessageGroup
-
-_GROUP = MessageGroup("frontend")
+from .codec import Message
 
 
-@_GROUP.base
 @dataclass
-class BaseFrontendMsg(_GROUP.Base):
+class BaseFrontendMsg(Message, group="frontend"):
     pass
 
 
-@_GROUP.register
 @dataclass
 class BatchFrontendMsg(BaseFrontendMsg):
     data: list[BaseFrontendMsg]
 
 
-@_GROUP.register
 @dataclass
 class UserReply(BaseFrontendMsg):
     """New text of request `uid`. The last reply has finished=True, a finish_reason

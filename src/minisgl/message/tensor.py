@@ -7,8 +7,9 @@ travel; the buffer is the tensor's bytes in C order, native (little-endian) byte
 
 from __future__ import annotations
 
-from typing import Any
+import math
 
+import msgspec
 import numpy as np
 import torch
 
@@ -27,13 +28,22 @@ DTYPES: dict[str, tuple[torch.dtype, np.dtype]] = {
     "torch.float64": (torch.float64, np.dtype(np.float64)),
 }
 _NAME_OF: dict[torch.dtype, str] = {t: name for name, (t, _) in DTYPES.items()}
+MAX_DIMS = 64
+
+
+class TensorMap(msgspec.Struct, tag_field="__type__", tag="Tensor", forbid_unknown_fields=True, gc=False):
+    """The wire map of a tensor as msgspec writes and reads it (no "shape" key when it is UNSET)."""
+
+    buffer: bytes
+    dtype: str
+    shape: list[int] | msgspec.UnsetType = msgspec.UNSET
 
 
 class TensorFormatError(ValueError):
     """A tensor map that cannot be turned back into a tensor (the codec adds where it was)."""
 
 
-def encode_tensor(t: torch.Tensor) -> dict[str, Any]:
+def tensor_to_map(t: torch.Tensor) -> TensorMap:
     """Tensor -> its wire map. Copies to the CPU first if needed."""
     name = _NAME_OF.get(t.dtype)
     if name is None:
@@ -45,12 +55,14 @@ def encode_tensor(t: torch.Tensor) -> dict[str, Any]:
             buf = t.numpy().tobytes()  # C order even for a non-contiguous view
         except (RuntimeError, TypeError):  # on a GPU, or requires grad
             buf = t.detach().cpu().numpy().tobytes()
-    if t.dim() == 1:
-        return {"__type__": "Tensor", "buffer": buf, "dtype": name}
-    return {"__type__": "Tensor", "buffer": buf, "dtype": name, "shape": list(t.shape)}
+    return TensorMap(buf, name, msgspec.UNSET if t.dim() == 1 else list(t.shape))
 
 
-def decode_tensor(buffer: Any, dtype: Any, shape: Any = None) -> torch.Tensor:
+def tensor_from_map(m: TensorMap) -> torch.Tensor:
+    return decode_tensor(m.buffer, m.dtype, None if m.shape is msgspec.UNSET else m.shape)
+
+
+def decode_tensor(buffer: object, dtype: object, shape: object = None) -> torch.Tensor:
     """The parts of a wire map -> a fresh CPU tensor (it owns a copy of the bytes).
 
     shape=None means "1-D" (the chapter's form). Raises TensorFormatError naming the problem.
@@ -70,27 +82,21 @@ def decode_tensor(buffer: Any, dtype: Any, shape: Any = None) -> torch.Tensor:
         dims: tuple[int, ...] = (size // np_dtype.itemsize,)
     else:
         dims = _check_shape(shape)
-        count = 1
-        for d in dims:
-            count *= d
-        if count * np_dtype.itemsize != size:
+        need = np_dtype.itemsize * math.prod(dims)
+        if need != size:
             raise TensorFormatError(
-                f"buffer holds {size} bytes but shape {list(dims)} of {dtype} needs {count * np_dtype.itemsize}"
+                f"buffer holds {size} bytes but shape {list(dims)} of {dtype} needs {need}"
             )
-    arr = np.frombuffer(buffer, dtype=np_dtype)
-    if shape is not None:
-        arr = arr.reshape(dims)
-    arr = arr.copy()  # bytes are read-only; the tensor gets its own memory
+    arr = np.frombuffer(buffer, dtype=np_dtype).reshape(dims).copy()  # its own, writable memory
     out = torch.from_numpy(arr)
     return out.view(torch.bfloat16) if torch_dtype is torch.bfloat16 else out
 
 
-def _check_shape(shape: Any) -> tuple[int, ...]:
+def _check_shape(shape: object) -> tuple[int, ...]:
     if shape.__class__ is not list and shape.__class__ is not tuple:
         raise TensorFormatError(f"'shape' must be a list of ints, got {type(shape).__name__}")
-    if len(shape) > 64:
-        raise TensorFormatError(f"'shape' has {len(shape)} dimensions (at most 64)")
-    for d in shape:
-        if d.__class__ is not int or d < 0:
-            raise TensorFormatError(f"'shape' must hold non-negative ints, got {shape!r:.80}")
+    if len(shape) > MAX_DIMS:
+        raise TensorFormatError(f"'shape' has {len(shape)} dimensions (at most {MAX_DIMS})")
+    if any(d.__class__ is not int or d < 0 for d in shape):
+        raise TensorFormatError(f"'shape' must hold non-negative ints, got {shape!r:.80}")
     return tuple(shape)

@@ -6,24 +6,19 @@ from dataclasses import dataclass
 
 from minisgl.core import SamplingParams
 
-from .utils import MessageGroup
-
-_GROUP = MessageGroup("tokenizer")
+from .codec import Message
 
 
-@_GROUP.base
 @dataclass
-class BaseTokenizerMsg(_GROUP.Base):
+class BaseTokenizerMsg(Message, group="tokenizer"):
     pass
 
 
-@_GROUP.register
 @dataclass
 class BatchTokenizerMsg(BaseTokenizerMsg):
     data: list[BaseTokenizerMsg]
 
 
-@_GROUP.register
 @dataclass
 class TokenizeMsg(BaseTokenizerMsg):
     """From the API server: a prompt (text, chat messages, or token ids) to tokenize once and
@@ -36,7 +31,6 @@ class TokenizeMsg(BaseTokenizerMsg):
     n: int = 1
 
 
-@_GROUP.register
 @dataclass
 class DetokenizeMsg(BaseTokenizerMsg):
     """From the scheduler: one new token of request `uid`. finish_reason: "", "stop", "length", "abort".
@@ -49,13 +43,11 @@ class DetokenizeMsg(BaseTokenizerMsg):
     cached_tokens: int = 0
 
 
-@_GROUP.register
 @dataclass
 class AbortMsg(BaseTokenizerMsg):
     uid: int
 
 
-@_GROUP.register
 @dataclass
 class ErrorMsg(BaseTokenizerMsg):
     """From the scheduler: request `uid` was rejected (e.g. longer than the context); says why."""
