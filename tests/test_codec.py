@@ -124,9 +124,7 @@ def test_golden_corpus_is_complete() -> None:
     assert sorted(CORPUS) == sorted(GOLDEN)
     seen = {type(m).__name__ for m in CORPUS.values()}
     seen |= {type(x).__name__ for m in CORPUS.values() for x in getattr(m, "data", [])}
-    assert seen >= {
-        cls.__name__ for base in BASES for cls in base._group.classes.values()
-    }
+    assert seen >= {cls.__name__ for base in BASES for cls in base._group.classes.values()}
 
 
 @pytest.mark.parametrize("name", sorted(CORPUS))
