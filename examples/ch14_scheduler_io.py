@@ -10,11 +10,12 @@ import multiprocessing as mp
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.distributed import DistributedInfo, destroy_process_groups, find_free_port, init_process_groups
+from minisgl.distributed import DistributedInfo, destroy_process_groups, init_process_groups
 from minisgl.message import BaseBackendMsg, UserMsg
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.scheduler.io import SchedulerIOMixin
 from minisgl.utils import ZmqPushQueue
+from minisgl.utils.host import find_free_port
 
 
 class IOOnly(SchedulerIOMixin):

@@ -12,10 +12,13 @@ import json
 
 import httpx
 import pytest
+from starlette.requests import Request
 
 from minisgl.message import AbortMsg, BaseTokenizerMsg, BatchTokenizerMsg, TokenizeMsg, UserReply
-from minisgl.server.api_server import ServerState, create_app
+from minisgl.server import api_server
+from minisgl.server.api_server import APIError, ServerState, create_app
 from minisgl.server.frontend import FrontendManager
+from minisgl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.anyio]
 
@@ -338,3 +341,63 @@ def test_histogram_buckets_are_cumulative_and_inclusive() -> None:
     assert 'minisgl_time_to_first_token_seconds_bucket{le="+Inf"} 4.0' in text
     assert "minisgl_time_to_first_token_seconds_count 4.0" in text
     assert abs(m.ttft.sum - 99.007) < 1e-9
+
+
+# ---- routes called alone (no app, no HTTP): each takes its ServerState as an argument -------------
+
+
+def bare_request() -> Request:
+    """A Starlette request whose client never leaves (for the disconnect polls)."""
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
+
+
+@pytest.fixture
+async def alone():
+    workers = FakeWorkers()
+    manager = FrontendManager(workers.send)
+    manager.start(workers.recv)
+    yield ServerState(manager, "smol", max_seq_len=2048, status="serving", created=7), workers
+    await manager.stop()
+
+
+async def test_health_models_and_metrics_routes_alone(alone) -> None:
+    state, _ = alone
+    assert await api_server.models(state) == {
+        "object": "list",
+        "data": [
+            {"id": "smol", "object": "model", "created": 7, "owned_by": "minisgl", "max_model_len": 2048}
+        ],
+    }
+    r = await api_server.health(state)
+    assert (r.status_code, json.loads(r.body)) == (200, {"status": "ok"})
+    state.status, state.detail = "unhealthy", "rank 1 died"
+    r = await api_server.health(state)
+    assert (r.status_code, json.loads(r.body)) == (503, {"status": "unhealthy", "detail": "rank 1 died"})
+    r = await api_server.metrics(state)
+    assert r.media_type.startswith("text/plain") and b"minisgl_num_requests_waiting 0.0" in r.body
+
+
+async def test_generate_and_completions_routes_alone(alone) -> None:
+    state, workers = alone
+    body = GenerateRequest(prompt="a b c", stream=False, max_tokens=3)
+    r = await api_server.generate(body, bare_request(), state)
+    assert json.loads(r.body) == {
+        "text": "echo: a b ",
+        "finish_reason": "length",
+        "prompt_tokens": 3,
+        "completion_tokens": 3,
+        "cached_tokens": 1,
+    }
+    assert workers.received[-1].sampling_params.temperature == 0.0  # /generate's default: greedy
+    body = CompletionRequest(prompt="x y", stream=True, stream_options={"include_usage": True})
+    r = await api_server.completions(body, bare_request(), state)
+    events = sse_events(b"".join([chunk async for chunk in r.body_iterator]).decode())
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == "echo: x y "
+    assert events[-1]["usage"]["total_tokens"] == 2 + 3 and not state.manager.streams
+    with pytest.raises(APIError) as e:
+        await api_server.chat(ChatCompletionRequest(**chat_body(model="gpt-9")), bare_request(), state)
+    assert (e.value.status, e.value.code) == (404, "model_not_found") and len(workers.received) == 2

@@ -92,6 +92,12 @@ def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]], 
                 row_ids=rows if decode_path != "gather" else None,
             )
         )
+        if decode_path == "kernel" and not is_decode and any(cached):
+            # Prefill over a prefix reads the pages in the decode kernel: no gather index, no mask.
+            assert backend.meta.kind == "extend" and backend.meta.kv_idx is None
+            assert backend._seq_lens.tolist() == [
+                c + i + 1 for c, e in zip(cached, ext, strict=True) for i in range(e)
+            ]
         total = sum(ext)
         for layer in range(2):
             q, k, v = torch.randn(total, HQ, D), torch.randn(total, HKV, D), torch.randn(total, HKV, D)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from minisgl.distributed import DistributedInfo, get_tp_info, init_process_groups, set_tp_info
-from minisgl.scheduler.config import SchedulerConfig, cleanup_ipc
+from minisgl.distributed import DistributedInfo, init_process_groups
+from minisgl.scheduler.config import SchedulerConfig
 from minisgl.utils.ipc import ipc_addr, ipc_dir_for
 
 
@@ -87,7 +87,7 @@ def test_ipc_dir_private_created_on_use_removed_on_cleanup(ipc_root: Path) -> No
     st = path.stat()
     assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.getuid()
     assert len(addr) - len("ipc://") < 107
-    cleanup_ipc(c)
+    c.remove_ipc_dir()
     assert not path.exists()
     c.remove_ipc_dir()  # twice is fine
 
@@ -162,7 +162,5 @@ def test_distributed_info() -> None:
 
 def test_single_rank_needs_no_process_group() -> None:
     assert init_process_groups(DistributedInfo(0, 1), "tcp://127.0.0.1:1") is None
-    assert get_tp_info() == DistributedInfo(0, 1)
-    set_tp_info(DistributedInfo(0, 1))
     with pytest.raises(ValueError, match="tcp://"):
         init_process_groups(DistributedInfo(0, 2), "127.0.0.1:1")

@@ -282,3 +282,74 @@ def test_embedded_model_knows_the_capital_of_france(smollm_dir: Path, smollm) ->
         if nxt in cfg.eos_token_ids or "Paris" in answer:
             break
     assert "Paris" in answer, answer
+
+
+# The converted weights against the GGUF file itself, dequantized here by the formats' definitions
+# (ggml's block layouts), not by the `gguf` package the converter uses: the transformers comparison
+# above reads the converted directory too, so only this catches a conversion that is wrong but
+# self-consistent (a bad dequantization, rows left permuted, a tensor under the wrong name).
+
+
+def _blocks(data: np.ndarray, block_bytes: int) -> np.ndarray:
+    return np.ascontiguousarray(data).view(np.uint8).reshape(-1, block_bytes)
+
+
+def dequant_q4_1(data: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Q4_1: blocks of 32 weights = f16 scale d, f16 minimum m, 16 bytes of nibbles (low nibbles
+    are weights 0..15, high nibbles 16..31); w = d * q + m."""
+    b = _blocks(data, 20)
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+    m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
+    qs = b[:, 4:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)  # (blocks, 32)
+    return (d * q + m).reshape(shape)
+
+
+def dequant_q8_0(data: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Q8_0: blocks of 32 weights = f16 scale d, 32 int8; w = d * q."""
+    b = _blocks(data, 34)
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+    return (d * b[:, 2:].copy().view(np.int8).astype(np.float32)).reshape(shape)
+
+
+def test_embedded_conversion_matches_the_gguf_file(smollm_dir: Path) -> None:
+    from gguf import GGUFReader
+    from safetensors import safe_open
+
+    from minisgl.models import embedded_gguf_path
+
+    tensors = {t.name: t for t in GGUFReader(embedded_gguf_path()).tensors}
+    with safe_open(str(smollm_dir / "model.safetensors"), framework="np") as f:
+        converted = {
+            name: f.get_tensor(name)
+            for name in f.keys()
+            if ".layers." not in name or any(f".layers.{i}." in name for i in (0, 7, 29))
+        }
+
+    def from_gguf(name: str) -> np.ndarray:
+        t = tensors[name]
+        shape = tuple(int(x) for x in reversed(t.shape))  # ggml lists dimensions innermost first
+        kind = t.tensor_type.name
+        if kind == "F32":
+            return np.asarray(t.data, dtype=np.float32).reshape(shape)
+        return {"Q4_1": dequant_q4_1, "Q8_0": dequant_q8_0}[kind](t.data, shape)
+
+    heads, kv_heads = 9, 3
+    pairs = [
+        ("token_embd.weight", "model.embed_tokens.weight", None),  # Q8_0
+        ("blk.0.attn_norm.weight", "model.layers.0.input_layernorm.weight", None),  # F32
+        ("blk.0.attn_v.weight", "model.layers.0.self_attn.v_proj.weight", None),  # Q4_1
+        ("blk.7.ffn_down.weight", "model.layers.7.mlp.down_proj.weight", None),
+        ("blk.29.attn_q.weight", "model.layers.29.self_attn.q_proj.weight", heads),  # rows permuted
+        ("blk.29.attn_k.weight", "model.layers.29.self_attn.k_proj.weight", kv_heads),
+    ]
+    for gguf_name, hf_name, permuted_heads in pairs:
+        want = from_gguf(gguf_name)
+        got = converted[hf_name].astype(np.float32)
+        if permuted_heads is not None:
+            got = llamacpp_permute(got, permuted_heads)  # back to llama.cpp's row order
+        assert got.shape == want.shape, (hf_name, got.shape, want.shape)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6, err_msg=hf_name)
+    assert not np.array_equal(
+        converted["model.layers.29.self_attn.q_proj.weight"], from_gguf("blk.29.attn_q.weight")
+    )  # the permutation is not the identity for this tensor

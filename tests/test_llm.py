@@ -167,14 +167,14 @@ def test_stop_token_ids_and_eos(llm: LLM, prompt_ids: list[list[int]], hf_tokens
 @pytest.mark.parametrize(
     ("prompt", "params", "match"),
     [
-        ("", None, "prompt 0 is empty"),
+        ("", None, "prompt 0: the prompt is empty"),
         ([], None, "must be a string"),
-        ([[]], None, "prompt 0 is empty"),
+        ([[]], None, "prompt 0: the prompt is empty"),
         ([[5, -1]], None, "out of the vocabulary"),
         ([[5, 10**6]], None, "out of the vocabulary"),
         ("hi", SamplingParams(max_tokens=0), "max_tokens must be >= 1"),
         ("hi", SamplingParams(temperature=-0.5), "temperature must be >= 0"),
-        ("hi", SamplingParams(max_tokens=10**6), "exceed the context length"),
+        ("hi", SamplingParams(max_tokens=10**6), "exceeds the context length"),
         (["a", "b"], [SamplingParams()], "one per prompt"),
     ],
 )

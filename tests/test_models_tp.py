@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from minisgl.layers import TPInfo
+from minisgl.distributed import DistributedInfo
 from minisgl.models import load_model
 from test_models_support import run_prompts, save_tiny_hf_model
 
@@ -34,7 +34,7 @@ sys.path.insert(0, tests_dir)
 torch.set_num_threads(1)
 from test_models_support import run_prompts
 from test_models_tp import PROMPTS
-from minisgl.layers import TPInfo
+from minisgl.distributed import DistributedInfo
 from minisgl.models import load_model
 
 if device.startswith("cuda"):
@@ -42,7 +42,7 @@ if device.startswith("cuda"):
 dist.init_process_group(backend, init_method=init, rank=rank, world_size=size)
 result = {}
 for i, d in enumerate(model_dirs):
-    model, _ = load_model(d, torch.float32, device, tp_info=TPInfo(rank, size), progress=False)
+    model, _ = load_model(d, torch.float32, device, tp_info=DistributedInfo(rank, size), progress=False)
     for j, logits in enumerate(run_prompts(model, PROMPTS)):
         result[f"{i}.{j}"] = logits.cpu().contiguous()
     result[f"{i}.local_heads"] = torch.tensor([model.num_local_heads, model.num_local_kv_heads])
@@ -121,12 +121,14 @@ def test_two_gpus_match_one(model_dirs: list[Path], tmp_path: Path) -> None:
 
 def test_indivisible_heads_are_a_clear_error(model_dirs: list[Path]) -> None:
     with pytest.raises(ValueError, match="num_attention_heads 4 is not divisible by tensor-parallel size 3"):
-        load_model(model_dirs[0], torch.float32, "cpu", tp_info=TPInfo(0, 3), dummy=True)
+        load_model(model_dirs[0], torch.float32, "cpu", tp_info=DistributedInfo(0, 3), dummy=True)
 
 
 def test_shard_shapes_without_collectives(model_dirs: list[Path]) -> None:
     """Building rank 1 of 2 allocates only its shard (no process group is needed to build)."""
-    model, cfg = load_model(model_dirs[0], torch.float32, "cpu", tp_info=TPInfo(1, 2), progress=False)
+    model, cfg = load_model(
+        model_dirs[0], torch.float32, "cpu", tp_info=DistributedInfo(1, 2), progress=False
+    )
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     assert attn.qkv_proj.weight.shape == ((2 + 2 * 1) * cfg.head_dim, cfg.hidden_size)
     assert attn.o_proj.weight.shape == (cfg.hidden_size, 2 * cfg.head_dim)

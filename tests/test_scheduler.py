@@ -56,11 +56,11 @@ class Harness(Scheduler):
         self.inbox.append(UserMsg(uid, torch.tensor(ids, dtype=torch.int32), SamplingParams(**params)))
 
     def run_until_idle(self, max_steps: int = 10_000) -> None:
-        self.normal_loop()
+        self.sync_step()
         for _ in range(max_steps):
             if not self.has_work() and not self.inbox:
                 return
-            self.normal_loop()
+            self.sync_step()
         raise AssertionError("the scheduler did not finish its work")
 
     def tokens(self, uid: int) -> list[int]:
@@ -131,9 +131,9 @@ def test_rejections_reply_with_the_reason_and_never_crash() -> None:
 def test_duplicate_live_uid_is_rejected() -> None:
     s = Harness()
     s.submit(1, [1, 2], max_tokens=50)
-    s.normal_loop()
+    s.sync_step()
     s.submit(1, [3, 4])
-    s.normal_loop()
+    s.sync_step()
     errors = [m.message for m in s.outbox if isinstance(m, ErrorMsg)]
     assert len(errors) == 1 and "already in use" in errors[0]
     s.run_until_idle()
@@ -152,11 +152,11 @@ def test_abort_frees_pages_at_once(cache_type: str) -> None:
     s.submit(1, list(range(1, 30)), max_tokens=50)
     s.submit(2, [1, 2, 3], max_tokens=50)
     for _ in range(4):
-        s.normal_loop()
+        s.sync_step()
     held = _pinned_pages(s)
     assert held > 0
     s.inbox.append(AbortBackendMsg(1))
-    s.normal_loop()
+    s.sync_step()
     assert s.last(1) == DetokenizeMsg(1, -1, True, "abort")
     # uid 1's 29+ tokens: freed (naive) or left cached but unpinned (radix)
     assert held - _pinned_pages(s) >= 8
@@ -169,10 +169,10 @@ def test_abort_of_a_waiting_request_and_of_one_not_yet_seen() -> None:
     s = Harness(max_running_requests=1)
     s.submit(1, [1, 2], max_tokens=20)
     s.submit(2, [1, 2], max_tokens=20)  # waits for a table row
-    s.normal_loop()
+    s.sync_step()
     s.inbox.append(AbortBackendMsg(2))
     s.inbox.append(AbortBackendMsg(3))  # before its request
-    s.normal_loop()
+    s.sync_step()
     assert s.last(2).finish_reason == "abort"
     s.submit(3, [1, 2], max_tokens=5)  # arrives late: aborted on arrival
     s.run_until_idle()
@@ -200,8 +200,8 @@ def test_idle_logs_once_and_integrity_check_catches_a_leak(caplog: pytest.LogCap
     with caplog.at_level(logging.INFO, logger="minisgl.scheduler.scheduler"):
         s.submit(1, [1, 2], max_tokens=3)
         s.run_until_idle()  # idle at the start (the message is not received yet), then busy
-        s.normal_loop()  # blocks (offline: returns nothing) -> idle again: one line
-        s.normal_loop()  # still idle: no further line
+        s.sync_step()  # blocks (offline: returns nothing) -> idle again: one line
+        s.sync_step()  # still idle: no further line
     idle = [r.getMessage() for r in caplog.records if "scheduler idle" in r.getMessage()]
     # 2 prompt + 3 output tokens: K/V for 4, one whole page of 4, which stays cached
     assert idle == [

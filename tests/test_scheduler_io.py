@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.distributed import DistributedInfo, destroy_process_groups, find_free_port, init_process_groups
+from minisgl.distributed import DistributedInfo, destroy_process_groups, init_process_groups
 from minisgl.message import (
     AbortBackendMsg,
     BaseBackendMsg,
@@ -28,6 +28,7 @@ from minisgl.message import (
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.scheduler.io import SchedulerIOMixin
 from minisgl.utils import ZmqPullQueue, ZmqPushQueue
+from minisgl.utils.host import find_free_port
 
 
 class Recorder(SchedulerIOMixin):

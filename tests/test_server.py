@@ -354,3 +354,53 @@ def test_chat_cli_streams_and_keeps_history(server) -> None:
     assert len(answers) == 2 and "Paris" in answers[0]
     assert "Rome" in answers[1]  # "And of Italy?" only makes sense with the first turn in the history
     assert "(conversation forgotten)" in out.stdout
+
+
+# ---- n > 1, seeds and stop strings that span tokens, against the real model (issue 13) -------------
+
+
+def _completion(server, **kw) -> dict:
+    body = {"model": "smol", "prompt": "Here is a random list of animal names:", "max_tokens": 6, **kw}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_seeded_sampling_repeats_and_choice_i_uses_seed_plus_i(server) -> None:
+    kw = dict(temperature=1.5, top_p=0.95, ignore_eos=True)  # spread enough for 6 tokens to differ
+    two = _completion(server, n=2, seed=5, **kw)
+    texts = [c["text"] for c in two["choices"]]
+    assert [c["index"] for c in two["choices"]] == [0, 1] and all(texts)
+    assert texts[0] != texts[1]  # two choices, two draws
+    assert [c["text"] for c in _completion(server, n=2, seed=5, **kw)["choices"]] == texts  # repeats
+    assert _completion(server, seed=6, **kw)["choices"][0]["text"] == texts[1]  # choice 1: seed 5 + 1
+    assert _completion(server, seed=7, **kw)["choices"][0]["text"] not in texts
+
+
+def test_stop_string_across_a_token_boundary(server) -> None:
+    """A stop string made of the end of one streamed token and the start of the next: the text is
+    cut right before it, finish_reason "stop", streaming or not."""
+    body = {"model": "smol", "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0}
+    r = httpx.post(server.url + "/v1/completions", json={**body, "stream": True}, timeout=120)
+    pieces = [
+        e["choices"][0]["text"]
+        for e in (json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: {"))
+    ]
+    full = "".join(pieces)
+    pairs = [
+        (a, b)
+        for a, b in zip(pieces[:-1], pieces[1:], strict=True)
+        if len(a.strip()) >= 2 and len(b.strip()) >= 2
+    ]
+    assert pairs, pieces
+    a, b = pairs[len(pairs) // 2]
+    stop = a[-2:] + b[:2]  # spans the boundary between two tokens
+    cut = full[: full.index(stop)]
+    assert len(cut) < len(full) - len(stop)
+    r = httpx.post(server.url + "/v1/completions", json={**body, "stop": [stop]}, timeout=120)
+    [choice] = r.json()["choices"]
+    assert (choice["text"], choice["finish_reason"]) == (cut, "stop"), (stop, pieces)
+    r = httpx.post(server.url + "/v1/completions", json={**body, "stop": stop, "stream": True}, timeout=120)
+    events = [json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: {")]
+    assert "".join(e["choices"][0]["text"] for e in events) == cut
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"

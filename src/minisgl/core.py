@@ -53,6 +53,33 @@ class SamplingParams:
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
 
+class RequestRejected(ValueError):
+    """A request that cannot be served as asked; the message is for the client."""
+
+
+def check_request(token_ids: list[int], params: SamplingParams, vocab_size: int, max_seq_len: int) -> None:
+    """Raise RequestRejected saying why a prompt and its sampling parameters cannot run on a model of
+    `vocab_size` tokens and a context of `max_seq_len`: the one check of the tokenizer, the scheduler
+    and the offline LLM."""
+    if not isinstance(params, SamplingParams):
+        raise RequestRejected(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+    if not token_ids:
+        raise RequestRejected("the prompt is empty")
+    bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
+    if bad:
+        raise RequestRejected(f"token ids out of the vocabulary (size {vocab_size}): {bad[:5]}")
+    try:
+        params.validate(vocab_size)
+    except (ValueError, TypeError) as e:
+        raise RequestRejected(str(e)) from None
+    total = len(token_ids) + params.max_tokens
+    if total > max_seq_len:
+        raise RequestRejected(
+            f"the prompt ({len(token_ids)} tokens) plus max_tokens ({params.max_tokens}) is {total} tokens: "
+            f"it exceeds the context length of {max_seq_len} tokens"
+        )
+
+
 # --------------------------------------------------------------------------------------------------
 # The forward context. The engine sets it before each forward pass; attention layers read it, so
 # model code never threads the batch through every call (mini-sglang's "guarded global context").

@@ -1,14 +1,16 @@
 """The CPU attention backend: the torch reference with its fresh-prefill and decode paths replaced.
 
 - float32 with minisgl's C kernels built (`minisgl.kernels`): decode reads each request's K/V
-  straight from its pages (no copy, no padding) and fresh prompts' causal attention runs per request
-  and head in C;
+  straight from its pages (no copy, no padding), and so does prefill over a cached prefix, each new
+  token a query row of the decode kernel that sees its prefix and the new tokens up to itself (many
+  requests with a few new tokens over a long cached prefix, the prefix cache's common case, cost no
+  gather and no padding); fresh prompts' causal attention runs per request and head in C;
 - otherwise (other dtypes, no C compiler): explicit-score matmuls instead of
   `scaled_dot_product_attention`, whose CPU flash kernel is slow for these shapes (a few query rows
   per KV head, or a short causal block): decode over the reference's contiguous copy, fresh prompts
   up to `_MATMUL_PREFILL_MAX` tokens with their G query heads stacked per KV head.
-Prefill over a cached prefix keeps the reference path. Results equal the reference up to float32
-rounding.
+Without the kernels, prefill over a cached prefix keeps the reference path. Results equal the
+reference up to float32 rounding.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from minisgl import kernels
 from minisgl.kvcache import KVPool
 
 from .base import AttnInput
-from .torch_backend import TorchAttentionBackend, _Meta
+from .torch_backend import TorchAttentionBackend, _Meta, _ranges
 
 _MATMUL_PREFILL_MAX = 1024  # fresh prefills longer than this use SDPA (the scores are Hq * n^2 floats)
 
@@ -32,8 +34,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         kernel = self.device.type == "cpu" and self.dtype == torch.float32 and kernels.available()
         self.decode_kernel = kernel  # decode reads the paged pool directly
         self.prefill_kernel = kernel  # fresh prompts' causal attention likewise
-        self._page_rows: torch.Tensor | None = None  # decode kernel: (B, P) int32
-        self._seq_lens: torch.Tensor | None = None  # decode kernel: (B,) int32
+        self._page_rows: torch.Tensor | None = None  # decode kernel: (B, P) int32, extend: (T, P)
+        self._seq_lens: torch.Tensor | None = None  # decode kernel: (B,) int32, extend: (T,)
         self._starts: torch.Tensor | None = None  # prefill kernel: (B + 1,) int64 row offsets
         self._causal: list[torch.Tensor] | None = None  # matmul prefill: additive (G * n, n) per request
         self._scores_mask: torch.Tensor | None = None  # matmul decode: additive (B * Hkv, G, Lmax)
@@ -59,6 +61,16 @@ class CpuAttentionBackend(TorchAttentionBackend):
             self._scores_mask = meta.mask.expand(bsz, hkv, self.group, n).reshape(bsz * hkv, self.group, n)
         return meta
 
+    def _prepare_extend(self, inp: AttnInput, common: dict) -> _Meta:
+        if not self.decode_kernel:
+            return super()._prepare_extend(inp, common)
+        ext = torch.tensor(inp.extend_lens, dtype=torch.int64)  # (B,)
+        cached = torch.tensor(inp.seq_lens, dtype=torch.int64) - ext  # (B,)
+        # New token i of request b is a decode query over its first cached_b + i + 1 positions.
+        self._page_rows = inp.page_rows.repeat_interleave(ext, dim=0).contiguous()  # (T, P)
+        self._seq_lens = (cached.repeat_interleave(ext) + _ranges(ext) + 1).to(torch.int32)  # (T,)
+        return _Meta(kind="extend", **common)
+
     def _causal_masks(self, lens: list[int]) -> list[torch.Tensor]:
         """Per request an additive causal mask (G * n, n), the G query heads of a KV head stacked."""
         neg = torch.finfo(self.dtype).min
@@ -82,15 +94,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, m: _Meta
     ) -> torch.Tensor:
         if self.decode_kernel:
-            return kernels.decode_attention(
-                q.contiguous(),
-                self.pool.k[layer_id],
-                self.pool.v[layer_id],
-                self._page_rows,
-                self._seq_lens,
-                self.pool.page_size,
-                self.head_dim**-0.5,
-            )
+            return self._paged(q, layer_id)  # (T=B, Hq, D)
         bsz, hkv, d, n = m.batch_size, self.num_kv_heads, self.head_dim, m.max_seq_len
         kk, vv = self._decode_kv(k, v, layer_id, m)  # (B, Hkv, Lmax, D)
         kk, vv = kk.reshape(bsz * hkv, n, d), vv.reshape(bsz * hkv, n, d)
@@ -100,6 +104,23 @@ class CpuAttentionBackend(TorchAttentionBackend):
         else:
             s = torch.baddbmm(self._scores_mask, qq, kk.transpose(1, 2), alpha=d**-0.5)
         return torch.bmm(s.softmax(-1), vv).view(bsz, self.num_q_heads, d)  # (T=B, Hq, D)
+
+    def _extend(self, q: torch.Tensor, layer_id: int, m: _Meta) -> torch.Tensor:
+        if not self.decode_kernel:
+            return super()._extend(q, layer_id, m)
+        return self._paged(q, layer_id)  # (T, Hq, D)
+
+    def _paged(self, q: torch.Tensor, layer_id: int) -> torch.Tensor:
+        """The decode kernel over the pool: one query row per entry of _page_rows/_seq_lens."""
+        return kernels.decode_attention(
+            q.contiguous(),
+            self.pool.k[layer_id],
+            self.pool.v[layer_id],
+            self._page_rows,
+            self._seq_lens,
+            self.pool.page_size,
+            self.head_dim**-0.5,
+        )
 
     def _fresh_prefill_matmul(
         self,

@@ -3,8 +3,10 @@ the matmuls, and the torch reference for everything else (other dtypes, no C com
 
 Float32 weights take one of two prepacked paths, each packed lazily and remade whenever the weight
 changes (data pointer or in-place version), so loaders and tests that write `.weight` need not know:
-- decode passes (a few rows): minisgl's streaming kernel (`kernels.packed_matmul`, the weight
-  interleaved 8 columns per k), faster than oneDNN for these skinny GEMMs that wait on memory;
+- decode passes (a few rows) on an AVX2 host: minisgl's streaming kernel (`kernels.packed_matmul`,
+  the weight interleaved 8 columns per k), faster there than oneDNN for these skinny GEMMs that wait
+  on memory. On an AVX-512 host oneDNN's wider kernels win at decode too (16 rows of SmolLM2-135M
+  on a 2-core Xeon: 82 vs 108 ms per step), so decode takes oneDNN's path as well;
 - prefill: oneDNN's prepacked matmul (`torch.ops.mkldnn._linear_pointwise` with a weight reordered
   once by `_reorder_linear_weight`), near the machine's peak for many rows, where MKL's `F.linear` is
   not (on AMD the LM head reached ~4 GB/s).
@@ -27,6 +29,10 @@ from .torch_ops import TorchOps
 _PACK_BATCH_HINT = 64
 
 WeightKey = tuple[int, int, tuple[int, ...]]
+
+# Whether decode passes take minisgl's 8-wide streaming kernel (AVX2 hosts only); fixed per process, so a row's
+# result still never depends on its batch mates.
+SKINNY_DECODE = torch.backends.cpu.get_cpu_capability() == "AVX2"
 
 
 def onednn_linear_available(weight: torch.Tensor) -> bool:
@@ -85,7 +91,7 @@ def packed_linear(
 ) -> torch.Tensor:
     """x (..., in) @ weight^T (+ bias) through the packed copies in `pack` (decode: minisgl's
     streaming kernel; otherwise oneDNN), or `F.linear` when the weight does not qualify."""
-    if decode and x.dim() == 2 and kernels.fits(x):
+    if decode and SKINNY_DECODE and x.dim() == 2 and kernels.fits(x):
         skinny = pack.get_skinny(weight)
         if skinny is not None:
             return kernels.packed_matmul(x, skinny, bias)

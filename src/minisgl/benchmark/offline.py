@@ -62,6 +62,7 @@ def _time_minisgl(
     from minisgl.core import SamplingParams
 
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in output_lens]
+    llm.cache.flush()  # every repeat starts cold: the prefix cache would skip the prompts' prefill
     stats = getattr(llm.engine, "stats", None)
     before = dataclasses.asdict(stats) if stats is not None else {}
     t0, c0 = time.perf_counter(), time.process_time()

@@ -1,26 +1,20 @@
 """Tensor-parallel identity and process groups.
 
 `DistributedInfo(rank, size)` says which rank this process is. `init_process_groups` joins
-torch.distributed and returns the gloo group the scheduler uses for control (message counts); with
-NCCL it also keeps the device group for tensors (`get_device_group()`). One rank needs neither.
+torch.distributed and returns the gloo group the scheduler uses for control (message counts); tensor
+collectives use the default group (NCCL between GPUs, gloo on the CPU). One rank needs neither.
 """
 
 from __future__ import annotations
 
 import datetime
-import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "DistributedInfo",
-    "destroy_process_groups",
-    "find_free_port",
-    "get_device_group",
-    "get_tp_info",
-    "init_process_groups",
-    "set_tp_info",
-]
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+__all__ = ["DistributedInfo", "destroy_process_groups", "init_process_groups"]
 
 
 @dataclass(frozen=True)
@@ -41,36 +35,15 @@ class DistributedInfo:
         return self.rank == 0
 
 
-_TP_INFO: DistributedInfo | None = None
-_DEVICE_GROUP: Any = None
-
-
-def set_tp_info(info: DistributedInfo) -> None:
-    global _TP_INFO
-    _TP_INFO = info
-
-
-def get_tp_info() -> DistributedInfo:
-    """The rank set by `set_tp_info` / `init_process_groups` (one rank of one if none was set)."""
-    return _TP_INFO if _TP_INFO is not None else DistributedInfo(0, 1)
-
-
-def get_device_group() -> Any:
-    """The group for tensor collectives (NCCL on GPUs, gloo on the CPU); None with one rank."""
-    return _DEVICE_GROUP
-
-
 def init_process_groups(
     tp_info: DistributedInfo, init_addr: str, backend: str = "gloo", timeout_s: float = 120.0
-) -> Any:
+) -> ProcessGroup | None:
     """Join the tensor-parallel group at `init_addr` ("tcp://host:port"); return the gloo CPU group.
 
     backend="gloo": one group serves both tensors and control. backend="nccl": the default group is
-    NCCL (kept as the device group) and a separate gloo group carries control messages, so a small
-    CPU broadcast never queues behind GPU work. With one rank nothing is initialised: returns None.
+    NCCL and a separate gloo group carries control messages, so a small CPU broadcast never queues
+    behind GPU work. With one rank nothing is initialised: returns None.
     """
-    global _DEVICE_GROUP
-    set_tp_info(tp_info)
     if tp_info.size == 1:
         return None
     if backend not in ("gloo", "nccl"):
@@ -86,7 +59,6 @@ def init_process_groups(
         world_size=tp_info.size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
-    _DEVICE_GROUP = dist.group.WORLD
     if backend == "gloo":
         return dist.group.WORLD
     return dist.new_group(backend="gloo")
@@ -94,16 +66,7 @@ def init_process_groups(
 
 def destroy_process_groups() -> None:
     """Leave torch.distributed if it was joined (safe to call always)."""
-    global _DEVICE_GROUP
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-    _DEVICE_GROUP = None
-
-
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now (for `tcp://127.0.0.1:PORT` rendezvous in tests and examples)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]

@@ -6,7 +6,6 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -20,30 +19,28 @@ __all__ = ["DummyEngine", "Engine", "EngineOptions", "Sampler", "create_engine"]
 logger = logging.getLogger(__name__)
 
 
-def create_engine(config: Any) -> Engine | DummyEngine:
-    """Build the engine a SchedulerConfig asks for (loads the model unless `engine == "dummy"`)."""
-    options = EngineOptions.from_config(config)
-    tp_info = getattr(config, "tp_info", None)
-    if options.device == "cuda" and tp_info is not None and tp_info.size > 1:
+def create_engine(options: EngineOptions) -> Engine | DummyEngine:
+    """Build the engine `options` ask for (a SchedulerConfig is one); loads the model unless
+    `engine == "dummy"`."""
+    tp_info = options.tp_info
+    if options.device == "cuda" and tp_info.size > 1:
         options = dataclasses.replace(options, device=f"cuda:{tp_info.rank}")
-    if getattr(config, "engine", "model") == "dummy":
-        step_ms = getattr(config, "dummy_step_ms", 0.0)
-        return DummyEngine(options, step_ms=step_ms, **_dummy_model_info(config.model_path))
+    if options.engine == "dummy":
+        return DummyEngine(options, step_ms=options.dummy_step_ms, **_dummy_model_info(options.model_path))
     from minisgl.models import load_model, resolve_model_path
 
-    dummy = getattr(config, "dummy_weights", False)
-    model_dir = resolve_model_path(config.model_path, require_weights=not dummy)
+    model_dir = resolve_model_path(options.model_path, require_weights=not options.dummy_weights)
     model, model_config = load_model(
         model_dir,
         options.dtype,
         torch.device(options.device),
         tp_info=tp_info,
-        dummy=dummy,
+        dummy=options.dummy_weights,
     )
     return Engine(model, model_config, options)
 
 
-def _dummy_model_info(model_path: str | None) -> dict[str, Any]:
+def _dummy_model_info(model_path: str) -> dict[str, int | list[int]]:
     """Vocabulary size, EOS ids and context of the named model, read from its config.json only
     (the dummy engine must agree with the tokenizer); defaults when there is no such file."""
     try:
@@ -55,7 +52,10 @@ def _dummy_model_info(model_path: str | None) -> dict[str, Any]:
         return {}
     eos = cfg.get("eos_token_id")
     eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
-    info: dict[str, Any] = {"vocab_size": int(cfg.get("vocab_size", 32000)), "eos_token_ids": eos_ids}
+    info: dict[str, int | list[int]] = {
+        "vocab_size": int(cfg.get("vocab_size", 32000)),
+        "eos_token_ids": eos_ids,
+    }
     if cfg.get("max_position_embeddings"):
         info["max_position_embeddings"] = int(cfg["max_position_embeddings"])
     return info

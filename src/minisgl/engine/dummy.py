@@ -26,7 +26,6 @@ class DummyEngine:
         max_position_embeddings: int = 8192,
         step_ms: float = 0.0,
     ) -> None:
-        options.validate()
         if step_ms < 0:
             raise ValueError(f"step_ms must be >= 0, got {step_ms}")
         self.step_s = step_ms / 1000.0  # a stand-in for the model's time per step

@@ -74,7 +74,6 @@ class EngineStats:
 
 class Engine:
     def __init__(self, model: torch.nn.Module, model_config: Any, options: EngineOptions) -> None:
-        options.validate()
         self.options = options
         self.model = model
         self.model_config = model_config

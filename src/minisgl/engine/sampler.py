@@ -29,20 +29,46 @@ class Sampler:
         params: list[SamplingParams],
         generators: list[torch.Generator | None],
     ) -> torch.Tensor:  # (B,) int64
-        greedy = [p.is_greedy for p in params]
-        if all(greedy):  # the fast path: no softmax, no sort, no random numbers
+        kinds = [_kind(p) for p in params]
+        if all(k == "greedy" for k in kinds):  # the fast path: no softmax, no sort, no random numbers
             return logits.argmax(dim=-1)
+        # Each row by the method its own parameters call for, so that a seeded row's token never
+        # depends on its batch mates; greedy rows keep their argmax.
         out = logits.argmax(dim=-1)
-        rows = [i for i, g in enumerate(greedy) if not g]
-        idx = torch.tensor(rows, device=logits.device)
-        picked = self._sample_rows(
-            logits.index_select(0, idx), [params[i] for i in rows], [generators[i] for i in rows]
-        )
-        return out.index_copy_(0, idx, picked)
+        for kind, method in (("full", self._sample_full), ("sorted", self._sample_sorted)):
+            rows = [i for i, k in enumerate(kinds) if k == kind]
+            if len(rows) == len(params):
+                return method(logits, params, generators)
+            if rows:
+                idx = torch.tensor(rows, device=logits.device)
+                picked = method(
+                    logits.index_select(0, idx), [params[i] for i in rows], [generators[i] for i in rows]
+                )
+                out.index_copy_(0, idx, picked)
+        return out
 
-    def _sample_rows(
+    def _sample_full(
         self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
     ) -> torch.Tensor:
+        """No top-k, no top-p: the inverse CDF over the whole vocabulary in its own order, no sort
+        (the sort of a (B, V) block dominated CPU steps at large batches)."""
+        dev, f32 = logits.device, torch.float32
+        temps = torch.tensor([p.temperature for p in params], device=dev, dtype=f32)
+        # (n, V). A row with NaN or +inf logits (or all -inf) has no mass: it takes its argmax below.
+        probs = (logits.to(f32) / temps[:, None]).softmax(dim=-1).nan_to_num_(nan=0.0)
+        cdf = probs.cumsum(dim=-1)  # (n, V)
+        mass = cdf[:, -1]  # (n,)
+        u = self._uniforms(generators, dev) * mass  # (n,) in [0, mass)
+        choice = torch.searchsorted(cdf, u[:, None], right=True).squeeze(1)  # (n,)
+        # Rounding can put u at the very top of the CDF: never past the last token with mass.
+        last_kept = (probs > 0).cumsum(dim=-1).argmax(dim=-1)  # (n,) the first index of the max count
+        choice = torch.minimum(choice, last_kept)
+        return torch.where(mass > 0, choice, logits.argmax(dim=-1))
+
+    def _sample_sorted(
+        self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    ) -> torch.Tensor:
+        """Top-k and top-p: the inverse CDF over the tokens sorted by probability."""
         n, vocab = logits.shape
         dev = logits.device
         f32 = torch.float32  # whatever the logits' dtype, 1/T and the CDF need float32's range
@@ -77,3 +103,10 @@ class Sampler:
             if g is not None:
                 u[i] = torch.rand(1, generator=g, device=dev, dtype=torch.float64)[0]
         return u.to(torch.float32)
+
+
+def _kind(p: SamplingParams) -> str:
+    """greedy: argmax; full: the whole vocabulary's CDF (no top-k, no top-p); sorted: top-k/top-p."""
+    if p.is_greedy:
+        return "greedy"
+    return "full" if p.top_p >= 1.0 and p.top_k < 0 else "sorted"

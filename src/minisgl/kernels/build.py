@@ -20,6 +20,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from minisgl.utils.host import cache_dir
+
 logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("cpu_kernels.c")
@@ -52,11 +54,6 @@ _SIGNATURES: dict[str, list] = {
 _VOID = {"minisgl_add_rmsnorm", "minisgl_rope_split", "minisgl_silu_mul", "minisgl_pack_weight"}
 
 
-def _cache_root() -> Path:
-    root = os.environ.get("MINISGL_CACHE_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "minisgl"
-
-
 def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
 
@@ -64,7 +61,7 @@ def _compiler() -> str | None:
 def _build(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256("\0".join([_SOURCE.read_text(), version, *_FLAGS]).encode()).hexdigest()[:16]
-    out_dir = _cache_root() / "kernels" / key
+    out_dir = cache_dir() / "kernels" / key
     lib = out_dir / "libminisgl_cpu.so"
     if lib.exists():
         return lib

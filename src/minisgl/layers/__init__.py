@@ -5,7 +5,6 @@ from minisgl.layers.embedding import Embedding, LMHead, vocab_shard
 from minisgl.layers.linear import Linear, RowParallelLinear
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding, rope_inv_freq
-from minisgl.layers.tp import TPInfo, as_tp_info
 
 __all__ = [
     "AttentionLayer",
@@ -15,8 +14,6 @@ __all__ = [
     "RMSNorm",
     "RotaryEmbedding",
     "RowParallelLinear",
-    "TPInfo",
-    "as_tp_info",
     "rope_inv_freq",
     "vocab_shard",
 ]

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.backends import OpsUser
-from minisgl.layers.tp import TPInfo, all_gather_last_dim
+from minisgl.distributed import DistributedInfo
+from minisgl.layers.tp import all_gather_last_dim
 
 
 class Embedding(nn.Module):
@@ -23,7 +24,7 @@ class Embedding(nn.Module):
         return F.embedding(ids, self.weight)
 
 
-def vocab_shard(vocab_size: int, tp: TPInfo) -> tuple[int, int, int]:
+def vocab_shard(vocab_size: int, tp: DistributedInfo) -> tuple[int, int, int]:
     """(start, rows this rank holds, padded rows per rank): the last shard is zero-padded to equal width."""
     per_rank = -(-vocab_size // tp.size)
     start = per_rank * tp.rank
@@ -34,7 +35,12 @@ class LMHead(nn.Module, OpsUser):
     """hidden -> float32 logits. With N ranks each holds ceil(V/N) vocab rows; the logits are all-gathered."""
 
     def __init__(
-        self, vocab_size: int, hidden: int, tp: TPInfo, dtype: torch.dtype, device: torch.device | str
+        self,
+        vocab_size: int,
+        hidden: int,
+        tp: DistributedInfo,
+        dtype: torch.dtype,
+        device: torch.device | str,
     ) -> None:
         super().__init__()
         self.vocab_size = vocab_size

@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from minisgl.backends import OpsUser
+from minisgl.distributed import DistributedInfo
 from minisgl.layers.norm import RMSNorm
-from minisgl.layers.tp import TPInfo, all_reduce
+from minisgl.layers.tp import all_reduce
 
 
 class Linear(nn.Module, OpsUser):
@@ -47,7 +48,7 @@ class RowParallelLinear(Linear):
         in_features: int,
         out_features: int,
         bias: bool,
-        tp: TPInfo,
+        tp: DistributedInfo,
         dtype: torch.dtype,
         device: torch.device | str,
     ) -> None:

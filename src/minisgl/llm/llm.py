@@ -8,31 +8,14 @@ from typing import Any
 
 import torch
 
-from minisgl.core import SamplingParams
+from minisgl.core import RequestRejected, SamplingParams, check_request
+from minisgl.engine.options import resolve_device, resolve_dtype
 from minisgl.message import BaseBackendMsg, BaseTokenizerMsg, DetokenizeMsg, ErrorMsg, UserMsg
 from minisgl.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
 Prompts = str | list[str] | list[int] | list[list[int]]
-
-
-def _pick_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
-def _pick_dtype(dtype: Any, device: str) -> torch.dtype:
-    if dtype is None or dtype == "auto":
-        return torch.float32 if device == "cpu" else torch.bfloat16
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r} (choose from {sorted(_DTYPES)})")
-    return _DTYPES[dtype]
 
 
 class LLM(Scheduler):
@@ -47,8 +30,8 @@ class LLM(Scheduler):
         from minisgl.scheduler.config import SchedulerConfig
         from minisgl.utils.hf import load_tokenizer
 
-        device = _pick_device(str(options.pop("device", "auto")))
-        dtype = _pick_dtype(options.pop("dtype", None), device)
+        device = resolve_device(str(options.pop("device", "auto")))
+        dtype = resolve_dtype(options.pop("dtype", None), device)
         model_dir = resolve_model_path(model, require_weights=not options.get("dummy_weights", False))
         known = {f.name for f in dataclasses.fields(SchedulerConfig)}
         unknown = sorted(set(options) - known)
@@ -126,22 +109,10 @@ class LLM(Scheduler):
         return list(prompt)
 
     def _check(self, i: int, ids: list[int], params: SamplingParams) -> None:
-        if not ids:
-            raise ValueError(f"prompt {i} is empty")
-        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
-            bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < self.vocab_size)][:5]
-            raise ValueError(f"prompt {i}: token ids out of the vocabulary (size {self.vocab_size}): {bad}")
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params {i} must be a SamplingParams, got {type(params).__name__}")
         try:
-            params.validate(self.vocab_size)
-        except ValueError as e:
-            raise ValueError(f"prompt {i}: {e}") from None
-        if len(ids) + params.max_tokens > self.max_seq_len:
-            raise ValueError(
-                f"prompt {i}: {len(ids)} prompt tokens + max_tokens {params.max_tokens} exceed the "
-                f"context length of {self.max_seq_len} tokens"
-            )
+            check_request(ids, params, self.vocab_size, self.max_seq_len)
+        except RequestRejected as e:
+            raise RequestRejected(f"prompt {i}: {e}") from None
 
     def _run(self, token_lists: list[list[int]], params: list[SamplingParams]) -> list[dict[str, Any]]:
         uids = []

@@ -5,7 +5,7 @@ from minisgl.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, ModelCon
 from minisgl.models.gguf_convert import GGUFConversionError
 from minisgl.models.llama import LlamaForCausalLM
 from minisgl.models.loader import fill_dummy_weights, load_model
-from minisgl.models.resolve import cache_root, embedded_gguf_path, resolve_model_path
+from minisgl.models.resolve import embedded_gguf_path, resolve_model_path
 from minisgl.models.weights import WeightLoadError
 
 __all__ = [
@@ -15,7 +15,6 @@ __all__ = [
     "ModelConfig",
     "ModelConfigError",
     "WeightLoadError",
-    "cache_root",
     "embedded_gguf_path",
     "fill_dummy_weights",
     "load_model",

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from minisgl.backends import OpsUser
+from minisgl.distributed import DistributedInfo
 from minisgl.layers import (
     AttentionLayer,
     Embedding,
@@ -20,7 +21,6 @@ from minisgl.layers import (
     RMSNorm,
     RotaryEmbedding,
     RowParallelLinear,
-    TPInfo,
     vocab_shard,
 )
 from minisgl.models.config import ModelConfig
@@ -32,7 +32,7 @@ Device = torch.device | str
 class HeadLayout:
     """Which q and kv heads this rank holds. kv heads are replicated when there are fewer than ranks."""
 
-    def __init__(self, cfg: ModelConfig, tp: TPInfo) -> None:
+    def __init__(self, cfg: ModelConfig, tp: DistributedInfo) -> None:
         n = tp.size
         if cfg.num_heads % n:
             raise ValueError(
@@ -62,7 +62,7 @@ class Attention(nn.Module, OpsUser):
         cfg: ModelConfig,
         layer_id: int,
         heads: HeadLayout,
-        tp: TPInfo,
+        tp: DistributedInfo,
         dtype: torch.dtype,
         device: Device,
     ) -> None:
@@ -103,7 +103,7 @@ class Attention(nn.Module, OpsUser):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPInfo, dtype: torch.dtype, device: Device) -> None:
+    def __init__(self, cfg: ModelConfig, tp: DistributedInfo, dtype: torch.dtype, device: Device) -> None:
         super().__init__()
         inter = cfg.intermediate_size // tp.size
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * inter, False, dtype, device)
@@ -120,7 +120,7 @@ class DecoderLayer(nn.Module):
         cfg: ModelConfig,
         layer_id: int,
         heads: HeadLayout,
-        tp: TPInfo,
+        tp: DistributedInfo,
         dtype: torch.dtype,
         device: Device,
     ) -> None:
@@ -142,7 +142,7 @@ class DecoderModel(nn.Module):
     """The `model.` part of the checkpoint: embedding, layers, final norm."""
 
     def __init__(
-        self, cfg: ModelConfig, heads: HeadLayout, tp: TPInfo, dtype: torch.dtype, device: Device
+        self, cfg: ModelConfig, heads: HeadLayout, tp: DistributedInfo, dtype: torch.dtype, device: Device
     ) -> None:
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype, device)
@@ -155,7 +155,7 @@ class DecoderModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Runs Llama, Mistral, Qwen2 and Qwen3 checkpoints (the differences are flags in ModelConfig)."""
 
-    def __init__(self, cfg: ModelConfig, tp: TPInfo, dtype: torch.dtype, device: Device) -> None:
+    def __init__(self, cfg: ModelConfig, tp: DistributedInfo, dtype: torch.dtype, device: Device) -> None:
         super().__init__()
         self.config, self.tp, self.dtype = cfg, tp, dtype
         self.heads = HeadLayout(cfg, tp)

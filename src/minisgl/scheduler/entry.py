@@ -4,27 +4,35 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import Any
+import socket
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
 import torch
 
 from minisgl.utils.handshake import send_status
 
+from .config import SchedulerConfig
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from .scheduler import Scheduler
+
 logger = logging.getLogger(__name__)
 
-_KEEP_ALIVE: list[Any] = []
+_KEEP_ALIVE: list[socket.socket] = []
 
 
-def init_distributed(config: Any) -> Any:
+def init_distributed(config: SchedulerConfig) -> ProcessGroup | None:
     """Join the tensor-parallel group when there is more than one rank; return the CPU (gloo) group.
 
     Tensors travel on the default group (NCCL between GPUs, gloo on the CPU); the scheduler's small
     control messages (message counts) always go over a gloo group.
     """
-    from minisgl.distributed import init_process_groups, set_tp_info
+    from minisgl.distributed import init_process_groups
 
     tp = config.tp_info
-    set_tp_info(tp)
     if tp.size == 1:
         return None
     on_gpu = str(config.device).startswith("cuda")
@@ -33,7 +41,7 @@ def init_distributed(config: Any) -> Any:
     return init_process_groups(tp, config.dist_init_addr, backend="nccl" if on_gpu else "gloo")
 
 
-def run_scheduler(config: Any, ready_conn: Any) -> None:
+def run_scheduler(config: SchedulerConfig, ready_conn: Connection) -> None:
     """Build the scheduler, report ("ready", info) or ("error", why) on `ready_conn`, then serve until
     an ExitMsg or SIGTERM."""
     from .scheduler import Scheduler
@@ -56,13 +64,13 @@ def run_scheduler(config: Any, ready_conn: Any) -> None:
     except KeyboardInterrupt:
         logger.info("scheduler rank %d: interrupted", rank)
     finally:
-        _close_sockets(scheduler)
+        scheduler.stop_io()
         from minisgl.distributed import destroy_process_groups
 
         destroy_process_groups()
 
 
-def _exit_on_sigterm(config: Any, scheduler: Any) -> None:
+def _exit_on_sigterm(config: SchedulerConfig, scheduler: Scheduler) -> None:
     """Turn SIGTERM into an ExitMsg sent to rank 0's own input.
 
     A Python signal handler only runs in the main thread between bytecodes, so it cannot wake a
@@ -73,7 +81,6 @@ def _exit_on_sigterm(config: Any, scheduler: Any) -> None:
     scheduler's sends to stop waiting: a send to a detokenizer that already exited would otherwise
     wait for it (up to its timeout) before the loop could read the ExitMsg.
     """
-    import socket
     import threading
 
     from minisgl.message import BaseBackendMsg, ExitMsg
@@ -103,17 +110,3 @@ def _exit_on_sigterm(config: Any, scheduler: Any) -> None:
                 return
 
     threading.Thread(target=watch, name="sigterm-watch", daemon=True).start()
-
-
-def _close_sockets(scheduler: Any) -> None:
-    """Stop every ZMQ queue the IO mixin opened (it names them `_send_*` / `_recv_*`)."""
-    stop = getattr(scheduler, "stop_io", None)
-    if callable(stop):
-        stop()
-        return
-    for name, value in vars(scheduler).items():
-        if name.startswith(("_send_", "_recv_")) and hasattr(value, "stop"):
-            try:
-                value.stop()
-            except Exception:
-                logger.exception("closing %s", name)

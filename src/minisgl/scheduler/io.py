@@ -18,34 +18,23 @@ forwarding or counting, so no rank ever sees them and the ranks cannot diverge. 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from minisgl.message import (
-    BaseBackendMsg,
-    BaseTokenizerMsg,
-    BatchBackendMsg,
-    BatchTokenizerMsg,
-    MessageDecodeError,
-)
+from minisgl.message import BaseBackendMsg, BaseTokenizerMsg, BatchTokenizerMsg, MessageDecodeError
 from minisgl.utils import ZmqPubQueue, ZmqPullQueue, ZmqPushQueue, ZmqSubQueue, init_logger
+from minisgl.utils.batch import one_or_batch, unbatch
 from minisgl.utils.mp import PEER_SEND_TIMEOUT_S
 
 from .config import SchedulerConfig
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
 logger = init_logger(__name__)
 
-
-def flatten_backend_msgs(msgs: list[BaseBackendMsg]) -> list[BaseBackendMsg]:
-    """Members of (nested) batches in order; other messages as they are."""
-    out: list[BaseBackendMsg] = []
-    for msg in msgs:
-        if isinstance(msg, BatchBackendMsg):
-            out.extend(flatten_backend_msgs(msg.data))
-        else:
-            out.append(msg)
-    return out
+Queue = TypeVar("Queue", ZmqPullQueue, ZmqPushQueue, ZmqPubQueue, ZmqSubQueue)
 
 
 class SchedulerIOMixin:
@@ -54,11 +43,11 @@ class SchedulerIOMixin:
 
     subscriber_timeout_s: float = 120.0  # rank 0 waits this long for the other ranks to subscribe
 
-    def __init__(self, config: SchedulerConfig, tp_cpu_group: Any) -> None:
+    def __init__(self, config: SchedulerConfig, tp_cpu_group: ProcessGroup | None) -> None:
         self.tp_cpu_group = tp_cpu_group
-        self._io_queues: list[Any] = []
+        self._io_queues: list[ZmqPullQueue | ZmqPushQueue | ZmqPubQueue | ZmqSubQueue] = []
         if config.offline_mode:  # the offline LLM class does its own IO: no sockets at all
-            self.receive_msg = self.offline_receive_msg
+            self.receive_msg = self._recv_msg_offline
             self.send_result = self.offline_send_result
             return
         try:
@@ -108,7 +97,7 @@ class SchedulerIOMixin:
         self.receive_msg = recv
         self.send_result = send
 
-    def _keep(self, queue: Any) -> Any:
+    def _keep(self, queue: Queue) -> Queue:
         self._io_queues.append(queue)
         return queue
 
@@ -138,6 +127,9 @@ class SchedulerIOMixin:
                 logger.exception("closing %s", getattr(q, "addr", q))
 
     # -- receiving ---------------------------------------------------------------------------------
+    def _recv_msg_offline(self, blocking: bool = False) -> list[BaseBackendMsg]:
+        return unbatch(self.offline_receive_msg(blocking))
+
     def _decode_or_drop(self, raw: bytes) -> BaseBackendMsg | None:
         try:
             return self._recv_from_tokenizer.decode(raw)
@@ -172,7 +164,7 @@ class SchedulerIOMixin:
             self.run_when_idle()
             msgs.append(self._get_first_valid()[1])
         msgs += self._drain_valid()[1]  # then take what has arrived, without waiting
-        return flatten_backend_msgs(msgs)
+        return unbatch(msgs)
 
     def _recv_msg_multi_rank0(self, blocking: bool = False) -> list[BaseBackendMsg]:
         import torch.distributed as dist
@@ -188,7 +180,7 @@ class SchedulerIOMixin:
         dist.broadcast(count, src=0, group=self.tp_cpu_group)  # how many the other ranks must take
         for raw in raws:
             self._send_into_ranks.put_raw(raw)  # the same bytes: no re-encoding, no drift
-        return flatten_backend_msgs(msgs + drained)
+        return unbatch(msgs + drained)
 
     def _recv_msg_multi_rank1(self, blocking: bool = False) -> list[BaseBackendMsg]:
         import torch.distributed as dist
@@ -201,7 +193,7 @@ class SchedulerIOMixin:
         dist.broadcast(count, src=0, group=self.tp_cpu_group)
         for _ in range(int(count)):
             msgs += self._get_from_rank0()
-        return flatten_backend_msgs(msgs)
+        return unbatch(msgs)
 
     def _get_from_rank0(self) -> list[BaseBackendMsg]:
         raw = self._recv_from_rank0.get_raw()
@@ -213,10 +205,8 @@ class SchedulerIOMixin:
 
     # -- replying ----------------------------------------------------------------------------------
     def _reply_tokenizer_rank0(self, reply: list[BaseTokenizerMsg]) -> None:
-        if len(reply) == 1:
-            self._send_into_tokenizer.put(reply[0])
-        elif len(reply) > 1:
-            self._send_into_tokenizer.put(BatchTokenizerMsg(data=list(reply)))
+        if reply:
+            self._send_into_tokenizer.put(one_or_batch(list(reply), BatchTokenizerMsg))
 
     def _reply_tokenizer_rank1(self, reply: list[BaseTokenizerMsg]) -> None:
         """Other ranks sampled the same tokens: rank 0's reply is enough."""

@@ -1,17 +1,17 @@
 """The scheduler: turns a stream of backend messages into batches for the engine, and tokens into replies.
 
-One loop iteration (`normal_loop`): take the messages that arrived (blocking only when there is no
+One loop iteration (`sync_step`): take the messages that arrived (blocking only when there is no
 work), run one batch — a prefill batch if any prefill can run (chunked under `max_prefill_tokens`),
 otherwise one decode step of every running request in uid order — and send that step's replies.
 
-Overlap scheduling (`overlap_loop`, on by default on a GPU): the loop launches step N+1 before it
+Overlap scheduling (`overlap_step`, on by default on a GPU): the loop launches step N+1 before it
 waits for step N's tokens, so the host prepares the next batch while the device computes. A request
 whose token is still on the device is `pending`: the next decode step feeds that token from the
 device, and its results are processed one step late. A request that will reach max_tokens with its
 pending token is left out of the next step; one that stops on an EOS id, or is aborted, is known only
 when its token arrives, so the step launched meanwhile computes one token for it that is dropped.
 Launching a step (`_on_launch`) and taking its tokens (`_on_result`) are the same two functions in
-both loops.
+both.
 
 Everything is deterministic (no clocks, no set or dict iteration order, no rank-dependent state), so
 every tensor-parallel rank, fed the same messages, makes the same decisions and KV placements.
@@ -39,18 +39,18 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl.core import Batch, Req, SamplingParams
+from minisgl.core import Batch, Req, RequestRejected, check_request
 from minisgl.engine import DummyEngine, Engine, create_engine
 from minisgl.engine.engine import StepOutput
 from minisgl.kvcache import create_prefix_cache
 from minisgl.message import (
     AbortBackendMsg,
+    BaseBackendMsg,
     BaseTokenizerMsg,
-    BatchBackendMsg,
     DetokenizeMsg,
     ErrorMsg,
     ExitMsg,
@@ -58,9 +58,13 @@ from minisgl.message import (
 )
 
 from .cache import CacheManager
+from .config import SchedulerConfig
 from .decode import DecodeManager
 from .io import SchedulerIOMixin
 from .prefill import PrefillManager
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +73,10 @@ _REMEMBERED_UIDS = 4096  # aborts for not-yet-seen uids, and recently finished u
 
 class Scheduler(SchedulerIOMixin):
     def __init__(
-        self, config: Any, tp_cpu_group: Any = None, engine: Engine | DummyEngine | None = None
+        self,
+        config: SchedulerConfig,
+        tp_cpu_group: ProcessGroup | None = None,
+        engine: Engine | DummyEngine | None = None,
     ) -> None:
         self.config = config
         torch.manual_seed(config.seed)
@@ -78,8 +85,7 @@ class Scheduler(SchedulerIOMixin):
         self.max_seq_len: int = self.engine.max_seq_len
         self.vocab_size: int = self.engine.vocab_size
         self.eos_ids: frozenset[int] = frozenset(self.engine.eos_token_ids)
-        self.cache_type: str = getattr(config, "cache_type", "radix")
-        self.cache = CacheManager(self.table, create_prefix_cache(self.cache_type, self.table.page_size))
+        self.cache = CacheManager(self.table, create_prefix_cache(config.cache_type, self.table.page_size))
         self.prefill = PrefillManager(self.cache, config.max_prefill_tokens)
         self.decode = DecodeManager()
         self._pending_aborts: OrderedDict[int, None] = OrderedDict()  # aborts that beat their request
@@ -96,7 +102,7 @@ class Scheduler(SchedulerIOMixin):
         super().__init__(config, tp_cpu_group)
 
     # -- public ---------------------------------------------------------------------------------------
-    def info(self) -> dict[str, Any]:
+    def info(self) -> dict[str, int | str | list[int]]:
         """What the launcher and the tokenizer need to know (sent with "ready")."""
         return {
             "max_seq_len": self.max_seq_len,
@@ -106,7 +112,7 @@ class Scheduler(SchedulerIOMixin):
             "eos_token_ids": sorted(self.eos_ids),
             "max_running_requests": self.config.max_running_requests,
             "max_prefill_tokens": self.prefill.max_prefill_tokens,
-            "cache_type": self.cache_type,
+            "cache_type": self.config.cache_type,
         }
 
     def run_forever(self) -> None:
@@ -115,9 +121,9 @@ class Scheduler(SchedulerIOMixin):
 
     def step(self) -> None:
         """One iteration of the loop this scheduler runs (overlapped or not)."""
-        (self.overlap_loop if self.overlap else self.normal_loop)()
+        (self.overlap_step if self.overlap else self.sync_step)()
 
-    def normal_loop(self) -> None:
+    def sync_step(self) -> None:
         """One iteration: messages in, at most one batch run, that step's replies out."""
         self._take_messages(blocking=not self.has_work())
         batch = self._schedule()
@@ -128,7 +134,7 @@ class Scheduler(SchedulerIOMixin):
             self._on_result(batch, tokens)
         self._send_replies()
 
-    def overlap_loop(self) -> None:
+    def overlap_step(self) -> None:
         """One iteration: messages in, the next batch launched, the previous batch's tokens taken (the
         only wait), their replies out."""
         self._take_messages(blocking=not self.has_work() and self._in_flight is None)
@@ -145,7 +151,7 @@ class Scheduler(SchedulerIOMixin):
         self._send_replies()
 
     def _take_messages(self, blocking: bool) -> None:
-        for msg in _flatten(self.receive_msg(blocking=blocking)):
+        for msg in self.receive_msg(blocking=blocking):
             self._handle(msg)
 
     def _send_replies(self) -> None:
@@ -181,7 +187,7 @@ class Scheduler(SchedulerIOMixin):
         self.cache.check_integrity(live)
 
     # -- messages -------------------------------------------------------------------------------------
-    def _handle(self, msg: Any) -> None:
+    def _handle(self, msg: BaseBackendMsg) -> None:
         if isinstance(msg, UserMsg):
             self._on_user(msg)
         elif isinstance(msg, AbortBackendMsg):
@@ -199,38 +205,19 @@ class Scheduler(SchedulerIOMixin):
             self._replies.append(DetokenizeMsg(uid, -1, True, "abort"))
             return
         try:
+            if self._is_live(uid):
+                raise RequestRejected(f"request id {uid} is already in use")
             token_ids = _token_list(msg.input_ids)
-            error = self._check_request(uid, token_ids, msg.sampling_params)
+            check_request(token_ids, msg.sampling_params, self.vocab_size, self.max_seq_len)
+        except RequestRejected as e:
+            error = str(e)
         except Exception as e:  # a malformed field: reject it, never crash
             error = f"malformed request: {e}"
-        if error:
-            logger.info("scheduler: rejected request %d: %s", uid, error)
-            self._replies.append(ErrorMsg(uid, error))
+        else:
+            self.prefill.add(Req(uid=uid, token_ids=token_ids, sampling_params=msg.sampling_params))
             return
-        self.prefill.add(Req(uid=uid, token_ids=token_ids, sampling_params=msg.sampling_params))
-
-    def _check_request(self, uid: int, token_ids: list[int], params: SamplingParams) -> str:
-        """Why request `uid` cannot run, or "" if it can."""
-        if not isinstance(params, SamplingParams):
-            return "sampling_params is missing or malformed"
-        if self._is_live(uid):
-            return f"request id {uid} is already in use"
-        if not token_ids:
-            return "the prompt is empty"
-        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            return f"token ids out of the vocabulary (size {self.vocab_size}): {bad[:5]}"
-        try:
-            params.validate(self.vocab_size)
-        except (ValueError, TypeError) as e:
-            return str(e)
-        total = len(token_ids) + params.max_tokens
-        if total > self.max_seq_len:
-            return (
-                f"the prompt ({len(token_ids)} tokens) plus max_tokens ({params.max_tokens}) is {total} "
-                f"tokens, more than the context length of {self.max_seq_len} tokens"
-            )
-        return ""
+        logger.info("scheduler: rejected request %d: %s", uid, error)
+        self._replies.append(ErrorMsg(uid, error))
 
     def _is_live(self, uid: int) -> bool:
         if uid in self.decode.running:
@@ -352,34 +339,17 @@ class Scheduler(SchedulerIOMixin):
             self._under_pressure = False
         _remember(self._recent_done, req.uid)
 
-    # -- offline mode hooks (the LLM class overrides them) -------------------------------------------
-    def offline_receive_msg(self, blocking: bool = False) -> list[Any]:
-        raise NotImplementedError("offline mode needs a subclass (minisgl.LLM) to feed messages")
 
-    def offline_send_result(self, reply: list[BaseTokenizerMsg]) -> None:
-        raise NotImplementedError("offline mode needs a subclass (minisgl.LLM) to take results")
-
-
-def _overlap_enabled(config: Any, engine: Engine | DummyEngine) -> bool:
+def _overlap_enabled(config: SchedulerConfig, engine: Engine | DummyEngine) -> bool:
     """`config.overlap_schedule`: None = on when the engine runs on a GPU (on a CPU a step returns
     only once computed, so there is nothing to overlap); the dummy engine never overlaps."""
     if not isinstance(engine, Engine):
         return False
-    choice = getattr(config, "overlap_schedule", None)
-    return engine.device.type == "cuda" if choice is None else bool(choice)
+    choice = config.overlap_schedule
+    return engine.device.type == "cuda" if choice is None else choice
 
 
-def _flatten(msgs: list[Any]) -> list[Any]:
-    out: list[Any] = []
-    for m in msgs:
-        if isinstance(m, BatchBackendMsg):
-            out.extend(_flatten(list(m.data)))
-        else:
-            out.append(m)
-    return out
-
-
-def _token_list(ids: Any) -> list[int]:
+def _token_list(ids: torch.Tensor | list[int]) -> list[int]:
     if isinstance(ids, torch.Tensor):
         if ids.dim() != 1 or ids.dtype.is_floating_point:
             raise ValueError(

@@ -1,9 +1,11 @@
 """The HTTP API: OpenAI-compatible chat and text completions, the native `/generate`, health,
 models and Prometheus metrics.
 
-`create_app(state)` builds the FastAPI app around a `FrontendManager` (which talks to the workers)
-and a `ServerState` (health, model names); the launcher runs it under uvicorn, the unit tests run
-it against a fake backend. Every error, a client's or ours, is answered in OpenAI's shape
+Each route is a module-level function on `router`. What the routes share lives in a `ServerState`
+(health, model names, and the `FrontendManager` that talks to the workers) on `app.state.server`;
+a route receives it through the `State` dependency, so a test can call a route with a state of its
+own. `create_app(state)` builds the FastAPI app; the launcher runs it under uvicorn, the unit tests
+run it against a fake backend. Every error, a client's or ours, is answered in OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}`; a client's mistake is never a 500.
 
 A request with `n` choices (times the number of prompts) becomes that many scheduler requests, each
@@ -21,18 +23,19 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from minisgl.core import SamplingParams
 
-from .frontend import Chunk, FrontendManager, Overloaded, RequestError, RequestStream
+from .frontend import Chunk, FrontendManager, Overloaded, RequestError, RequestStream, TokenizerPrompt
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 logger = logging.getLogger("minisgl.server")
@@ -41,10 +44,13 @@ _DISCONNECT_POLL_S = 0.25
 DEFAULT_MAX_REQUEST_BYTES = 8 * 2**20
 DEFAULT_TOKENIZE_TIMEOUT_S = 60.0
 
+T = TypeVar("T")
+JSONObject = dict[str, object]
+
 
 @dataclass
 class ServerState:
-    """What the endpoints need besides the manager; `status` drives /health."""
+    """What the routes need besides the request; `status` drives /health."""
 
     manager: FrontendManager
     model_name: str
@@ -58,6 +64,15 @@ class ServerState:
 
     def knows_model(self, name: str | None) -> bool:
         return name is None or name == self.model_name or name in self.model_aliases
+
+
+async def server_state(request: Request) -> ServerState:
+    """The app's `ServerState`, as a FastAPI dependency (async: FastAPI would run a plain function
+    in its thread pool)."""
+    return request.app.state.server
+
+
+State = Annotated[ServerState, Depends(server_state)]
 
 
 # ---- errors ------------------------------------------------------------------------------------
@@ -112,25 +127,31 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {msg}" if param else msg), param
 
 
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
-        return error_response(400, message, param=param)
+async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+    message, param = _validation_message(exc)
+    return error_response(400, message, param=param)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        message = "no such route" if exc.status_code == 404 else str(exc.detail)
-        return error_response(exc.status_code, message)
 
-    @app.exception_handler(APIError)
-    async def _api(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
+async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    message = "no such route" if exc.status_code == 404 else str(exc.detail)
+    return error_response(exc.status_code, message)
 
-    @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("internal error: %s", exc)
-        return error_response(500, f"internal server error: {type(exc).__name__}")
+
+async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
+
+
+async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
+    logger.exception("internal error: %s", exc)
+    return error_response(500, f"internal server error: {type(exc).__name__}")
+
+
+_EXCEPTION_HANDLERS = {
+    RequestValidationError: _invalid_request,
+    StarletteHTTPException: _http_error,
+    APIError: _api_error,
+    Exception: _internal_error,
+}
 
 
 # ---- request plumbing --------------------------------------------------------------------------
@@ -140,11 +161,11 @@ class _BodyLimit:
     """ASGI middleware: a request body over `limit` bytes is answered 413 without being read further
     (at once when its Content-Length says so). The body read is handed on to the app unchanged."""
 
-    def __init__(self, app: Any, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
         self.limit = limit
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -169,7 +190,7 @@ class _BodyLimit:
         body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
         await self.app(scope, _replay(body, receive), send)
 
-    async def _too_large(self, scope: Any, receive: Any, send: Any) -> None:
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = (
             f"the request body is larger than {self.limit} bytes, the most this server accepts "
             "(--max-request-bytes)"
@@ -177,11 +198,11 @@ class _BodyLimit:
         await error_response(413, message, "invalid_request_error")(scope, receive, send)
 
 
-def _replay(first: dict, receive: Any) -> Any:
+def _replay(first: Message, receive: Receive) -> Receive:
     """A `receive` that gives `first` once, then reads on from the real one."""
     pending = [first]
 
-    async def replay() -> dict:
+    async def replay() -> Message:
         return pending.pop() if pending else await receive()
 
     return replay
@@ -195,7 +216,7 @@ class _StreamResponse(StreamingResponse):
         super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self._on_close = on_close
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
@@ -218,7 +239,7 @@ def _check_ready(state: ServerState, model: str | None) -> None:
 async def _open_all(
     state: ServerState,
     request: Request,
-    prompts: list[Any],
+    prompts: list[TokenizerPrompt],
     params: SamplingParams,
     stops: list[str],
     n: int,
@@ -303,7 +324,7 @@ async def _collect(streams: list[RequestStream]) -> tuple[list[str], list[str], 
     return texts, reasons, None
 
 
-async def _until_disconnect(request: Request, work: Any) -> Any:
+async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Run `work`; cancel it (its streams get aborted) if the client disconnects meanwhile."""
     task = asyncio.ensure_future(work)
     try:
@@ -319,7 +340,20 @@ async def _until_disconnect(request: Request, work: Any) -> Any:
             task.cancel()
 
 
-def _usage(streams: list[RequestStream], n: int) -> dict[str, Any]:
+async def _finish_all(
+    request: Request, manager: FrontendManager, streams: list[RequestStream]
+) -> tuple[list[str], list[str]]:
+    """Wait for every choice of a non-streaming request (aborting them if the client leaves)."""
+    try:
+        texts, reasons, err = await _until_disconnect(request, _collect(streams))
+    finally:
+        _release_all(manager, streams)
+    if err is not None:
+        raise APIError(500, str(err), "server_error")
+    return texts, reasons
+
+
+def _usage(streams: list[RequestStream], n: int) -> JSONObject:
     prompt = sum(s.prompt_tokens for s in streams[::n])  # each prompt counted once, not per choice
     cached = sum(s.cached_tokens for s in streams[::n])
     completion = sum(s.completion_tokens for s in streams)
@@ -331,7 +365,10 @@ def _usage(streams: list[RequestStream], n: int) -> dict[str, Any]:
     }
 
 
-def _sse(obj: Any) -> bytes:
+# ---- response bodies ---------------------------------------------------------------------------
+
+
+def _sse(obj: JSONObject) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
@@ -343,191 +380,9 @@ def _error_event(e: Exception) -> bytes:
     return _sse({"error": {"message": message, "type": "server_error", "param": None, "code": 500}})
 
 
-# ---- the app -----------------------------------------------------------------------------------
-
-
-def create_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="minisgl", version="0.1.0", docs_url=None, redoc_url=None)
-    app.state.server = state
-    _install_error_handlers(app)
-    if state.max_request_bytes is not None:
-        app.add_middleware(_BodyLimit, limit=state.max_request_bytes)
-    manager = state.manager
-
-    @app.get("/health")
-    async def health() -> Response:
-        if state.status == "serving":
-            return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": state.status, "detail": state.detail}, status_code=503)
-
-    @app.get("/v1/models")
-    async def models() -> dict:
-        card = {
-            "id": state.model_name,
-            "object": "model",
-            "created": state.created,
-            "owned_by": "minisgl",
-            "max_model_len": state.max_seq_len,
-        }
-        return {"object": "list", "data": [card]}
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(manager.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    async def _finish_all(request: Request, streams: list[RequestStream]) -> tuple[list[str], list[str]]:
-        """Wait for every choice of a non-streaming request (aborting them if the client leaves)."""
-        try:
-            texts, reasons, err = await _until_disconnect(request, _collect(streams))
-        finally:
-            _release_all(manager, streams)
-        if err is not None:
-            raise APIError(500, str(err), "server_error")
-        return texts, reasons
-
-    @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
-        _check_ready(state, body.model)
-        streams = await _open_all(
-            state, request, [body.conversation()], body.sampling_params(), body.stop_list, body.n
-        )
-        rid, name = f"chatcmpl-{uuid.uuid4().hex}", body.model or state.model_name
-        if body.stream:
-            return _StreamResponse(
-                _chat_events(rid, name, streams, body), lambda: _release_all(manager, streams)
-            )
-        texts, reasons = await _finish_all(request, streams)
-        choices = [
-            {"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None, "finish_reason": r}
-            for i, (t, r) in enumerate(zip(texts, reasons, strict=True))
-        ]
-        return _completion_response(rid, "chat.completion", name, choices, _usage(streams, body.n))
-
-    async def _chat_events(
-        rid: str, name: str, streams: list[RequestStream], body: ChatCompletionRequest
-    ) -> AsyncIterator[bytes]:
-        created = int(time.time())
-
-        def chunk(choices: list[dict], usage: dict | None = None) -> bytes:
-            obj = {
-                "id": rid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": name,
-                "choices": choices,
-            }
-            if body.include_usage:
-                obj["usage"] = usage
-            return _sse(obj)
-
-        for i in range(len(streams)):
-            yield chunk(
-                [
-                    {
-                        "index": i,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ]
-            )
-        async for i, item in _merged(streams):
-            if isinstance(item, Exception):
-                yield _error_event(item)
-                break
-            delta = {"content": item.text} if item.text else {}
-            yield chunk([{"index": i, "delta": delta, "logprobs": None, "finish_reason": item.finish_reason}])
-        if body.include_usage:
-            yield chunk([], _usage(streams, body.n))
-        yield _DONE
-
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        _check_ready(state, body.model)
-        streams = await _open_all(
-            state, request, body.prompts(), body.sampling_params(), body.stop_list, body.n
-        )
-        rid, name = f"cmpl-{uuid.uuid4().hex}", body.model or state.model_name
-        if body.stream:
-            return _StreamResponse(
-                _completion_events(rid, name, streams, body), lambda: _release_all(manager, streams)
-            )
-        texts, reasons = await _finish_all(request, streams)
-        choices = [
-            {"index": i, "text": t, "logprobs": None, "finish_reason": r}
-            for i, (t, r) in enumerate(zip(texts, reasons, strict=True))
-        ]
-        return _completion_response(rid, "text_completion", name, choices, _usage(streams, body.n))
-
-    async def _completion_events(
-        rid: str, name: str, streams: list[RequestStream], body: CompletionRequest
-    ) -> AsyncIterator[bytes]:
-        created = int(time.time())
-        async for i, item in _merged(streams):
-            if isinstance(item, Exception):
-                yield _error_event(item)
-                break
-            obj = {
-                "id": rid,
-                "object": "text_completion",
-                "created": created,
-                "model": name,
-                "choices": [
-                    {"index": i, "text": item.text, "logprobs": None, "finish_reason": item.finish_reason}
-                ],
-            }
-            if body.include_usage:
-                obj["usage"] = None
-            yield _sse(obj)
-        if body.include_usage:
-            yield _sse(
-                {
-                    "id": rid,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": name,
-                    "choices": [],
-                    "usage": _usage(streams, body.n),
-                }
-            )
-        yield _DONE
-
-    @app.post("/generate")
-    async def generate(body: GenerateRequest, request: Request) -> Response:
-        """The chapters' native endpoint. Streams `data: {"text": ..., "finish_reason": ...}` events
-        then `data: [DONE]`; with "stream": false answers one JSON object."""
-        _check_ready(state, None)
-        [stream] = await _open_all(state, request, [body.prompt], body.sampling_params(), body.stop_list, 1)
-        if body.stream:
-            return _StreamResponse(_generate_events(stream), lambda: manager.release(stream))
-        try:
-            texts, reasons, err = await _until_disconnect(request, _collect([stream]))
-        finally:
-            manager.release(stream)
-        if err is not None:
-            raise APIError(500, str(err), "server_error")
-        return JSONResponse(
-            {
-                "text": texts[0],
-                "finish_reason": reasons[0],
-                "prompt_tokens": stream.prompt_tokens,
-                "completion_tokens": stream.completion_tokens,
-                "cached_tokens": stream.cached_tokens,
-            }
-        )
-
-    async def _generate_events(stream: RequestStream) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in stream.chunks():
-                yield _sse({"text": chunk.text, "finish_reason": chunk.finish_reason})
-        except RequestError as e:
-            yield _error_event(e)
-        yield _DONE
-
-    return app
-
-
-def _completion_response(rid: str, obj: str, model: str, choices: list[dict], usage: dict) -> JSONResponse:
+def _completion_response(
+    rid: str, obj: str, model: str, choices: list[JSONObject], usage: JSONObject
+) -> JSONResponse:
     """The non-streaming body shared by chat completions and completions."""
     return JSONResponse(
         {
@@ -539,3 +394,178 @@ def _completion_response(rid: str, obj: str, model: str, choices: list[dict], us
             "usage": usage,
         }
     )
+
+
+@dataclass
+class _ChunkEvents:
+    """The SSE body of a streamed OpenAI completion: chunks that share id, object, time and model;
+    with `include_usage` each carries "usage" (null until the last, choice-less one)."""
+
+    rid: str
+    object: str
+    model: str
+    include_usage: bool
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def event(self, choices: list[JSONObject], usage: JSONObject | None = None) -> bytes:
+        obj: JSONObject = {
+            "id": self.rid,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if self.include_usage:
+            obj["usage"] = usage
+        return _sse(obj)
+
+    async def body(
+        self,
+        streams: list[RequestStream],
+        n: int,
+        choice: Callable[[int, Chunk], JSONObject],
+        head: list[JSONObject] | None = None,
+    ) -> AsyncIterator[bytes]:
+        """The `head` choices (one event each), then one event per chunk as it comes (an error
+        ends them), the usage once every choice finished, and [DONE]."""
+        for c in head or []:
+            yield self.event([c])
+        async for i, item in _merged(streams):
+            if isinstance(item, Exception):
+                yield _error_event(item)
+                break
+            yield self.event([choice(i, item)])
+        if self.include_usage:
+            yield self.event([], _usage(streams, n))
+        yield _DONE
+
+
+def _chat_role(i: int) -> JSONObject:
+    """The first chunk of chat choice `i`: the assistant's role, no text yet."""
+    return {
+        "index": i,
+        "delta": {"role": "assistant", "content": ""},
+        "logprobs": None,
+        "finish_reason": None,
+    }
+
+
+def _chat_delta(i: int, chunk: Chunk) -> JSONObject:
+    delta = {"content": chunk.text} if chunk.text else {}
+    return {"index": i, "delta": delta, "logprobs": None, "finish_reason": chunk.finish_reason}
+
+
+def _text_choice(i: int, chunk: Chunk) -> JSONObject:
+    return {"index": i, "text": chunk.text, "logprobs": None, "finish_reason": chunk.finish_reason}
+
+
+async def _generate_events(stream: RequestStream) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in stream.chunks():
+            yield _sse({"text": chunk.text, "finish_reason": chunk.finish_reason})
+    except RequestError as e:
+        yield _error_event(e)
+    yield _DONE
+
+
+# ---- the routes --------------------------------------------------------------------------------
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(state: State) -> Response:
+    if state.status == "serving":
+        return JSONResponse({"status": "ok"})
+    return JSONResponse({"status": state.status, "detail": state.detail}, status_code=503)
+
+
+@router.get("/v1/models")
+async def models(state: State) -> dict:
+    card = {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "minisgl",
+        "max_model_len": state.max_seq_len,
+    }
+    return {"object": "list", "data": [card]}
+
+
+@router.get("/metrics")
+async def metrics(state: State) -> Response:
+    body = state.manager.metrics.render()
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.post("/v1/chat/completions")
+async def chat(body: ChatCompletionRequest, request: Request, state: State) -> Response:
+    _check_ready(state, body.model)
+    prompts: list[TokenizerPrompt] = [body.conversation()]
+    streams = await _open_all(state, request, prompts, body.sampling_params(), body.stop_list, body.n)
+    rid, name = f"chatcmpl-{uuid.uuid4().hex}", body.model or state.model_name
+    if body.stream:
+        events = _ChunkEvents(rid, "chat.completion.chunk", name, body.include_usage)
+        roles = [_chat_role(i) for i in range(len(streams))]
+        content = events.body(streams, body.n, _chat_delta, head=roles)
+        return _StreamResponse(content, lambda: _release_all(state.manager, streams))
+    texts, reasons = await _finish_all(request, state.manager, streams)
+    choices: list[JSONObject] = [
+        {"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None, "finish_reason": r}
+        for i, (t, r) in enumerate(zip(texts, reasons, strict=True))
+    ]
+    return _completion_response(rid, "chat.completion", name, choices, _usage(streams, body.n))
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request, state: State) -> Response:
+    _check_ready(state, body.model)
+    prompts: list[TokenizerPrompt] = list(body.prompts())
+    streams = await _open_all(state, request, prompts, body.sampling_params(), body.stop_list, body.n)
+    rid, name = f"cmpl-{uuid.uuid4().hex}", body.model or state.model_name
+    if body.stream:
+        events = _ChunkEvents(rid, "text_completion", name, body.include_usage)
+        content = events.body(streams, body.n, _text_choice)
+        return _StreamResponse(content, lambda: _release_all(state.manager, streams))
+    texts, reasons = await _finish_all(request, state.manager, streams)
+    choices: list[JSONObject] = [
+        {"index": i, "text": t, "logprobs": None, "finish_reason": r}
+        for i, (t, r) in enumerate(zip(texts, reasons, strict=True))
+    ]
+    return _completion_response(rid, "text_completion", name, choices, _usage(streams, body.n))
+
+
+@router.post("/generate")
+async def generate(body: GenerateRequest, request: Request, state: State) -> Response:
+    """The chapters' native endpoint. Streams `data: {"text": ..., "finish_reason": ...}` events
+    then `data: [DONE]`; with "stream": false answers one JSON object."""
+    _check_ready(state, None)
+    streams = await _open_all(state, request, [body.prompt], body.sampling_params(), body.stop_list, 1)
+    [stream] = streams
+    if body.stream:
+        return _StreamResponse(_generate_events(stream), lambda: state.manager.release(stream))
+    [text], [reason] = await _finish_all(request, state.manager, streams)
+    return JSONResponse(
+        {
+            "text": text,
+            "finish_reason": reason,
+            "prompt_tokens": stream.prompt_tokens,
+            "completion_tokens": stream.completion_tokens,
+            "cached_tokens": stream.cached_tokens,
+        }
+    )
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(
+        title="minisgl",
+        version="0.1.0",
+        docs_url=None,
+        redoc_url=None,
+        exception_handlers=_EXCEPTION_HANDLERS,
+    )
+    app.state.server = state
+    if state.max_request_bytes is not None:
+        app.add_middleware(_BodyLimit, limit=state.max_request_bytes)
+    app.include_router(router)
+    return app

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass, fields
-from typing import Any
+from pathlib import Path
 
 DEFAULT_PORT = 1919
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -12,8 +13,8 @@ EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 @dataclass(frozen=True)
 class ServerArgs:
-    """Everything the launcher needs; `None` means "the scheduler decides" (from the model and
-    memory)."""
+    """Everything the launcher needs. `None` means "the scheduler decides" (from the model, the
+    memory, or SchedulerConfig's default: each default is written once, there)."""
 
     model: str | None = None
     host: str = "127.0.0.1"
@@ -35,7 +36,7 @@ class ServerArgs:
     dummy_weights: bool = False
     dummy_step_ms: float = 0.0
     served_model_name: str | None = None
-    seed: int = 0
+    seed: int | None = None
     attention_backend: str = "auto"
     cuda_graph_max_bs: int | None = None
     disable_overlap: bool = False
@@ -60,28 +61,16 @@ class ServerArgs:
         return f"http://{host}:{self.port}"
 
     def check(self) -> None:
-        """Raise ValueError naming the first inconsistent option."""
+        """Raise ValueError naming the first bad option by its flag. The options the scheduler takes
+        are checked where they are defined, by deriving the scheduler's config (no model is read)."""
         if not 0 < self.port < 65536:
             raise ValueError(f"--port must be in 1..65535, got {self.port}")
         if self.tp < 1:
             raise ValueError(f"--tp must be >= 1, got {self.tp}")
         if self.num_tokenizer < 0:
             raise ValueError(f"--num-tokenizer must be >= 0, got {self.num_tokenizer}")
-        if self.num_pages is not None and self.kv_cache_memory is not None:
-            raise ValueError("give --num-pages or --kv-cache-memory, not both")
-        for name in (
-            "max_running_requests",
-            "max_prefill_tokens",
-            "num_pages",
-            "page_size",
-            "max_seq_len",
-            "max_queued_requests",
-        ):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 0:
-            raise ValueError(f"--cuda-graph-max-bs must be >= 0, got {self.cuda_graph_max_bs}")
+        if self.max_queued_requests is not None and self.max_queued_requests < 1:
+            raise ValueError(f"--max-queued-requests must be >= 1, got {self.max_queued_requests}")
         if self.startup_timeout <= 0:
             raise ValueError("--startup-timeout must be > 0")
         if self.max_request_bytes < 1:
@@ -90,6 +79,22 @@ class ServerArgs:
             raise ValueError(f"--tokenize-timeout must be > 0, got {self.tokenize_timeout}")
         if not self.shutdown_timeout >= 0:  # also refuses NaN
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
+        from minisgl.scheduler.config import SchedulerConfig
+
+        from .configs import scheduler_config
+
+        try:
+            scheduler_config(self, Path(self.model or ""), "cpu")
+        except ValueError as e:  # name the fields as flags: "max_seq_len" -> "--max-seq-len"
+            names = {f.name for f in fields(SchedulerConfig)}
+            flags = re.sub(
+                r"\b[a-z_]+\b", lambda m: _flag(m.group()) if m.group() in names else m.group(), str(e)
+            )
+            raise ValueError(flags) from None
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -232,7 +237,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="prefix cache: radix reuses the KV of cached prompt prefixes (shared system prompts, chat "
         "history); naive prefills every prompt whole (default %(default)s)",
     )
-    g.add_argument("--seed", type=int, default=d.seed, help="sampling seed of requests that give none")
+    g.add_argument(
+        "--seed", type=int, help="sampling seed of requests that give none (default: EngineOptions.seed)"
+    )
 
 
 def _size(text: str) -> int:
@@ -246,7 +253,7 @@ def _size(text: str) -> int:
 
 def args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
     known = {f.name for f in fields(ServerArgs)}
-    values: dict[str, Any] = {k: v for k, v in vars(ns).items() if k in known}
+    values = {k: v for k, v in vars(ns).items() if k in known}
     args = ServerArgs(**values)
     args.check()
     return args

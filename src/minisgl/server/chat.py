@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,13 +18,9 @@ from collections.abc import Iterator
 
 import httpx
 
+from minisgl.utils.host import find_free_port
+
 _HELP = "Type a message; /reset forgets the conversation, /exit or Ctrl-D quits."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,7 +39,7 @@ class LocalServer:
     """A `minisgl serve` child process for the chat; its output goes to a log file, not the chat."""
 
     def __init__(self, ns: argparse.Namespace) -> None:
-        self.port = free_port()
+        self.port = find_free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [
             sys.executable,

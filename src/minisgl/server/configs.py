@@ -1,21 +1,26 @@
-"""From `minisgl serve` options to one `SchedulerConfig` per tensor-parallel rank, and the pipe
-addresses every process of the server derives from them (all in one private ipc directory)."""
+"""From `minisgl serve` options to one `SchedulerConfig` per tensor-parallel rank.
+
+Every option the scheduler takes is validated by SchedulerConfig itself (and EngineOptions below
+it), once; `ServerArgs.check` derives a config to report a bad one by its flag. Every process of the
+server takes its pipe addresses from these configs (`zmq_*_addr`, one private ipc directory).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import re
-import socket
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .args import ServerArgs
 
+if TYPE_CHECKING:
+    from minisgl.scheduler.config import SchedulerConfig
+
 # The prefill budget (prompt tokens per scheduler step) when --max-prefill-tokens is not given, on the
 # CPU. A step cannot be interrupted, so it is how long an abort or a new request may have to wait:
-# SmolLM2-135M float32 prefills about 500 tokens/s on the 2-core test box when it is otherwise idle,
-# so 256 tokens keep a step near half a second (a chunk at the end of an 8k-token prompt, whose
-# attention spans the whole prefix, near a second). GPUs keep SchedulerConfig's default (4096).
+# 256 tokens keep a prefill step of the embedded model on a small CPU short (a chunk at the end of a
+# long prompt, whose attention spans the whole prefix, takes longer). GPUs keep SchedulerConfig's.
 CPU_MAX_PREFILL_TOKENS = 256
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
@@ -37,16 +42,6 @@ _UNITS = {
 }
 
 
-@dataclass(frozen=True)
-class Addresses:
-    """Every pipe of one server."""
-
-    tokenizer: str  # API server PUSH (binds) -> tokenizers PULL
-    frontend: str  # tokenizers / detokenizer PUSH -> API server PULL (binds)
-    backend: str  # tokenizers PUSH -> scheduler rank 0 PULL (binds)
-    detokenizer: str  # scheduler rank 0 PUSH (binds) -> detokenizer PULL
-
-
 def parse_size(text: str, option: str = "--kv-cache-memory") -> int:
     """'512MiB', '2GiB', '1.5GB', '1000000' -> bytes."""
     m = _SIZE.match(text)
@@ -59,44 +54,17 @@ def parse_size(text: str, option: str = "--kv-cache-memory") -> int:
     return size
 
 
-def free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def resolve_dtype(dtype: str, device: str) -> Any:
-    import torch
-
-    if dtype == "auto":
-        return torch.float32 if device == "cpu" else torch.bfloat16
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-
-
-def build(args: ServerArgs, model_dir: Path, device: str) -> list[Any]:
-    """One SchedulerConfig per rank, sharing one ipc suffix (hence one directory)."""
-    import dataclasses
-
+def scheduler_config(args: ServerArgs, model_dir: Path, device: str) -> SchedulerConfig:
+    """Rank 0's config; the options left unset (None) keep SchedulerConfig's defaults."""
     from minisgl.distributed import DistributedInfo
+    from minisgl.engine.options import resolve_dtype
     from minisgl.scheduler.config import SchedulerConfig
 
-    options: dict[str, Any] = {
-        k: getattr(args, k)
-        for k in (
-            "max_running_requests",
-            "max_prefill_tokens",
-            "num_pages",
-            "page_size",
-            "max_seq_len",
-            "cuda_graph_max_bs",
-        )
-        if getattr(args, k) is not None
-    }
-    if args.kv_cache_memory is not None:
-        options["kv_cache_memory"] = parse_size(args.kv_cache_memory)
-    if args.max_prefill_tokens is None and device == "cpu":
-        options["max_prefill_tokens"] = CPU_MAX_PREFILL_TOKENS
-    rank0 = SchedulerConfig(
+    max_prefill_tokens = args.max_prefill_tokens
+    if max_prefill_tokens is None and device == "cpu":
+        max_prefill_tokens = CPU_MAX_PREFILL_TOKENS
+    kv_cache_memory = None if args.kv_cache_memory is None else parse_size(args.kv_cache_memory)
+    return SchedulerConfig(
         model_path=str(model_dir),
         tp_info=DistributedInfo(0, args.tp),
         dtype=resolve_dtype(args.dtype, device),
@@ -104,24 +72,32 @@ def build(args: ServerArgs, model_dir: Path, device: str) -> list[Any]:
         engine=args.engine,
         dummy_weights=args.dummy_weights,
         dummy_step_ms=args.dummy_step_ms,
-        seed=args.seed,
         attention_backend=args.attention_backend,
         overlap_schedule=False if args.disable_overlap else None,
         cache_type=args.cache_type,
-        dist_init_addr=f"tcp://127.0.0.1:{free_tcp_port()}" if args.tp > 1 else "",
-        **options,
+        **_set_only(
+            max_running_requests=args.max_running_requests,
+            max_prefill_tokens=max_prefill_tokens,
+            num_pages=args.num_pages,
+            kv_cache_memory=kv_cache_memory,
+            page_size=args.page_size,
+            max_seq_len=args.max_seq_len,
+            cuda_graph_max_bs=args.cuda_graph_max_bs,
+            seed=args.seed,
+        ),
     )
+
+
+def build(args: ServerArgs, model_dir: Path, device: str) -> list[SchedulerConfig]:
+    """One SchedulerConfig per rank, sharing one ipc suffix (hence one directory)."""
+    from minisgl.distributed import DistributedInfo
+    from minisgl.utils.host import find_free_port
+
+    rank0 = scheduler_config(args, model_dir, device)
+    if args.tp > 1:
+        rank0 = dataclasses.replace(rank0, dist_init_addr=f"tcp://127.0.0.1:{find_free_port()}")
     return [dataclasses.replace(rank0, tp_info=DistributedInfo(r, args.tp)) for r in range(args.tp)]
 
 
-def addresses(config: Any) -> Addresses:
-    return Addresses(
-        tokenizer=config.zmq_tokenizer_addr,
-        frontend=config.zmq_frontend_addr,
-        backend=config.zmq_backend_addr,
-        detokenizer=config.zmq_detokenizer_addr,
-    )
-
-
-def cleanup(config: Any) -> None:
-    config.remove_ipc_dir()
+def _set_only(**options: int | None) -> dict[str, int]:
+    return {name: value for name, value in options.items() if value is not None}

@@ -37,6 +37,9 @@ from .metrics import ServerMetrics
 
 logger = logging.getLogger("minisgl.server")
 
+# A prompt as the tokenizer takes it: text, token ids, or chat messages (it applies the template).
+TokenizerPrompt = str | list[int] | list[dict[str, str]]
+
 # How long a finished request waits for its prompt-token count if that reply (from a tokenizer
 # process) is overtaken by the detokenizer's last reply; only possible with --num-tokenizer > 0.
 _LATE_ACK_WAIT_S = 1.0
@@ -91,11 +94,6 @@ class RequestStream:
         self._replies.append(reply)
         self._event.set()
 
-    def end(self, reason: str) -> None:
-        """Finish from this side (no worker will answer any more)."""
-        self._acked = True  # do not wait for a prompt-token count that will not come
-        self.push(UserReply(self.uid, "", True, reason, completion_tokens=self.completion_tokens))
-
     async def _wait(self) -> None:
         while not self._replies:
             self._event.clear()
@@ -114,10 +112,7 @@ class RequestStream:
         replies, self._replies = self._replies, []
         text: list[str] = []
         for r in replies:
-            if r.prompt_tokens and not self._acked:
-                self._acked = True
-                self.prompt_tokens = r.prompt_tokens
-                self.manager.metrics.prompt_tokens += r.prompt_tokens
+            self._count_prompt(r.prompt_tokens)
             if r.finished and r.finish_reason == "error":
                 self._finish("error")
                 raise RequestError(
@@ -130,6 +125,13 @@ class RequestStream:
                 self.finish_reason = r.finish_reason or "stop"
                 break
         return "".join(text)
+
+    def _count_prompt(self, prompt_tokens: int) -> None:
+        """The tokenizer's prompt-token count (in its first reply), taken once."""
+        if prompt_tokens and not self._acked:
+            self._acked = True
+            self.prompt_tokens = prompt_tokens
+            self.manager.metrics.prompt_tokens += prompt_tokens
 
     def _count_tokens(self, total: int) -> None:
         new = total - self.completion_tokens
@@ -184,10 +186,7 @@ class RequestStream:
         except asyncio.TimeoutError:
             return
         for r in self._replies:
-            if r.prompt_tokens and not self._acked:
-                self._acked = True
-                self.prompt_tokens = r.prompt_tokens
-                self.manager.metrics.prompt_tokens += r.prompt_tokens
+            self._count_prompt(r.prompt_tokens)
         self._replies = []
 
     def _finish(self, reason: str) -> None:
@@ -236,7 +235,7 @@ class FrontendManager:
     # ---- requests --------------------------------------------------------------------------------
 
     def open(
-        self, prompt: str | list, params: SamplingParams, stops: list[str], n: int = 1
+        self, prompt: TokenizerPrompt, params: SamplingParams, stops: list[str], n: int = 1
     ) -> list[RequestStream]:
         """Register `n` choices of one prompt (consecutive uids, tokenized once) and queue them for
         the tokenizer; raises Overloaded when they do not fit under --max-queued-requests now."""

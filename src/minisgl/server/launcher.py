@@ -49,14 +49,6 @@ from .processes import Child, ProcessGroup, StartupError
 logger = init_logger("minisgl.launcher")
 
 
-def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def bind_http(host: str, port: int) -> socket.socket:
     """Bind the HTTP port before anything starts, so a busy port is a clear, early error."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -76,13 +68,15 @@ class Launcher:
     """One server's processes, pipes and HTTP front end."""
 
     def __init__(self, args: ServerArgs, model_dir: Path) -> None:
+        from minisgl.engine.options import resolve_device
+
         from . import configs
 
         self.args = args
         self.model_dir = model_dir
         self.device = resolve_device(args.device)
         self.sched_configs = configs.build(args, model_dir, self.device)
-        self.addrs = configs.addresses(self.sched_configs[0])
+        self.addrs = self.sched_configs[0]  # every pipe's address: its zmq_*_addr properties
         self.group = ProcessGroup(str(self.sched_configs[0].ipc_dir))  # the last child out removes it
         self.stop_requested = False
         self.abort_now = False  # a second signal: abort what is in flight without waiting
@@ -104,10 +98,10 @@ class Launcher:
     def _worker_configs(self) -> list[TokenizerWorkerConfig]:
         common = dict(
             model_path=str(self.model_dir),
-            tokenizer_addr=self.addrs.tokenizer,
-            detokenizer_addr=self.addrs.detokenizer,
-            backend_addr=self.addrs.backend,
-            frontend_addr=self.addrs.frontend,
+            tokenizer_addr=self.addrs.zmq_tokenizer_addr,
+            detokenizer_addr=self.addrs.zmq_detokenizer_addr,
+            backend_addr=self.addrs.zmq_backend_addr,
+            frontend_addr=self.addrs.zmq_frontend_addr,
         )
         n = self.args.num_tokenizer
         if n == 0:
@@ -143,12 +137,14 @@ class Launcher:
         from minisgl.utils.mp import PEER_SEND_TIMEOUT_S
 
         to_tokenizer = ZmqAsyncPushQueue(
-            self.addrs.tokenizer,
+            self.addrs.zmq_tokenizer_addr,
             create=True,
             encoder=BaseTokenizerMsg.encoder,
             send_timeout_s=PEER_SEND_TIMEOUT_S,
         )
-        from_workers = ZmqAsyncPullQueue(self.addrs.frontend, create=True, decoder=BaseFrontendMsg.decoder)
+        from_workers = ZmqAsyncPullQueue(
+            self.addrs.zmq_frontend_addr, create=True, decoder=BaseFrontendMsg.decoder
+        )
         manager = FrontendManager(to_tokenizer.put, ServerMetrics(), self.args.max_queued_requests)
         manager.start(from_workers.get)
         aliases = {str(self.model_dir)} | ({self.args.model} if self.args.model else set())
@@ -269,10 +265,8 @@ class Launcher:
             signal.signal(sig, lambda signum, _frame: self.request_stop(signum))
 
     def shutdown(self) -> None:
-        from . import configs
-
         self.group.shutdown()
-        configs.cleanup(self.sched_configs[0])
+        self.sched_configs[0].remove_ipc_dir()
 
 
 _LAST_BYTES_S = 2.0  # after the drain, how long handlers get to write their last events

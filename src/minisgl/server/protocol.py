@@ -20,17 +20,16 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, fi
 from minisgl.core import SamplingParams
 from minisgl.tokenizer.tokenize import FILL_CONTEXT, MAX_CHOICES
 
-MAX_N = MAX_CHOICES  # choices per prompt
 _INT32 = 2**31 - 1  # bounds keep every number encodable (msgpack) and meaningful downstream
-_SEED = 2**63 - 1 - MAX_N  # seed + choice index stays an int64
+_SEED = 2**63 - 1 - MAX_CHOICES  # seed + choice index stays an int64
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def lone_surrogate_at(data: Any) -> str | None:
+def lone_surrogate_at(data: object) -> str | None:
     """Where in a decoded JSON value (keys included) a string holds a lone surrogate, e.g.
     "messages[0].content"; None if nowhere. Iterative (JSON nesting depth is the client's choice)
     and quick over long lists of numbers (token ids)."""
-    stack: list[tuple[Any, tuple[str | int, ...]]] = [(data, ())]
+    stack: list[tuple[object, tuple[str | int, ...]]] = [(data, ())]
     while stack:
         value, path = stack.pop()
         if isinstance(value, str):
@@ -56,6 +55,12 @@ def _json_path(path: tuple[str | int, ...]) -> str:
     return out or "the body"
 
 
+def _stop_list(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
@@ -65,7 +70,7 @@ class _Request(_Body):
 
     @model_validator(mode="before")
     @classmethod
-    def _valid_unicode(cls, data: Any) -> Any:
+    def _valid_unicode(cls, data: object) -> object:
         where = lone_surrogate_at(data)
         if where is not None:
             raise ValueError(f"{where}: text must be valid Unicode (it holds a lone UTF-16 surrogate)")
@@ -73,7 +78,7 @@ class _Request(_Body):
 
 
 # Accepted OpenAI fields that minisgl does not implement: refused unless absent or "off".
-_NOT_IMPLEMENTED_OFF: dict[str, tuple[Any, ...]] = {
+_NOT_IMPLEMENTED_OFF: dict[str, tuple[object, ...]] = {
     "logit_bias": (None, {}),
     "tools": (None, []),
     "tool_choice": (None, "none"),
@@ -114,7 +119,7 @@ class SamplingRequest(_Request):
     temperature: Annotated[float, Field(ge=0.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     top_k: Annotated[StrictInt, Field(le=_INT32)] = -1
-    n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_CHOICES)] = 1
     stop: str | list[str] | None = None
     stop_token_ids: list[Annotated[StrictInt, Field(ge=0, le=_INT32)]] | None = None
     seed: Annotated[StrictInt, Field(ge=-_SEED, le=_SEED)] | None = None
@@ -123,6 +128,7 @@ class SamplingRequest(_Request):
     stream_options: StreamOptions | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # These take any JSON value, and refuse it below unless absent or "off".
     logprobs: Any = None
     logit_bias: Any = None
     tools: Any = None
@@ -134,7 +140,7 @@ class SamplingRequest(_Request):
 
     @field_validator(*_NOT_IMPLEMENTED_OFF)
     @classmethod
-    def _refuse_unless_off(cls, value: Any, info: ValidationInfo) -> Any:
+    def _refuse_unless_off(cls, value: object, info: ValidationInfo) -> object:
         off = _NOT_IMPLEMENTED_OFF[info.field_name or ""]
         if not any(value == o and type(value) is type(o) for o in off):
             raise ValueError(f"{info.field_name} is not supported by this server")
@@ -157,9 +163,7 @@ class SamplingRequest(_Request):
 
     @property
     def stop_list(self) -> list[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return _stop_list(self.stop)
 
     @property
     def include_usage(self) -> bool:
@@ -241,6 +245,4 @@ class GenerateRequest(_Request):
 
     @property
     def stop_list(self) -> list[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return _stop_list(self.stop)

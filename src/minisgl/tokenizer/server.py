@@ -24,7 +24,8 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -36,17 +37,22 @@ from minisgl.message import (
     BaseTokenizerMsg,
     BatchBackendMsg,
     BatchFrontendMsg,
-    BatchTokenizerMsg,
     DetokenizeMsg,
     ErrorMsg,
     TokenizeMsg,
     UserReply,
 )
+from minisgl.utils.batch import one_or_batch, unbatch
 from minisgl.utils.handshake import recv_status, send_status
 from minisgl.utils.logger import init_logger
 
 from .detokenize import DetokenizeManager
 from .tokenize import MAX_CHOICES, ModelLimits, RequestRejected, TokenizeManager
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from minisgl.utils import ZmqPushQueue
 
 logger = init_logger("minisgl.tokenizer")
 
@@ -81,20 +87,12 @@ class TokenizerWorkerConfig:
         return self.role in ("detokenizer", "both")
 
 
-def _flatten(msg: Any) -> list[Any]:
-    if isinstance(msg, (BatchTokenizerMsg, BatchFrontendMsg, BatchBackendMsg)):
-        return [m for inner in msg.data for m in _flatten(inner)]
-    return [msg]
-
-
-def _one_or_batch(msgs: list[Any], batch_cls: type) -> Any:
-    return msgs[0] if len(msgs) == 1 else batch_cls(data=msgs)
-
-
 class TokenizerWorker:
     """The worker's state and loop; built inside the child process."""
 
-    def __init__(self, config: TokenizerWorkerConfig, tokenizer: Any, limits: ModelLimits) -> None:
+    def __init__(
+        self, config: TokenizerWorkerConfig, tokenizer: PreTrainedTokenizerBase, limits: ModelLimits
+    ) -> None:
         from minisgl.utils import ZmqPullQueue, ZmqPushQueue
         from minisgl.utils.mp import PEER_SEND_TIMEOUT_S as timeout
 
@@ -138,7 +136,7 @@ class TokenizerWorker:
             for q in self.pulls:
                 while len(msgs) < self.config.max_batch and not q.empty():
                     try:
-                        msgs.extend(_flatten(q.get()))
+                        msgs.extend(unbatch([q.get()]))
                     except Exception as e:  # a malformed message: log it and go on
                         logger.warning("%s: dropped a malformed message: %s", self.config.name, e)
         return msgs
@@ -164,11 +162,16 @@ class TokenizerWorker:
         if to_backend and self.to_backend is not None:
             self._send(self.to_backend, to_backend, BatchBackendMsg)
 
-    def _send(self, queue: Any, msgs: list[Any], batch_cls: type) -> None:
+    def _send(
+        self,
+        queue: ZmqPushQueue,
+        msgs: list[UserReply] | list[BaseBackendMsg],
+        batch_cls: type[BatchFrontendMsg] | type[BatchBackendMsg],
+    ) -> None:
         """Send `msgs` as one batch; if that cannot be encoded (e.g. a uid from a malformed message
         beyond what msgpack holds), send each alone and drop, logged, only those that fail."""
         try:
-            queue.put(_one_or_batch(msgs, batch_cls))
+            queue.put(one_or_batch(msgs, batch_cls))
             return
         except (ValueError, TypeError, OverflowError) as e:
             if len(msgs) == 1:
@@ -225,7 +228,7 @@ class TokenizerWorker:
             self.handle(self.receive())
 
 
-def _raise_exit(signum: int, _frame: Any) -> None:
+def _raise_exit(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 

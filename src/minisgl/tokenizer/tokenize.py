@@ -1,9 +1,10 @@
 """Tokenizing: a TokenizeMsg (text, chat messages or token ids) into the scheduler's UserMsg.
 
 This is also where a request is checked against the model, because only here are the prompt's
-tokens known: an empty prompt, token ids outside the vocabulary, bad sampling parameters and
-prompt + max_tokens beyond the context are rejected with a `RequestRejected` that the worker turns
-into an error reply for the API server (HTTP 400); the scheduler never sees such a request. One
+tokens known: `minisgl.core.check_request` (the scheduler's and the offline LLM's check too) rejects
+an empty prompt, token ids outside the vocabulary, bad sampling parameters and prompt + max_tokens
+beyond the context with a `RequestRejected` that the worker turns into an error reply for the API
+server (HTTP 400); the scheduler never sees such a request. One
 TokenizeMsg carries all `n` choices of a prompt: it is tokenized once and fanned out.
 """
 
@@ -11,24 +12,23 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minisgl.core import SamplingParams
+from minisgl.core import RequestRejected, SamplingParams, check_request
 from minisgl.message import TokenizeMsg, UserMsg
 
 from .length_bound import LengthBound
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 MAX_CHOICES = 64  # n of one request at most (the API's limit, checked again here for the socket)
 
 # max_tokens of a request that did not say: "as many as the context leaves". Replaced here, once
 # the prompt length is known; the scheduler never sees it.
 FILL_CONTEXT = -1
-
-
-class RequestRejected(ValueError):
-    """A request that cannot be served as asked; the message is for the client."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class TokenizeManager:
     A prompt is tokenized once whatever its number of choices, and a text that is longer than the
     context by its length alone (see length_bound.py) is refused without being tokenized."""
 
-    def __init__(self, tokenizer: Any, limits: ModelLimits) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, limits: ModelLimits) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
         self.bound = LengthBound.of(tokenizer)
@@ -63,12 +63,7 @@ class TokenizeManager:
         if prompt and all(isinstance(m, dict) for m in prompt):
             return self._chat_ids(prompt, max_tokens)
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            bad = [t for t in prompt if not 0 <= t < self.limits.vocab_size]
-            if bad:
-                raise RequestRejected(
-                    f"token ids out of the vocabulary (size {self.limits.vocab_size}): {bad[:5]}"
-                )
-            return list(prompt)
+            return list(prompt)  # checked against the vocabulary by check_request
         raise RequestRejected("a prompt list must hold only chat messages or only token ids")
 
     def _chat_ids(self, messages: list[dict[str, Any]], max_tokens: int) -> list[int]:
@@ -99,27 +94,17 @@ class TokenizeManager:
             raise RequestRejected(f"n must be in 1..{MAX_CHOICES}, got {msg.n}")
         params = msg.sampling_params
         ids = self.token_ids(msg.text, params.max_tokens)
-        if not ids:
-            raise RequestRejected("the prompt is empty")
         room = self.limits.max_seq_len - len(ids)
-        if params.max_tokens == FILL_CONTEXT:
+        if params.max_tokens == FILL_CONTEXT and ids:
             if room < 1:
                 raise RequestRejected(
                     f"the prompt has {len(ids)} tokens, which fills the context of "
                     f"{self.limits.max_seq_len} tokens"
                 )
             params = dataclasses.replace(params, max_tokens=room)
-        elif params.max_tokens > room:
-            raise RequestRejected(
-                f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
-                f"context of {self.limits.max_seq_len} tokens"
-            )
         choices = [_choice(params, i) for i in range(msg.n)]
-        try:
-            for p in choices:
-                p.validate(self.limits.vocab_size)
-        except ValueError as e:
-            raise RequestRejected(str(e)) from None
+        for p in choices:
+            check_request(ids, p, self.limits.vocab_size, self.limits.max_seq_len)
         input_ids = torch.tensor(ids, dtype=torch.int32)
         return [
             UserMsg(uid=msg.uid + i, input_ids=input_ids, sampling_params=p) for i, p in enumerate(choices)

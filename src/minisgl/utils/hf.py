@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
-def load_tokenizer(model_dir: str | Path) -> Any:
+def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     """The model directory's fast (Rust) tokenizer; nothing is downloaded."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -23,7 +26,7 @@ def load_tokenizer(model_dir: str | Path) -> Any:
     raise ValueError(f"{model_dir}: cannot load the tokenizer: {error}") from None
 
 
-def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+def apply_chat_template(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> list[int]:
     """Token ids of `messages` rendered with the model's chat template, ending with the assistant prompt.
 
     Renders to text then encodes without adding special tokens (what transformers' tokenize=True
@@ -31,7 +34,7 @@ def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]]) -> list[
     return list(tokenizer.encode(render_chat(tokenizer, messages), add_special_tokens=False))
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
+def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> str:
     """`messages` rendered with the model's chat template as text, ending with the assistant prompt."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this tokenizer has no chat template")

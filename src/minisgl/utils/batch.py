@@ -1,0 +1,27 @@
+"""Batch messages (`BatchBackendMsg`, `BatchTokenizerMsg`, `BatchFrontendMsg`): in and out of them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TypeVar
+
+from minisgl.message import BatchBackendMsg, BatchFrontendMsg, BatchTokenizerMsg
+
+Msg = TypeVar("Msg")
+_BATCHES = (BatchBackendMsg, BatchTokenizerMsg, BatchFrontendMsg)
+
+
+def unbatch(msgs: Iterable[Msg]) -> list[Msg]:
+    """The members of (nested) batches, in order; other messages as they are."""
+    out: list[Msg] = []
+    for msg in msgs:
+        if isinstance(msg, _BATCHES):
+            out.extend(unbatch(msg.data))
+        else:
+            out.append(msg)
+    return out
+
+
+def one_or_batch(msgs: list[Msg], batch_cls: type) -> Msg:
+    """One message as itself, several as one `batch_cls(data=msgs)`."""
+    return msgs[0] if len(msgs) == 1 else batch_cls(data=msgs)

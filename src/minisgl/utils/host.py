@@ -1,0 +1,21 @@
+"""What this machine lends a server: a free TCP port, and the directory for caches."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free right now (a `tcp://` rendezvous, a child server's HTTP port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def cache_dir() -> Path:
+    """Where converted GGUF models and built kernels are kept: $MINISGL_CACHE_DIR, else
+    ~/.cache/minisgl (not created here)."""
+    env = os.environ.get("MINISGL_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "minisgl"
