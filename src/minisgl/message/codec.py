@@ -10,10 +10,10 @@ What is ours:
 - Each dataclass of a group (and SamplingParams) has a mirror `msgspec.Struct`: its name as the
   "__type__" tag, the same fields in the same order, and types that msgspec checks in C while it
   parses (a bool is not an int; an int is taken where a float is declared). msgspec writes and reads
-  the mirrors; the converters here only move field values between mirrors and dataclasses.
+  the mirrors; two converters per group move lists of objects between dataclasses and mirrors.
 - Fields with a default may be left out on the wire. Anything else that is wrong raises
-  `MessageDecodeError` (a ValueError). Its text comes from `_explain`: once msgspec has rejected a
-  message, a walk of the plain data against the dataclass annotations names the field and the problem.
+  `MessageDecodeError` (a ValueError). Its text comes from `_why`: once msgspec has rejected a
+  message, a walk of the plain data against the dataclass annotations names the field and the fault.
 """
 
 from __future__ import annotations
@@ -22,25 +22,22 @@ import dataclasses
 import types
 import typing
 from collections.abc import Callable
-from functools import partial
-from itertools import groupby, starmap
-from operator import attrgetter
 from typing import Any, ClassVar, Union
 
 import msgspec
 import torch
-from msgspec.structs import astuple
 
 from minisgl.core import SamplingParams
 
-from .tensor import TensorFormatError, TensorMap, decode_tensor, tensor_from_map, tensor_to_map
+from .tensor import TensorFormatError, TensorMap, decode_tensor, tensor_to_map
 
 __all__ = ["Message", "MessageDecodeError", "MessageGroup", "group_of"]
 
 Convert = Callable[[Any], Any]
+Fault = tuple[str, str]  # (where: ".field[index]...", what is wrong)
 _ENCODER = msgspec.msgpack.Encoder()
-_PLAIN_DECODER = msgspec.msgpack.Decoder()  # msgpack -> plain Python values, for `_explain`
-_BYTES_LIKE = (bytes, bytearray, memoryview)
+_PLAIN_DECODER = msgspec.msgpack.Decoder()  # msgpack -> plain Python values, for the error text
+_PLAIN = (int, float, bool, str, bytes, type(None))
 
 
 class MessageDecodeError(ValueError):
@@ -124,19 +121,19 @@ class MessageGroup:
 
     def encode(self, msg: Message) -> dict[str, Any]:
         """The tagged dict of a message (the chapters' `encoder()`); msgpack makes `to_bytes` of it."""
-        return msgspec.to_builtins(self.mirrors.member_to_wire(msg), builtin_types=(bytes,))
+        return msgspec.to_builtins(self.mirrors.to_wire([msg])[0], builtin_types=(bytes,))
 
     def to_bytes(self, msg: Message) -> bytes:
         """Exactly `msgpack.packb(msg.encoder(), use_bin_type=True)`, in one step."""
-        return _ENCODER.encode(self.mirrors.member_to_wire(msg))
+        return _ENCODER.encode(self.mirrors.to_wire([msg])[0])
 
     def from_bytes(self, raw: bytes | bytearray | memoryview) -> Message:
         """Bytes -> a message of this group, or MessageDecodeError (never anything else)."""
-        if not isinstance(raw, _BYTES_LIKE):
+        if not isinstance(raw, (bytes, bytearray, memoryview)):
             raise MessageDecodeError(f"{self.name} message: expected bytes, got {type(raw).__name__}")
         mirrors = self.mirrors
         try:
-            return mirrors.decoded(mirrors.decoder.decode(raw))
+            return mirrors.from_wire([mirrors.decoder.decode(raw)])[0]
         except (msgspec.ValidationError, TensorFormatError) as e:
             raise MessageDecodeError(self._explain(raw, e)) from None
         except msgspec.DecodeError as e:
@@ -162,16 +159,14 @@ class MessageGroup:
     def _explain(self, raw: bytes | bytearray | memoryview, error: Exception) -> str:
         """The text of a rejection: what the walk finds wrong with the message."""
         try:
-            data = _PLAIN_DECODER.decode(raw)
+            fault = _explain(self, _PLAIN_DECODER.decode(raw))
         except msgspec.DecodeError as e:
             return f"{self.name} message: not valid msgpack ({e})"
-        try:
-            problem = _explain(self, data)
         except RecursionError:
             return f"{self.name} message: nested too deeply"
-        if problem is None:  # the two disagree: say so rather than guess
-            return f"{self.name} message rejected ({error}), though the check of its fields finds no fault"
-        return problem
+        return (
+            fault or f"{self.name} message rejected ({error}), though the check of its fields finds no fault"
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -179,97 +174,96 @@ class MessageGroup:
 
 
 class _Mirrors:
-    """One group's mirror structs (for its classes and SamplingParams) and the converters.
-
-    A conversion is `build(*values(obj))`: `values` reads the fields in order (an attrgetter, or
-    msgspec's astuple), `build` is the target class itself, or converts the values that need it
-    (tensors, nested messages) first. `_convert_all` runs it over a batch in C loops."""
+    """One group's mirror structs (for its classes and SamplingParams), its decoder, and the two
+    converters `to_wire` (messages -> mirrors) and `from_wire` (mirrors -> messages)."""
 
     def __init__(self, group: MessageGroup) -> None:
         self.group = group
-        members = list(group.classes.values())
-        self.struct: dict[type, type] = {cls: _mirror(cls) for cls in [SamplingParams, *members]}
-        self.members_type = Union[(*(self.struct[c] for c in members), _Never)]  # noqa: UP007
-        self.to_wire: dict[type, _Conversion] = {}  # dataclass -> to its mirror
-        self.from_wire: dict[type, _Conversion] = {  # mirror -> to its dataclass (or tensor)
-            _Never: (astuple, _reject),
-            TensorMap: (astuple, _tensor_from_values),
-        }
-        for cls in self.struct:  # after all mirrors exist: field types may refer to any of them
-            self._link(cls)
-        self.member_to = {cls: self.to_wire[cls] for cls in members}
-        self.decoder = msgspec.msgpack.Decoder(self.members_type)
+        classes = [*group.classes.values(), SamplingParams]
+        self.struct: dict[type, type] = {cls: _mirror(cls) for cls in classes}
+        self.members = Union[(*(self.struct[c] for c in group.classes.values()), _Never)]  # noqa: UP007
+        self.env: dict[str, Any] = {"_new": object.__new__, "tensor_to_map": tensor_to_map}
+        self.env |= {"tensor_in": _tensor_in, "not_member": self._not_member}
+        to_wire, from_wire = {}, {}
+        for cls in classes:  # once all mirrors exist: a field's type may be any of them
+            struct, hints, outs, ins = self.struct[cls], typing.get_type_hints(cls), [], []
+            for f in _fields(cls):
+                struct.__annotations__[f.name], out, into = self._field(hints[f.name])
+                outs.append((f.name, out))
+                ins.append((f.name, into))
+            to_wire[cls] = (struct, outs, False)
+            from_wire[struct] = (cls, ins, _bare(cls))
+        self.to_wire = _compile("to_wire", to_wire, "not_member", self.env)
+        self.from_wire = _compile("from_wire", from_wire, "tensor_in", self.env)
+        self.decoder = msgspec.msgpack.Decoder(self.members)
 
-    def _link(self, cls: type) -> None:
-        """Set the mirror's field types; make the conversions between the mirror and `cls`."""
-        struct, hints = self.struct[cls], typing.get_type_hints(cls)
-        names = [f.name for f in _fields(cls)]
-        outs, ins = [], []
-        for name in names:
-            struct.__annotations__[name], out, into = self._field(hints[name])
-            outs.append(out)
-            ins.append(into)
-        self.to_wire[cls] = (_values_of(names), _builder(struct, outs))
-        self.from_wire[struct] = (astuple, _builder(cls, ins))
-
-    def _field(self, tp: Any) -> tuple[Any, Convert | None, Convert | None]:
-        """(msgspec type, field value -> wire value, decoded value -> field value); None: as it is."""
+    def _field(self, tp: Any) -> tuple[Any, str | None, str | None]:
+        """(msgspec type, field value -> wire value, decoded value -> field value), the two as
+        expression templates over `self.env` ("{}" the value), None for "as it is"."""
         if tp is torch.Tensor:
-            return Union[TensorMap, _Never], tensor_to_map, self.decoded  # noqa: UP007
-        if tp is self.group.root:
-            return self.members_type, self.member_to_wire, self.decoded
-        if tp in self.struct:
-            return Union[self.struct[tp], _Never], partial(_convert, self.to_wire), self.decoded  # noqa: UP007
+            return Union[TensorMap, _Never], "tensor_to_map({})", "tensor_in({})"  # noqa: UP007
+        if tp is self.group.root or tp in self.struct:
+            return self._union(tp), "to_wire(({},))[0]", "from_wire(({},))[0]"
         origin, args = typing.get_origin(tp), typing.get_args(tp)
-        if origin is list and args and args[0] is self.group.root:
-            return list[self.members_type], self.members_to_wire, partial(_convert_all, self.from_wire)
+        if origin is list and args and (args[0] is self.group.root or args[0] in self.struct):
+            return list[self._union(args[0])], "to_wire({})", "from_wire({})"
         if origin is list and args:
             item, out, into = self._field(args[0])
-            each = lambda fn: None if fn is None else lambda v: [fn(x) for x in v]  # noqa: E731
+            each = lambda t: t and "[" + t.format("v") + " for v in {}]"  # noqa: E731
             return list[item], each(out), each(into)
         if not _is_plain(tp):
             raise TypeError(f"message field type {tp!r} is not supported by the codec")
         try:
             msgspec.msgpack.Decoder(tp)
         except TypeError:  # a union msgspec cannot take at once (e.g. two kinds of list)
-            return msgspec.Raw, None, _first_fitting([msgspec.msgpack.Decoder(a) for a in args])
+            name = f"first_fitting_{len(self.env)}"
+            self.env[name] = _first_fitting([msgspec.msgpack.Decoder(a) for a in args])
+            return msgspec.Raw, None, name + "({})"
         return tp, None, None
 
-    def member_to_wire(self, msg: Any) -> Any:
-        return self.members_to_wire([msg])[0]
+    def _union(self, tp: type) -> Any:
+        return self.members if tp is self.group.root else Union[self.struct[tp], _Never]  # noqa: UP007
 
-    def members_to_wire(self, msgs: list[Any]) -> list[Any]:
-        try:
-            return _convert_all(self.member_to, msgs)
-        except KeyError as e:
-            if not isinstance(e.args[0], type):
-                raise
-            raise TypeError(f"{e.args[0].__name__} is not a registered {self.group.name} message") from None
-
-    def decoded(self, s: Any) -> Any:
-        """A decoded mirror -> its dataclass (or tensor)."""
-        return _convert(self.from_wire, s)
+    def _not_member(self, obj: Any) -> Any:
+        raise TypeError(f"{type(obj).__name__} is not a registered {self.group.name} message")
 
 
-_Conversion = tuple[Callable[[Any], tuple], Callable[..., Any]]  # (values of obj, build from values)
+# target class, [(field, template of its conversion or None)], bare: build without calling __init__
+_Recipe = tuple[type, list[tuple[str, str | None]], bool]
 
 
-def _convert(table: dict[type, _Conversion], obj: Any) -> Any:
-    values, build = table[obj.__class__]
-    return build(*values(obj))
+def _compile(name: str, recipes: dict[type, _Recipe], other: str, env: dict[str, Any]) -> Callable:
+    """`name(items)`: a list of objects converted each by the recipe for its class (`other(x)` for
+    any other class): `target(*fields)`, or if bare, `object.__new__(target)` with the fields stored,
+    which is what a plain dataclass's __init__ does, less one Python call per object.
+
+    Generated from the field names, as dataclasses generates __init__, so that a batch of 256
+    messages (the scheduler sends one every step) costs one loop with the class tests and field
+    copies inline. Classes whose fields need no conversion are tested first: they come in batches."""
+    lines = [f"def {name}(items):", " out = []", " add = out.append", " for x in items:", "  c = x.__class__"]
+    order = sorted(recipes.items(), key=lambda item: sum(t is not None for _, t in item[1][1]))
+    for i, (cls, (target, fields, bare)) in enumerate(order):
+        env[f"{name}_S{i}"], env[f"{name}_T{i}"] = cls, target
+        values = [(f, f"x.{f}" if t is None else t.format(f"x.{f}")) for f, t in fields]
+        lines.append(f"  {'elif' if i else 'if'} c is {name}_S{i}:")
+        if bare:
+            lines += [f"   o = _new({name}_T{i})", *(f"   o.{f} = {v}" for f, v in values), "   add(o)"]
+        else:
+            lines.append(f"   add({name}_T{i}({', '.join(v for _, v in values)}))")
+    lines += ["  else:", f"   add({other}(x))", " return out"]
+    exec("\n".join(lines), env)  # noqa: S102 - the source holds dataclass field names only
+    return env[name]
 
 
-def _convert_all(table: dict[type, _Conversion], objs: list[Any]) -> list[Any]:
-    """[_convert(table, x) for x in objs], one run of a class at a time, each run in C loops."""
-    out: list[Any] = []
-    for cls, run in groupby(objs, type):
-        values, build = table[cls]
-        out += starmap(build, map(values, run))
-    return out
+def _bare(cls: type) -> bool:
+    """True if setting the fields on `object.__new__(cls)` is all that cls(...) would do."""
+    params = cls.__dataclass_params__  # type: ignore[attr-defined]
+    plain = params.init and not params.frozen and not hasattr(cls, "__post_init__")
+    return plain and all(f.init for f in dataclasses.fields(cls))
 
 
 def _mirror(cls: type) -> type:
-    """The mirror struct of a dataclass, its field types still to be set (`_Mirrors._link`)."""
+    """The mirror struct of a dataclass, its field types still to be set (`_Mirrors.__init__`)."""
     specs: list[tuple[Any, ...]] = []
     for f in _fields(cls):
         if f.default is not dataclasses.MISSING:
@@ -287,29 +281,6 @@ def _fields(cls: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if f.init]
 
 
-def _values_of(names: list[str]) -> Callable[[Any], tuple]:
-    """obj -> the tuple of its attributes `names` (attrgetter returns a bare value for one name)."""
-    if len(names) == 1:
-        one = attrgetter(names[0])
-        return lambda obj: (one(obj),)
-    return attrgetter(*names) if names else lambda obj: ()
-
-
-def _builder(target: Callable[..., Any], convs: list[Convert | None]) -> Callable[..., Any]:
-    """(*values) -> target(*values), each value through its converter first (None: as it is)."""
-    pairs = [(i, fn) for i, fn in enumerate(convs) if fn is not None]
-    if not pairs:
-        return target
-
-    def build(*values: Any) -> Any:
-        out = list(values)
-        for i, fn in pairs:
-            out[i] = fn(out[i])
-        return target(*out)
-
-    return build
-
-
 def _first_fitting(decoders: list[msgspec.msgpack.Decoder]) -> Convert:
     """A msgspec.Raw value -> what the first decoder that takes it makes of it."""
 
@@ -324,15 +295,10 @@ def _first_fitting(decoders: list[msgspec.msgpack.Decoder]) -> Convert:
     return decode
 
 
-def _tensor_from_values(buffer: bytes, dtype: str, shape: Any) -> torch.Tensor:
-    return tensor_from_map(TensorMap(buffer, dtype, shape))
-
-
-def _reject(*_: Any) -> Any:
+def _tensor_in(s: Any) -> torch.Tensor:
+    if s.__class__ is TensorMap:
+        return decode_tensor(s.buffer, s.dtype, None if s.shape is msgspec.UNSET else s.shape)
     raise msgspec.ValidationError("a message tagged as no message type")
-
-
-_PLAIN = (int, float, bool, str, bytes, type(None))
 
 
 def _is_plain(tp: Any) -> bool:
@@ -347,131 +313,93 @@ def _is_plain(tp: Any) -> bool:
 # Why a message was rejected: a walk of the plain data against the annotations (error text only).
 
 
-class _Invalid(Exception):
-    """A check failed at `path` (field names and [index] parts, outermost first)."""
-
-    def __init__(self, problem: str) -> None:
-        super().__init__(problem)
-        self.problem = problem
-        self.path: list[str] = []
-
-
-def _explain(group: MessageGroup, data: object) -> str | None:
+def _explain(group: MessageGroup, data: Any) -> str | None:
     """What is wrong with `data` as a message of `group`, naming the field; None if nothing is."""
-    if data.__class__ is not dict:
-        return f"{group.name} message: expected a map, got {_describe(data)}"
-    name = data.get("__type__")  # type: ignore[attr-defined]
-    cls = group.classes.get(name) if name.__class__ is str else None
-    if cls is None:
-        return f"{group.name} message: {group.unknown(name)}"
-    try:
-        _Walk(group).obj(cls, data)
-    except _Invalid as e:
-        return name + "".join(p if p.startswith("[") else f".{p}" for p in e.path) + f": {e.problem}"
+    fault = _why(group, group.root, data)
+    if fault is None:
+        return None
+    name = data.get("__type__") if data.__class__ is dict else None
+    head = name if name.__class__ is str and name in group.classes else f"{group.name} message"
+    return f"{head}{fault[0]}: {fault[1]}"
+
+
+def _why(group: MessageGroup, tp: Any, v: Any) -> Fault | None:
+    """The first fault of the plain value `v` as a `tp`, or None if it fits."""
+    if tp is torch.Tensor:
+        return _why_tensor(v)
+    if tp is group.root or dataclasses.is_dataclass(tp):
+        return _why_object(group, tp, v)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is list:
+        if v.__class__ is not list:
+            return "", f"expected a list, got {_describe(v)}"
+        for i, x in enumerate(v):
+            fault = _why(group, args[0], x)
+            if fault:
+                return f"[{i}]{fault[0]}", fault[1]
+        return None
+    if origin is dict:
+        if v.__class__ is not dict:
+            return "", f"expected a map, got {_describe(v)}"
+        for k, x in v.items():
+            fault = _why(group, args[0], k) or _why(group, args[1], x)
+            if fault:
+                return f"[{k!r:.40}]{fault[0]}", fault[1]
+        return None
+    if origin in (Union, types.UnionType):
+        ok = any(_why(group, a, v) is None for a in args)
+    elif tp is float:
+        ok = v.__class__ is float or v.__class__ is int
+    elif tp in _PLAIN or tp is None:
+        ok = v.__class__ is (type(None) if tp is None else tp)
+    else:
+        raise TypeError(f"message field type {tp!r} is not supported by the codec")
+    return None if ok else ("", f"expected {_type_name(tp)}, got {_describe(v)}")
+
+
+def _why_object(group: MessageGroup, cls: type, d: Any) -> Fault | None:
+    if d.__class__ is not dict:
+        return "", f"expected a map, got {_describe(d)}"
+    name = d.get("__type__")
+    if cls is group.root:
+        cls = group.classes.get(name) if name.__class__ is str else None  # type: ignore[assignment]
+        if cls is None:
+            return "", group.unknown(name)
+    fields = _fields(cls)
+    extra = [repr(k)[:40] for k in d if k != "__type__" and k not in {f.name for f in fields}]
+    if extra:
+        return "", f"unexpected field(s) {', '.join(extra[:5])}"
+    if "__type__" not in d:
+        return "", f"missing '__type__' (expected {cls.__name__!r})"
+    if name != cls.__name__:
+        return "", f"expected __type__ {cls.__name__!r}, got {name!r:.60}"
+    hints = typing.get_type_hints(cls)
+    for f in fields:
+        if f.name in d:
+            fault = _why(group, hints[f.name], d[f.name])
+            if fault:
+                return f".{f.name}{fault[0]}", fault[1]
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            return "", f"missing required field {f.name!r}"
     return None
 
 
-class _Walk:
-    """Checks plain values against annotations; raises _Invalid at the first problem."""
-
-    def __init__(self, group: MessageGroup) -> None:
-        self.group = group
-
-    def check(self, tp: Any, v: Any) -> None:
-        if tp is float:
-            ok = v.__class__ is float or v.__class__ is int
-        elif tp in _PLAIN:
-            ok = v.__class__ is tp
-        elif tp is None:
-            ok = v is None
-        elif tp is torch.Tensor:
-            return self.tensor(v)
-        elif tp is self.group.root:
-            return self.member(v)
-        elif dataclasses.is_dataclass(tp):
-            return self.obj(tp, v)
-        else:
-            origin, args = typing.get_origin(tp), typing.get_args(tp)
-            if origin in (Union, types.UnionType):
-                ok = any(self.fits(a, v) for a in args)
-            elif origin is list:
-                if v.__class__ is not list:
-                    raise _Invalid(f"expected a list, got {_describe(v)}")
-                for i, x in enumerate(v):
-                    self.at(f"[{i}]", args[0], x)
-                return None
-            elif origin is dict:
-                if v.__class__ is not dict:
-                    raise _Invalid(f"expected a map, got {_describe(v)}")
-                for k, x in v.items():
-                    self.at(f"[{k!r:.40}]", args[0], k)
-                    self.at(f"[{k!r:.40}]", args[1], x)
-                return None
-            else:
-                raise TypeError(f"message field type {tp!r} is not supported by the codec")
-        if not ok:
-            raise _Invalid(f"expected {_type_name(tp)}, got {_describe(v)}")
-        return None
-
-    def fits(self, tp: Any, v: Any) -> bool:
-        try:
-            self.check(tp, v)
-        except _Invalid:
-            return False
-        return True
-
-    def at(self, part: str, tp: Any, v: Any) -> None:
-        try:
-            self.check(tp, v)
-        except _Invalid as e:
-            e.path.insert(0, part)
-            raise
-
-    def member(self, v: Any) -> None:
-        if v.__class__ is not dict:
-            raise _Invalid(f"expected a {self.group.name} message map, got {_describe(v)}")
-        name = v.get("__type__")
-        cls = self.group.classes.get(name) if name.__class__ is str else None
-        if cls is None:
-            raise _Invalid(self.group.unknown(name))
-        self.obj(cls, v)
-
-    def obj(self, cls: type, d: Any) -> None:
-        name = cls.__name__
-        if d.__class__ is not dict:
-            raise _Invalid(f"expected a {name} map, got {_describe(d)}")
-        fields = _fields(cls)
-        known = {"__type__", *(f.name for f in fields)}
-        extra = [k for k in d if k not in known]
-        if extra:
-            raise _Invalid(f"unexpected field(s) {', '.join(repr(k)[:40] for k in extra[:5])}")
-        if "__type__" not in d:
-            raise _Invalid(f"missing '__type__' (expected {name!r})")
-        if d["__type__"] != name:
-            raise _Invalid(f"expected __type__ {name!r}, got {d['__type__']!r:.60}")
-        hints = typing.get_type_hints(cls)
-        for f in fields:
-            if f.name in d:
-                self.at(f.name, hints[f.name], d[f.name])
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise _Invalid(f"missing required field {f.name!r}")
-
-    @staticmethod
-    def tensor(v: Any) -> None:
-        if v.__class__ is not dict:
-            raise _Invalid(f"expected a Tensor map, got {_describe(v)}")
-        keys, required = set(v), {"__type__", "buffer", "dtype"}
-        if not required <= keys <= required | {"shape"}:
-            extra = sorted(map(str, keys - required - {"shape"}))
-            raise _Invalid(f"bad Tensor map: missing {sorted(required - keys)}, unexpected {extra}")
-        if v["__type__"] != "Tensor":
-            raise _Invalid(f"expected a Tensor, got __type__ {v['__type__']!r:.60}")
-        if "shape" in v and v["shape"] is None:
-            raise _Invalid("Tensor 'shape' must be a list of ints, got None")
-        try:
-            decode_tensor(v["buffer"], v["dtype"], v.get("shape"))
-        except TensorFormatError as e:
-            raise _Invalid(str(e)) from None
+def _why_tensor(v: Any) -> Fault | None:
+    if v.__class__ is not dict:
+        return "", f"expected a Tensor map, got {_describe(v)}"
+    keys, required = set(v), {"__type__", "buffer", "dtype"}
+    if not required <= keys <= required | {"shape"}:
+        extra = sorted(map(str, keys - required - {"shape"}))
+        return "", f"bad Tensor map: missing {sorted(required - keys)}, unexpected {extra}"
+    if v["__type__"] != "Tensor":
+        return "", f"expected a Tensor, got __type__ {v['__type__']!r:.60}"
+    if "shape" in v and v["shape"] is None:
+        return "", "Tensor 'shape' must be a list of ints, got None"
+    try:
+        decode_tensor(v["buffer"], v["dtype"], v.get("shape"))
+    except TensorFormatError as e:
+        return "", str(e)
+    return None
 
 
 def _describe(value: object) -> str:

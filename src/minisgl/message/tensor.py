@@ -58,10 +58,6 @@ def tensor_to_map(t: torch.Tensor) -> TensorMap:
     return TensorMap(buf, name, msgspec.UNSET if t.dim() == 1 else list(t.shape))
 
 
-def tensor_from_map(m: TensorMap) -> torch.Tensor:
-    return decode_tensor(m.buffer, m.dtype, None if m.shape is msgspec.UNSET else m.shape)
-
-
 def decode_tensor(buffer: object, dtype: object, shape: object = None) -> torch.Tensor:
     """The parts of a wire map -> a fresh CPU tensor (it owns a copy of the bytes).
 
@@ -87,7 +83,8 @@ def decode_tensor(buffer: object, dtype: object, shape: object = None) -> torch.
             raise TensorFormatError(
                 f"buffer holds {size} bytes but shape {list(dims)} of {dtype} needs {need}"
             )
-    arr = np.frombuffer(buffer, dtype=np_dtype).reshape(dims).copy()  # its own, writable memory
+    arr = np.frombuffer(buffer, dtype=np_dtype)
+    arr = (arr if shape is None else arr.reshape(dims)).copy()  # its own, writable memory
     out = torch.from_numpy(arr)
     return out.view(torch.bfloat16) if torch_dtype is torch.bfloat16 else out
 
