@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU-machine session: install the carried wheels, run the GPU tests, profile, benchmark.
 # Run from the project root on the device machine (logs under $OUT):
-#   bash benchmarks/gpu_session.sh [tests] [profile] [bench]
+#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [wprof] [bs256] [serve]
+# (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
@@ -29,8 +30,52 @@ for step in $steps; do
     workload)  # the throughput issue's offline workload: 256 requests, input and output uniform in [100, 1024]
       for cfg in llama3-8b smollm2-135m; do
         timeout 120 python3 -m minisgl bench offline --device cuda --model-config $cfg --num-prompts 256 --skip-hf \
-          --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 1 2>&1 \
+          --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 2 2>&1 \
           | grep -v "it/s\]" | tail -12 | tee -a "$OUT/workload.log"
+      done ;;
+    ab)  # decode at batch 1 and 8 (8B shapes): .ab/src (an earlier tree's, carried) against this tree, in turn
+      for v in old new old new; do
+        pp=$PYTHONPATH
+        [ $v = old ] && pp=/tmp/site:$PWD/.ab/src
+        echo "== $v" | tee -a "$OUT/ab.log"
+        PYTHONPATH=$pp timeout 150 python3 -m minisgl bench offline --device cuda --model-config llama3-8b \
+          --batch-sizes 1,8 --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 2 --skip-hf \
+          --cuda-graph-max-bs 8 2>&1 | grep -E "^(---|minisgl|  decode|  roofline)" | tee -a "$OUT/ab.log"
+      done ;;
+    splits)  # decode at batch 1 and 8 (8B shapes) by the most split-KV programs per (request, KV head)
+      for sp in 16 8 4 2; do
+        echo "== max splits $sp" | tee -a "$OUT/splits.log"
+        MINISGL_DECODE_MAX_SPLITS=$sp timeout 150 python3 -m minisgl bench offline --device cuda --model-config llama3-8b \
+          --batch-sizes 1,8 --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 2 --skip-hf \
+          --cuda-graph-max-bs 8 2>&1 | grep -E "^(---|minisgl|  decode)" | tee -a "$OUT/splits.log"
+      done ;;
+    wprof)  # where the throughput workload's time goes (135M shapes)
+      timeout 200 python3 benchmarks/profile_workload.py --model-config smollm2-135m --out "$OUT" 2>&1 \
+        | grep -v "it/s\]" | tail -60 | tee "$OUT/wprof.log" ;;
+    bs256)  # input 256 / output 256 at batch 256 against transformers
+      for cfg in ${BS256_CFGS:-smollm2-135m llama3-8b}; do  # 8B: transformers' generate needs ~40 GiB of the GPU
+        timeout 240 python3 -m minisgl bench offline --device cuda --model-config $cfg --batch-sizes 256 --kv-cache-memory 40 \
+          --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 1 2>&1 | grep -v "it/s\]" | tail -14 \
+          | tee -a "$OUT/bs256.log"
+      done ;;
+    serve)  # minisgl serve with 135M shapes (random weights), bench serve at concurrency 1 and 256; prompts
+      # of 200 random in-vocabulary words (the preset's tokenizer has one word per id; ids < 32000, the dummy
+      # engine's vocabulary), all different.
+      # SERVE_ARGS: extra server flags, one set per run, separated by ';' (default: none)
+      python3 -c "from pathlib import Path; from minisgl.benchmark.presets import preset_config, write_model_dir; write_model_dir(preset_config('smollm2-135m'), Path('/tmp/m135'))"
+      python3 -c "import random; r = random.Random(0); print('\n'.join(' '.join(f'<{r.randrange(300, 32000)}>' for _ in range(200)) for _ in range(1100)))" > /tmp/prompts135.txt
+      IFS=';' read -ra variants <<< "${SERVE_ARGS:- }"
+      for extra in "${variants[@]}"; do
+        echo "== minisgl serve $extra" | tee -a "$OUT/serve.log"
+        python3 -m minisgl serve --model /tmp/m135 --dummy-weights --device cuda $extra >> "$OUT/serve_server.log" 2>&1 &
+        spid=$!
+        for _ in $(seq 180); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:1919/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+        for c in ${SERVE_CONC:-1:64 256:1024}; do  # concurrency:requests
+          set -- ${c/:/ }
+          timeout 150 python3 -m minisgl bench serve --concurrency $1 --num-prompts $2 --prompts-file /tmp/prompts135.txt \
+            --output-len 128 2>&1 | tail -12 | tee -a "$OUT/serve.log"
+        done
+        kill -INT $spid; wait $spid
       done ;;
   esac
 done

@@ -215,9 +215,18 @@ def assert_openai_error(r: httpx.Response, status: int, param: str | None = None
         (chat_body(max_tokens=10**30), "max_tokens"),
         (chat_body(top_k=2**40), "top_k"),
         (chat_body(n=1000), "n"),
-        (chat_body(presence_penalty=0.5), None),
+        (chat_body(presence_penalty=2.5), "presence_penalty"),
+        (chat_body(frequency_penalty=-3), "frequency_penalty"),
+        (chat_body(repetition_penalty=0), "repetition_penalty"),
+        (chat_body(logit_bias={"x": 1}), "logit_bias"),
+        (chat_body(logit_bias={"5": 101}), "logit_bias.5"),
+        (chat_body(top_logprobs=21, logprobs=True), "top_logprobs"),
+        (chat_body(top_logprobs=2), None),
+        (chat_body(min_tokens=-1), "min_tokens"),
+        (chat_body(stream_options={"include_usage": True}), None),
+        (chat_body(add_generation_prompt=True, continue_final_message=True), None),
         (chat_body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]), None),
-        ({"model": "smol", "messages": [{"role": "wizard", "content": "x"}]}, None),
+        ({"model": "smol", "messages": [{"role": "", "content": "x"}]}, "messages.0.role"),
     ],
 )
 async def test_bad_chat_requests_are_400(api, body: dict, param: str | None) -> None:
@@ -230,7 +239,11 @@ async def test_bad_completion_requests_are_400(api) -> None:
         {"prompt": []},
         {"prompt": [[]]},
         {"prompt": 5},
-        {"prompt": "x", "echo": True},
+        {"prompt": "x", "echo": "maybe"},
+        {"prompt": "x", "logprobs": 21},
+        {"prompt": "x", "logprobs": True},
+        {"prompt": "x", "best_of": 2},
+        {"prompt": "x", "suffix": "y"},
         {"prompt": None},
     ):
         assert_openai_error(await api.post("/v1/completions", json=body), 400)

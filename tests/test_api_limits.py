@@ -209,14 +209,12 @@ async def test_more_choices_than_the_queue_holds_is_400_not_503(api) -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("logit_bias", {"50256": -100}),
         ("tools", [{"type": "function", "function": {"name": "f"}}]),
         ("tool_choice", "auto"),
         ("tool_choice", {"type": "function", "function": {"name": "f"}}),
         ("response_format", {"type": "json_object"}),
         ("functions", [{"name": "f"}]),
         ("function_call", "auto"),
-        ("top_logprobs", 2),
     ],
 )
 async def test_unimplemented_fields_are_refused_by_name(api, field: str, value: object) -> None:
@@ -234,7 +232,6 @@ async def test_unimplemented_fields_are_refused_by_name(api, field: str, value: 
         ("tools", []),
         ("tool_choice", "none"),
         ("response_format", {"type": "text"}),
-        ("top_logprobs", 0),
     ],
 )
 async def test_unimplemented_fields_off_are_accepted(api, field: str, value: object) -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from minisgl.core import Context, set_global_ctx
+from minisgl.core import AttentionBackendProto, Context, set_global_ctx
 
 
-class ContiguousCausalAttention:
+class ContiguousCausalAttention(AttentionBackendProto):
     """Causal attention over a flattened batch of whole prompts (no cache): segment i is rows
     [sum(lens[:i]), sum(lens[:i+1])). Grouped-query heads are expanded as HF does."""
 

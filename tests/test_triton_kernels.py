@@ -118,6 +118,49 @@ def test_decode_attention_stores_and_uses_the_new_tokens(dtype: torch.dtype, spl
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("hq", "hkv", "d", "splits"), [(8, 2, 64, 1), (9, 3, 40, 4), (4, 1, 128, 2)])
+def test_decode_attention_rotates_q_and_the_new_k(
+    dtype: torch.dtype, hq: int, hkv: int, d: int, splits: int
+) -> None:
+    """With rope, q/k/v are views of the fused projection's output before RoPE: the result and the
+    K/V stored equal rope_qkv's rotation followed by the kernel without rope."""
+    from minisgl.kernels.triton.attention import decode_attention
+    from minisgl.kernels.triton.elementwise import rope_qkv
+
+    gen = torch.Generator().manual_seed(hq + d + splits)
+    ps, lens = 4, [9, 1, 0, 70]
+    bsz = len(lens)
+    max_pages = -(-max(lens) // ps)
+    num_pages = bsz * max_pages + 1
+    k_cache = torch.randn(num_pages * ps, hkv, d, generator=gen).to(dtype).to(DEV)
+    v_cache = torch.randn(num_pages * ps, hkv, d, generator=gen).to(dtype).to(DEV)
+    pages = _pages(bsz, max_pages, num_pages, gen).to(DEV)
+    slots = [int(pages[b, (n - 1) // ps]) * ps + (n - 1) % ps if n else -1 for b, n in enumerate(lens)]
+    slots_t = torch.tensor(slots, dtype=torch.int32, device=DEV)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    qkv = torch.randn(bsz, (hq + 2 * hkv) * d, generator=gen).to(dtype).to(DEV)
+    angles = torch.rand(bsz, 1, d // 2, generator=gen) * 6.0
+    cos, sin = angles.cos().to(dtype).to(DEV), angles.sin().to(dtype).to(DEV)
+
+    q, k, v = rope_qkv(qkv, cos, sin, hq, hkv, d)  # the unfused way
+    kc_ref, vc_ref = k_cache.clone(), v_cache.clone()
+    ref = decode_attention(q, kc_ref, vc_ref, pages, seq_lens, ps, d**-0.5, splits, new_kv=(k, v, slots_t))
+
+    raw_q = qkv[:, : hq * d].view(bsz, hq, d)  # strided views, nothing copied
+    raw_k = qkv[:, hq * d : (hq + hkv) * d].view(bsz, hkv, d)
+    raw_v = qkv[:, (hq + hkv) * d :].view(bsz, hkv, d)
+    out = decode_attention(
+        raw_q, k_cache, v_cache, pages, seq_lens, ps, d**-0.5, splits,
+        new_kv=(raw_k, raw_v, slots_t), rope=(cos, sin),
+    )  # fmt: skip
+    assert torch.equal(v_cache, vc_ref)
+    # The same float32 rotation, but the compiler may contract it into FMAs differently per kernel.
+    assert _rel(k_cache, kc_ref) < (1e-6 if dtype == torch.float32 else 0.0) or torch.equal(k_cache, kc_ref)
+    assert _rel(out, ref) < TOL[dtype] / 10
+    assert torch.equal(out[2].cpu(), torch.zeros(hq, d, dtype=dtype))  # the empty row
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("hq", "hkv", "d", "ps"), [(8, 2, 64, 16), (9, 3, 64, 4), (4, 1, 128, 1)])
 def test_extend_attention_matches_dense(dtype: torch.dtype, hq: int, hkv: int, d: int, ps: int) -> None:
     """Fresh prompts and chunks over cached prefixes in one launch; lengths around the block sizes."""

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 # overflows them, and at or below ~1e-38 the temperature itself rounds to 0 in float32.
 GREEDY_TEMPERATURE = 1e-5
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes (and msgpack carries)
+MAX_LOGPROBS = 20  # top alternatives per token at most (OpenAI's chat limit; vLLM's default)
 
 
 @dataclass
@@ -29,6 +31,19 @@ class SamplingParams:
     max_tokens: int = 1024
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    # Penalties and biases, as vLLM defines them (batched on the logits' device, engine/penalties.py):
+    # presence/frequency over the generated tokens, repetition over prompt + generated (> 1 discourages),
+    # logit_bias added to the logits of token ids, min_tokens: no EOS or stop token id before that many.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    min_tokens: int = 0
+    # Log probabilities (the model's log-softmax of the raw logits, before penalties and temperature):
+    # `logprobs` = how many top alternatives to return with each sampled token (None: no logprobs);
+    # `prompt_logprobs` likewise for every prompt token after the first (None: none).
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError naming the first bad field; a client's mistake, never a crash."""
@@ -42,15 +57,68 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
             raise ValueError(f"seed must be in [-2**63, 2**64 - 1], got {self.seed}")
+        self._validate_penalties()
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and not 0 <= k <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in 0..{MAX_LOGPROBS}, got {k}")
         if vocab_size is not None:
             bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
             if bad:
                 raise ValueError(f"stop_token_ids out of the vocabulary (size {vocab_size}): {bad[:5]}")
+            bad = [t for t in self.logit_bias if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"logit_bias token ids out of the vocabulary (size {vocab_size}): {bad[:5]}")
+
+    def _validate_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not -2.0 <= v <= 2.0:  # NaN fails this too
+                raise ValueError(f"{name} must be in [-2, 2], got {v}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError(f"repetition_penalty must be > 0 and finite, got {self.repetition_penalty}")
+        if not all(math.isfinite(b) for b in self.logit_bias.values()):
+            raise ValueError("logit_bias values must be finite")
+        if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be in 0..max_tokens ({self.max_tokens}), got {self.min_tokens}"
+            )
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether sampling must adjust the logits (then the CUDA graph's greedy argmax is not used)."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+            or self.min_tokens
+        )
 
     @property
     def is_greedy(self) -> bool:
         """Argmax sampling: top_k 1, or a temperature under GREEDY_TEMPERATURE (0 included)."""
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
+
+
+@dataclass
+class TokenLogprobs:
+    """Per position: the token, its log probability, and the top alternatives (most likely first)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
+
+    def extend(self, other: TokenLogprobs, skip: int = 0) -> None:
+        """Append `other`'s positions after the first `skip`."""
+        self.token_ids += other.token_ids[skip:]
+        self.logprobs += other.logprobs[skip:]
+        self.top_ids += other.top_ids[skip:]
+        self.top_logprobs += other.top_logprobs[skip:]
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
 
 
 class RequestRejected(ValueError):
@@ -92,6 +160,19 @@ class AttentionBackendProto:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int
     ) -> torch.Tensor:  # q: (T, Hq, D), k/v: (T, Hkv, D) -> (T, Hq, D)
         raise NotImplementedError
+
+    def forward_rope(
+        self,
+        qkv: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+        layer_id: int,
+    ) -> torch.Tensor:
+        """qkv (T, (Hq + 2 Hkv) D), the fused projection before RoPE; rope (cos, sin), (T, 1, D/2) each;
+        `split(qkv)` -> rotated q, k, v (the ops backend's). A backend that rotates inside its own
+        kernel overrides this; the default splits, then attends."""
+        q, k, v = split(qkv)
+        return self.forward(q, k, v, layer_id)
 
 
 @dataclass
@@ -149,6 +230,16 @@ class Req:
     # cache when the request was first admitted (-1 before that; reported as usage).
     kv_ready_len: int = 0
     cached_prompt_len: int = -1
+    # Prompt logprobs (sampling_params.prompt_logprobs set): those of prompt tokens 1.. received so
+    # far; a request that wants them is prefilled whole (no prefix cache) until it has them all.
+    prompt_logprobs: TokenLogprobs | None = None
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt logprobs asked for and not all computed yet."""
+        if self.sampling_params.prompt_logprobs is None:
+            return False
+        return self.prompt_logprobs is None or len(self.prompt_logprobs) < self.prompt_len - 1
 
     def __post_init__(self) -> None:
         if self.prompt_len < 0:

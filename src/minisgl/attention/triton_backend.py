@@ -12,6 +12,8 @@ read nothing and write nothing.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +37,9 @@ class _ExtendMeta:
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     supports_cuda_graph = True
+    # Most split-KV programs per (request, KV head) in decode; MINISGL_DECODE_MAX_SPLITS overrides it
+    # (for measurements).
+    max_splits = int(os.environ.get("MINISGL_DECODE_MAX_SPLITS", 16))
 
     def __init__(
         self,
@@ -118,19 +123,47 @@ class TritonAttentionBackend(AttentionBackend):
         )
 
     # -- per layer ------------------------------------------------------------------------------------
+    def forward_rope(
+        self,
+        qkv: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+        layer_id: int,
+    ) -> torch.Tensor:
+        """Decode: the kernel rotates q and the new k itself, reading them from qkv (one kernel fewer
+        per layer); prefill and extend split first."""
+        if not self._decode or qkv.stride(-1) != 1:
+            return super().forward_rope(qkv, rope, split, layer_id)
+        t, hq, hkv, d = qkv.shape[0], self.num_q_heads, self.num_kv_heads, self.head_dim
+        q = qkv[:, : hq * d].view(t, hq, d)  # strided views of the projection's rows
+        k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
+        v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
+        return self._decode_attention(q, k, v, layer_id, rope)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
-        kc, vc = self.pool.k[layer_id], self.pool.v[layer_id]
         if self._decode:
-            bsz = q.shape[0]  # a CUDA graph's padded size while capturing
-            splits = decode_splits(bsz, self.num_kv_heads, self.num_sms)
-            seq_lens, slots = self._dec_meta[0, :bsz], self._dec_meta[1, :bsz]
-            return decode_attention(
-                q, kc, vc, self._dec_pages, seq_lens, self.pool.page_size, self.scale, splits,
-                new_kv=(k, v, slots), done=self._dec_done,
-            )  # fmt: skip
+            return self._decode_attention(q, k, v, layer_id, None)
+        kc, vc = self.pool.k[layer_id], self.pool.v[layer_id]
         m = self._extend
         assert m is not None, "prepare() must run before forward()"
         store_kv(k, v, kc, vc, m.out_slots)
         return extend_attention(
             q, kc, vc, m.page_table, m.q_starts, m.seq_lens, m.max_extend, self.pool.page_size, self.scale
         )
+
+    def _decode_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """One launch: store the new K/V (rotating k first with `rope`), attend over the pages."""
+        bsz = q.shape[0]  # a CUDA graph's padded size while capturing
+        splits = decode_splits(bsz, self.num_kv_heads, self.num_sms, self.max_splits)
+        seq_lens, slots = self._dec_meta[0, :bsz], self._dec_meta[1, :bsz]
+        return decode_attention(
+            q, self.pool.k[layer_id], self.pool.v[layer_id], self._dec_pages, seq_lens, self.pool.page_size,
+            self.scale, splits, new_kv=(k, v, slots), done=self._dec_done, rope=rope,
+        )  # fmt: skip

@@ -407,6 +407,8 @@ def main(ns: argparse.Namespace) -> int:
     )
     if ns.disable_overlap:
         extra["overlap_schedule"] = False
+    if ns.kv_cache_memory is not None:
+        extra["kv_cache_memory"] = int(ns.kv_cache_memory * (1 << 30))
     res = run_offline_bench(
         ns.num_prompts,
         ns.output_len,

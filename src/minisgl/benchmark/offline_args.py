@@ -45,3 +45,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "--cuda-graph-max-bs", type=int, default=None, help="as for `minisgl serve` (0: no graphs)"
     )
     ap.add_argument("--disable-overlap", action="store_true", help="as for `minisgl serve`")
+    ap.add_argument(
+        "--kv-cache-memory",
+        type=float,
+        default=None,
+        metavar="GiB",
+        help="minisgl's KV pool size (default: from the device memory left; on a GPU, leave room for "
+        "transformers' generate when it runs in the same process)",
+    )

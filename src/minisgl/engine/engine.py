@@ -22,11 +22,13 @@ import torch
 
 from minisgl.attention import AttnInput, create_attention_backend
 from minisgl.backends import bind_ops, create_ops
-from minisgl.core import Batch, Context, Req, set_global_ctx
+from minisgl.core import Batch, Context, Req, TokenLogprobs, set_global_ctx
 from minisgl.kvcache import KVPool, PageAllocator, PageTable, kv_bytes_per_page
 
 from .cuda_graph import CudaGraphRunner
+from .logprobs import LogprobTensors
 from .options import EngineOptions
+from .penalties import apply_penalties
 from .sampler import Sampler
 
 logger = logging.getLogger(__name__)
@@ -34,21 +36,34 @@ logger = logging.getLogger(__name__)
 _CPU_KV_BUDGET = 1 << 30  # bytes of KV cache on the CPU when no size is given (at most 1/4 of free RAM)
 
 
-class StepOutput:
-    """The sampled tokens of a launched step: on the device at once, copied to the host as they are
-    produced (pinned memory, no wait); `tolist()` waits for them."""
+# What a step's logprobs come to on the host: uid -> its sampled token's; uid -> (first prompt
+# position, logprobs of the prompt tokens after it).
+StepLogprobLists = tuple[dict[int, TokenLogprobs], dict[int, tuple[int, TokenLogprobs]]]
 
-    def __init__(self, tokens: torch.Tensor, engine: Engine, batch: Batch, launched_at: float) -> None:
+
+class StepOutput:
+    """The sampled tokens of a launched step (and the logprobs asked for): on the device at once,
+    copied to the host as they are produced (pinned memory, no wait); `tolist()` waits for them."""
+
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        engine: Engine,
+        batch: Batch,
+        launched_at: float,
+        logprobs: StepLogprobs | None = None,
+    ) -> None:
         self.batch, self.launched_at = batch, launched_at
         self._engine: Engine | None = engine
         self._event: torch.cuda.Event | None = None
+        self._logprobs = logprobs
+        extra = logprobs.tensors() if logprobs is not None else []
         if tokens.is_cuda:
-            self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            self._host.copy_(tokens, non_blocking=True)
+            self._host = [_to_host(t) for t in (tokens, *extra)]
             self._event = torch.cuda.Event()
             self._event.record()
         else:
-            self._host = tokens
+            self._host = [tokens, *extra]
 
     def tolist(self) -> list[int]:
         if self._event is not None:
@@ -56,7 +71,51 @@ class StepOutput:
         if self._engine is not None:  # the step is over: count its time once
             self._engine._account(self)
             self._engine = None
-        return self._host.tolist()
+        return self._host[0].tolist()
+
+    def logprobs(self) -> StepLogprobLists:
+        """After `tolist()`: uid -> logprobs of its sampled token; uid -> (first prompt position,
+        logprobs of the prompt tokens after it) for requests that asked for them."""
+        if self._logprobs is None:
+            return {}, {}
+        return self._logprobs.to_lists(self._host[1:])
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
+@dataclass
+class StepLogprobs:
+    """A step's logprob tensors and whose they are: `sampled` rows in `sampled_uids` order (k each);
+    `prompt` rows grouped per request as (uid, first position, count, k)."""
+
+    sampled: LogprobTensors | None
+    sampled_uids: list[tuple[int, int]]  # (uid, k)
+    prompt: LogprobTensors | None
+    prompt_groups: list[tuple[int, int, int, int]]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [
+            *(self.sampled.tensors() if self.sampled else []),
+            *(self.prompt.tensors() if self.prompt else []),
+        ]
+
+    def to_lists(self, host: list[torch.Tensor]) -> StepLogprobLists:
+        sampled: dict[int, TokenLogprobs] = {}
+        prompt: dict[int, tuple[int, TokenLogprobs]] = {}
+        if self.sampled is not None:
+            uids, ks = zip(*self.sampled_uids, strict=True)
+            lists = LogprobTensors.from_tensors(host[:4]).split([1] * len(uids), list(ks))
+            sampled = dict(zip(uids, lists, strict=True))
+            host = host[4:]
+        if self.prompt is not None:
+            g = self.prompt_groups
+            lists = LogprobTensors.from_tensors(host[:4]).split([c for *_, c, _ in g], [k for *_, k in g])
+            prompt = {uid: (start, lp) for (uid, start, _, _), lp in zip(g, lists, strict=True)}
+        return sampled, prompt
 
 
 @dataclass
@@ -183,19 +242,90 @@ class Engine:
         reqs = [r for r, s in zip(batch.reqs, batch.sample_mask, strict=True) if s]
         params = [r.sampling_params for r in reqs]
         tokens: torch.Tensor | None = None
+        prompt_logits: torch.Tensor | None = None
+        prompt_rows: list[tuple[Req, int, int]] = []
         if batch.is_decode and self.graphs is not None and self.graphs.padded_size(len(batch.reqs)):
             logits, best = self.graphs.replay(torch.stack((input_ids, positions)), pending)  # (B, V), (B,)
-            if all(p.is_greedy for p in params):
+            if all(p.is_greedy and not p.has_penalties for p in params):
                 tokens = best  # the graph's argmax: no sampling kernels
         else:
-            logits = self._forward_eager(batch, input_ids, positions, sample_rows, pending)
+            prompt_rows = self._prompt_logprob_rows(batch)
+            logits, prompt_logits = self._forward_eager(
+                batch, input_ids, positions, sample_rows, prompt_rows, pending
+            )
+        raw = logits
         if tokens is None and logits is not None:
+            logits = self._penalized(logits, reqs)
             tokens = self.sampler.sample(logits, params, [self._generator(r) for r in reqs])
         if tokens is None:
             tokens = torch.empty(0, dtype=torch.int64, device=self.device)
+        logprobs = self._logprobs(raw, tokens, reqs, prompt_logits, prompt_rows)
         self._last_tokens = tokens
         self._last_rows = {r.uid: i for i, r in enumerate(reqs)}
-        return StepOutput(tokens, self, batch, t0)
+        return StepOutput(tokens, self, batch, t0, logprobs)
+
+    def _penalized(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
+        """`logits`, or a copy with the penalties and biases of the requests that have any."""
+        rows = [i for i, r in enumerate(reqs) if r.sampling_params.has_penalties]
+        if not rows:
+            return logits
+        logits = logits.clone()
+        idx = torch.tensor(rows, device=self.device)
+        sub = apply_penalties(
+            logits.index_select(0, idx),
+            [reqs[i] for i in rows],
+            self.eos_token_ids,
+            self._unseen_tokens([reqs[i] for i in rows]),
+        )
+        return logits.index_copy_(0, idx, sub)
+
+    def _unseen_tokens(self, reqs: list[Req]) -> torch.Tensor | None:
+        """(n,) on the device: each request's token sampled by the last launch that the host has not
+        seen yet (overlap scheduling), -1 for none; None when no request has one."""
+        src = [self._last_rows.get(r.uid, -1) if r.pending else -1 for r in reqs]
+        if all(s < 0 for s in src):
+            return None
+        src_t = torch.tensor(src, dtype=torch.int64).to(self.device, non_blocking=True)
+        return torch.where(src_t >= 0, self._last_tokens[src_t.clamp(min=0)], -1)
+
+    def _logprobs(
+        self,
+        raw: torch.Tensor | None,
+        tokens: torch.Tensor,
+        reqs: list[Req],
+        prompt_logits: torch.Tensor | None,
+        prompt_rows: list[tuple[Req, int, int]],
+    ) -> StepLogprobs | None:
+        """The logprobs the step's requests asked for, from the raw logits (still on the device)."""
+        rows = [i for i, r in enumerate(reqs) if r.sampling_params.logprobs is not None]
+        sampled = None
+        uids = [(reqs[i].uid, reqs[i].sampling_params.logprobs or 0) for i in rows]
+        if rows and raw is not None:
+            idx = torch.tensor(rows, device=self.device)
+            k = max(k for _, k in uids)
+            sampled = LogprobTensors.of(raw.index_select(0, idx), tokens.index_select(0, idx), k)
+        prompt = None
+        groups = [(r.uid, start, n, r.sampling_params.prompt_logprobs or 0) for r, start, n in prompt_rows]
+        if prompt_logits is not None and groups:
+            targets = [t for r, start, n in prompt_rows for t in r.token_ids[start + 1 : start + 1 + n]]
+            target_t = torch.tensor(targets, dtype=torch.int64).to(self.device, non_blocking=True)
+            prompt = LogprobTensors.of(prompt_logits, target_t, max(g[3] for g in groups))
+        if sampled is None and prompt is None:
+            return None
+        return StepLogprobs(sampled, uids if sampled is not None else [], prompt, groups if prompt else [])
+
+    def _prompt_logprob_rows(self, batch: Batch) -> list[tuple[Req, int, int]]:
+        """(request, first position, count) of the prompt positions in a prefill batch whose logits
+        give prompt logprobs: position p predicts prompt token p + 1."""
+        if batch.is_decode:
+            return []
+        out = []
+        for r, n in zip(batch.reqs, batch.extend_lens, strict=True):
+            if r.wants_prompt_logprobs:
+                end = min(r.cached_len + n, r.prompt_len - 1)
+                if end > r.cached_len:
+                    out.append((r, r.cached_len, end - r.cached_len))
+        return out
 
     def _pending_inputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(rows of the batch, their input tokens on the device) for requests whose input token the
@@ -228,9 +358,11 @@ class Engine:
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         sample_rows: list[int],
+        prompt_rows: list[tuple[Req, int, int]],
         pending: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> torch.Tensor | None:
-        """The model on this batch -> logits (S, V) float32 of the rows that sample (None if none)."""
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The model on this batch -> logits (S, V) float32 of the rows that sample (None if none),
+        and those of the `prompt_rows` positions (P, V) (None if none)."""
         dev = self.device
         ids = input_ids.to(dev, non_blocking=True)
         if pending is not None:
@@ -238,13 +370,28 @@ class Engine:
         set_global_ctx(Context(attn_backend=self.attn_backend, batch=batch))
         try:
             hidden = self.model.forward(ids, positions.to(dev, non_blocking=True))  # (T, H)
-            if not sample_rows:
-                return None
-            if len(sample_rows) < hidden.shape[0]:
-                hidden = hidden.index_select(0, torch.tensor(sample_rows, device=dev))  # (S, H)
-            return self.model.compute_logits(hidden)  # (S, V) float32
+            extra = self._flat_rows(batch, prompt_rows)
+            rows = sample_rows + extra
+            if not rows:
+                return None, None
+            if len(rows) < hidden.shape[0] or extra:
+                hidden = hidden.index_select(0, torch.tensor(rows, device=dev))  # (S + P, H)
+            logits = self.model.compute_logits(hidden)  # (S + P, V) float32
         finally:
             set_global_ctx(None)
+        s = len(sample_rows)
+        return (logits[:s] if s else None), (logits[s:] if extra else None)
+
+    @staticmethod
+    def _flat_rows(batch: Batch, prompt_rows: list[tuple[Req, int, int]]) -> list[int]:
+        """Rows of the batch's flattened tokens for `prompt_rows` (request, first position, count)."""
+        if not prompt_rows:
+            return []
+        offset, first = 0, {}
+        for r, n in zip(batch.reqs, batch.extend_lens, strict=True):
+            first[r.uid] = offset - r.cached_len  # flat row of position p: first + p
+            offset += n
+        return [first[r.uid] + p for r, start, n in prompt_rows for p in range(start, start + n)]
 
     def _generator(self, req: Req) -> torch.Generator | None:
         seed = req.sampling_params.seed

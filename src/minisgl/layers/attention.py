@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -19,3 +21,13 @@ class AttentionLayer(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q (T, Hq, D), k/v (T, Hkv, D) -> (T, Hq, D)."""
         return get_global_ctx().attn_backend.forward(q, k, v, self.layer_id)
+
+    def forward_rope(
+        self,
+        qkv: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """qkv (T, (Hq + 2 Hkv) D) before RoPE -> (T, Hq, D); `split` rotates and splits it unless the
+        backend's kernel does that itself."""
+        return get_global_ctx().attn_backend.forward_rope(qkv, rope, split, self.layer_id)

@@ -2,8 +2,16 @@
 
 from .backend import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, ExitMsg, UserMsg
 from .codec import MessageDecodeError
-from .frontend import BaseFrontendMsg, BatchFrontendMsg, UserReply
-from .tokenizer import AbortMsg, BaseTokenizerMsg, BatchTokenizerMsg, DetokenizeMsg, ErrorMsg, TokenizeMsg
+from .frontend import BaseFrontendMsg, BatchFrontendMsg, LoadReply, UserReply
+from .tokenizer import (
+    AbortMsg,
+    BaseTokenizerMsg,
+    BatchTokenizerMsg,
+    DetokenizeMsg,
+    ErrorMsg,
+    LoadMsg,
+    TokenizeMsg,
+)
 
 __all__ = [
     "AbortBackendMsg",
@@ -17,6 +25,8 @@ __all__ = [
     "DetokenizeMsg",
     "ErrorMsg",
     "ExitMsg",
+    "LoadMsg",
+    "LoadReply",
     "MessageDecodeError",
     "TokenizeMsg",
     "UserMsg",

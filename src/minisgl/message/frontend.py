@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .codec import Message
 
@@ -31,3 +31,25 @@ class UserReply(BaseFrontendMsg):
     completion_tokens: int = 0
     error: str = ""
     cached_tokens: int = 0
+    stop_token_id: int = -1  # the stop token id (not EOS) that ended the request, if one did
+    prompt_text: str = ""  # the decoded prompt, in the acknowledgement of a request with echo
+    # Logprobs of this reply's token (if asked for): its bytes, log probability and alternatives.
+    lp_tokens: list[bytes] = field(default_factory=list)
+    lp_values: list[float] = field(default_factory=list)
+    lp_top_tokens: list[list[bytes]] = field(default_factory=list)
+    lp_top_values: list[list[float]] = field(default_factory=list)
+    # Prompt logprobs (first reply only): every prompt token's bytes; for each one after the first
+    # its log probability and alternatives.
+    prompt_lp_tokens: list[bytes] = field(default_factory=list)
+    prompt_lp_values: list[float] = field(default_factory=list)
+    prompt_lp_top_tokens: list[list[bytes]] = field(default_factory=list)
+    prompt_lp_top_values: list[list[float]] = field(default_factory=list)
+
+
+@dataclass
+class LoadReply(BaseFrontendMsg):
+    """A replica's load (see LoadMsg): what the API server routes new requests by."""
+
+    replica: int
+    running: int
+    waiting: int

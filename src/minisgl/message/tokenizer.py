@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from minisgl.core import SamplingParams
 
@@ -23,29 +23,59 @@ class BatchTokenizerMsg(BaseTokenizerMsg):
 class TokenizeMsg(BaseTokenizerMsg):
     """From the API server: a prompt (text, chat messages, or token ids) to tokenize once and
     schedule as `n` requests (choices), uids `uid .. uid + n - 1`; choice i samples with seed + i
-    when a seed is given."""
+    when a seed is given. replica: the data-parallel replica (--dp) the API server routed it to."""
 
     uid: int
     text: str | list[dict[str, str]] | list[int]
     sampling_params: SamplingParams
     n: int = 1
+    replica: int = 0
+    # Chat prompts: end with the assistant's turn opened, or continue the last (assistant) message.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    echo: bool = False  # acknowledge with the prompt's text (`echo` of a token-id prompt)
 
 
 @dataclass
 class DetokenizeMsg(BaseTokenizerMsg):
     """From the scheduler: one new token of request `uid`. finish_reason: "", "stop", "length", "abort".
-    cached_tokens: prompt tokens whose K/V came from the prefix cache (usage; 0 when absent)."""
+    cached_tokens: prompt tokens whose K/V came from the prefix cache (usage; 0 when absent); the
+    logprob fields are empty unless the request asked for them."""
 
     uid: int
     next_token: int
     finished: bool
     finish_reason: str = ""
     cached_tokens: int = 0
+    stop_token_id: int = -1  # the stop token id (not EOS) that ended the request, if one did
+    # With sampling_params.logprobs: the token's log probability and the top alternatives.
+    logprob: float | None = None
+    top_ids: list[int] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
+    # With prompt_logprobs, on the first token only: every prompt token, then per prompt token after
+    # the first its log probability and top alternatives.
+    prompt_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_top_ids: list[list[int]] = field(default_factory=list)
+    prompt_top_logprobs: list[list[float]] = field(default_factory=list)
 
 
 @dataclass
 class AbortMsg(BaseTokenizerMsg):
+    """From the API server: stop request `uid`, held by data-parallel replica `replica`."""
+
     uid: int
+    replica: int = 0
+
+
+@dataclass
+class LoadMsg(BaseTokenizerMsg):
+    """From scheduler rank 0 of replica `replica`, whenever its counts change: requests running
+    (prefilling or decoding) and waiting for KV pages. The detokenizer forwards it as a LoadReply."""
+
+    replica: int
+    running: int
+    waiting: int
 
 
 @dataclass

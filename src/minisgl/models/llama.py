@@ -8,6 +8,8 @@ LM head over the vocabulary with an all-gather of the logits."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 
@@ -85,17 +87,22 @@ class Attention(nn.Module, OpsUser):
         """h (T, hidden), the residual stream: `h += attention(norm(h))` in place. rope: (cos, sin)."""
         t, d = h.shape[0], self.head_dim
         qkv = self.qkv_proj.forward_normed(h, norm)  # (T, (Hq + 2 Hkv) D)
-        q, k, v = self._rotated_qkv(qkv, rope)  # (T, Hq, D), (T, Hkv, D), (T, Hkv, D), contiguous
-        o = self.attn(q, k, v)  # (T, Hq, D)
+        if self.qk_norm:
+            o = self.attn(*self._normed_rotated_qkv(qkv, rope))  # (T, Hq, D)
+        else:  # the attention backend may rotate q and k inside its kernel
+            cos, sin = rope
+            split = partial(
+                self.ops.rope_qkv, cos=cos, sin=sin, hq=self.num_heads, hkv=self.num_kv_heads, d=d
+            )
+            o = self.attn.forward_rope(qkv, rope, split)  # (T, Hq, D)
         self.o_proj.forward_add_(o.reshape(t, self.num_heads * d), h)
 
-    def _rotated_qkv(
+    def _normed_rotated_qkv(
         self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Qwen3: per-head RMSNorm on q and k before RoPE -> q (T, Hq, D), k/v (T, Hkv, D), contiguous."""
         t, d, hq, hkv = qkv.shape[0], self.head_dim, self.num_heads, self.num_kv_heads
         cos, sin = rope  # (T, 1, D/2) each
-        if not self.qk_norm:
-            return self.ops.rope_qkv(qkv, cos, sin, hq, hkv, d)
         q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
         q, k = self.q_norm(q.view(t, hq, d)), self.k_norm(k.view(t, hkv, d))  # (T, Hq|Hkv, D)
         q, k = self.ops.rotary(q, cos, sin), self.ops.rotary(k, cos, sin)  # contiguous

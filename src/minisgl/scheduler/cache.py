@@ -49,7 +49,8 @@ class CacheManager:
         """Give `req` a row: the longest cached prefix of its tokens, never the last one (a step must
         compute at least one token's logits), and its own pages for the rest. False, and nothing
         taken, unless the available pages cover that plus `reserve_pages` of headroom."""
-        match = self.prefix.match(req.token_ids[: req.seq_len - 1])
+        # A request that wants its prompt's logprobs needs the logits of every prompt token.
+        match = self.prefix.match(req.token_ids[: 0 if req.wants_prompt_logprobs else req.seq_len - 1])
         need = -(-req.seq_len // self.page_size) - len(match.pages)
         self.prefix.lock(match.node)
         if need + reserve_pages > self.num_available or not self.make_room(need):
@@ -71,6 +72,8 @@ class CacheManager:
         """Whether `req` should wait because a request being prefilled (`producers`) will soon cache
         at least one more whole page of `req`'s prefix than is cached now: admitted now, `req` would
         compute those tokens a second time (concurrent requests with one system prompt)."""
+        if req.wants_prompt_logprobs:  # it will not borrow a prefix anyway
+            return False
         limit = req.token_ids[: req.seq_len - 1]
         cached = len(self.prefix.match(limit).pages)
         return any(_common_pages(p.token_ids, limit, self.page_size) > cached for p in producers)

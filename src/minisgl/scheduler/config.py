@@ -32,6 +32,18 @@ class SchedulerConfig(EngineOptions):
     cache_type: str = "radix"  # prefix cache: "radix" shares cached prefixes; "naive" caches nothing
     offline_mode: bool = False  # the offline LLM class: no sockets, the subclass does the IO
     dist_init_addr: str = ""  # tcp://host:port for torch.distributed when tp_info.size > 1
+    # Non-empty: the torch.distributed store at dist_init_addr is hosted by the launcher (one store
+    # for every replica and node); this rank joins it as a client under this key prefix.
+    dist_store_prefix: str = ""
+    replica: int = 0  # which data-parallel replica (--dp) this rank belongs to: its own pipes
+    report_load: bool = False  # rank 0 sends a LoadMsg whenever its running/waiting counts change
+    device_index: int = 0  # the GPU this rank uses on its machine (cuda only)
+    # Several machines (--nnodes): rank 0's input also connects to these tcp endpoints (bound by the
+    # tokenizers on node 0), its replies go to this tcp endpoint (bound by the detokenizer there), and
+    # a tensor-parallel group that spans machines forwards its messages over tcp, not ipc.
+    backend_tcp_addrs: tuple[str, ...] = ()
+    detokenizer_tcp_addr: str = ""
+    broadcast_over_tcp: bool = False
     _unique_suffix: str = field(default_factory=new_suffix)
 
     def __post_init__(self) -> None:
@@ -42,6 +54,10 @@ class SchedulerConfig(EngineOptions):
             raise ValueError(f"cache_type must be one of {CACHE_TYPES}, got {self.cache_type!r}")
         if self.dist_init_addr and not self.dist_init_addr.startswith("tcp://"):
             raise ValueError(f"dist_init_addr must look like tcp://host:port, got {self.dist_init_addr!r}")
+        if not (isinstance(self.replica, int) and self.replica >= 0):
+            raise ValueError(f"replica must be an int >= 0, got {self.replica!r}")
+        if not (isinstance(self.device_index, int) and self.device_index >= 0):
+            raise ValueError(f"device_index must be an int >= 0, got {self.device_index!r}")
         ipc_dir_for(self._unique_suffix)  # a bad suffix fails here, not at the first socket
 
     # -- addresses -------------------------------------------------------------------------------
@@ -54,20 +70,24 @@ class SchedulerConfig(EngineOptions):
         """Any further socket of this server, e.g. `config.ipc_addr("frontend")`."""
         return ipc_addr(self.ipc_dir, name)
 
+    def _replica_addr(self, name: str) -> str:
+        """Replica 0 keeps the plain names; replica r > 0 appends r (its own pipes)."""
+        return self.ipc_addr(name if self.replica == 0 else f"{name}{self.replica}")
+
     @property
     def zmq_backend_addr(self) -> str:
         """tokenizer -> scheduler rank 0 (rank 0 binds a PULL)."""
-        return self.ipc_addr("backend")
+        return self._replica_addr("backend")
 
     @property
     def zmq_detokenizer_addr(self) -> str:
         """scheduler rank 0 -> detokenizer."""
-        return self.ipc_addr("detokenizer")
+        return self.detokenizer_tcp_addr or self._replica_addr("detokenizer")
 
     @property
     def zmq_scheduler_broadcast_addr(self) -> str:
         """scheduler rank 0 -> ranks 1..N-1 (XPUB/SUB)."""
-        return self.ipc_addr("broadcast")
+        return self._replica_addr("broadcast")
 
     @property
     def zmq_frontend_addr(self) -> str:
@@ -81,8 +101,9 @@ class SchedulerConfig(EngineOptions):
 
     @property
     def backend_create_detokenizer_link(self) -> bool:
-        """True: the scheduler binds the detokenizer link (the detokenizer connects)."""
-        return True
+        """True: the scheduler binds the detokenizer link (the detokenizer connects); False on another
+        machine than the detokenizer, which then binds a tcp endpoint on node 0."""
+        return not self.detokenizer_tcp_addr
 
     def remove_ipc_dir(self) -> None:
         """Delete the socket directory (call once the whole server has stopped)."""

@@ -33,12 +33,17 @@ def init_distributed(config: SchedulerConfig) -> ProcessGroup | None:
     from minisgl.distributed import init_process_groups
 
     tp = config.tp_info
+    on_gpu = str(config.device).startswith("cuda")
+    if on_gpu:  # this rank's GPU on its machine (replicas and ranks of one machine take one each)
+        torch.cuda.set_device(config.device_index)
     if tp.size == 1:
         return None
-    on_gpu = str(config.device).startswith("cuda")
-    if on_gpu:
-        torch.cuda.set_device(tp.rank)
-    return init_process_groups(tp, config.dist_init_addr, backend="nccl" if on_gpu else "gloo")
+    return init_process_groups(
+        tp,
+        config.dist_init_addr,
+        backend="nccl" if on_gpu else "gloo",
+        store_prefix=config.dist_store_prefix or None,
+    )
 
 
 def run_scheduler(config: SchedulerConfig, ready_conn: Connection) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
+import zmq
 
 from minisgl.message import BaseBackendMsg, BaseTokenizerMsg, BatchTokenizerMsg, MessageDecodeError
 from minisgl.utils import ZmqPubQueue, ZmqPullQueue, ZmqPushQueue, ZmqSubQueue, init_logger
@@ -63,6 +64,8 @@ class SchedulerIOMixin:
             self._recv_from_tokenizer = self._keep(
                 ZmqPullQueue(config.zmq_backend_addr, create=True, decoder=BaseBackendMsg.decoder)
             )
+            for addr in config.backend_tcp_addrs:  # tokenizers on node 0 (this replica is elsewhere)
+                self._recv_from_tokenizer.socket.connect(addr)
             self._send_into_tokenizer = self._keep(
                 ZmqPushQueue(
                     config.zmq_detokenizer_addr,
@@ -75,10 +78,10 @@ class SchedulerIOMixin:
             if tp_info.is_primary():
                 recv = self._recv_msg_multi_rank0
                 self._send_into_ranks = self._keep(
-                    ZmqPubQueue(
-                        config.zmq_scheduler_broadcast_addr, create=True, encoder=BaseBackendMsg.encoder
-                    )
+                    ZmqPubQueue(self._broadcast_addr(config), create=True, encoder=BaseBackendMsg.encoder)
                 )
+                if config.broadcast_over_tcp:
+                    self._share_endpoint(self._send_into_ranks.socket.getsockopt_string(zmq.LAST_ENDPOINT))
                 # Until every other rank has subscribed, a broadcast could be dropped for one of them,
                 # which would then wait forever for it: wait for all subscriptions, with a deadline.
                 try:
@@ -89,13 +92,38 @@ class SchedulerIOMixin:
                     raise TimeoutError(f"scheduler rank 0: not every rank subscribed: {e}") from None
             else:
                 recv, send = self._recv_msg_multi_rank1, self._reply_tokenizer_rank1
+                addr = (
+                    self._share_endpoint("")
+                    if config.broadcast_over_tcp
+                    else config.zmq_scheduler_broadcast_addr
+                )
                 self._recv_from_rank0 = self._keep(
-                    ZmqSubQueue(
-                        config.zmq_scheduler_broadcast_addr, create=False, decoder=BaseBackendMsg.decoder
-                    )
+                    ZmqSubQueue(addr, create=False, decoder=BaseBackendMsg.decoder)
                 )
         self.receive_msg = recv
         self.send_result = send
+
+    @staticmethod
+    def _broadcast_addr(config: SchedulerConfig) -> str:
+        """ipc on one machine; a group spanning machines: tcp on this machine's address facing node 0
+        (a port the OS picks; the other ranks learn it from `_share_endpoint`)."""
+        if not config.broadcast_over_tcp:
+            return config.zmq_scheduler_broadcast_addr
+        from minisgl.utils.host import ip_facing
+
+        host = config.dist_init_addr.removeprefix("tcp://").rpartition(":")[0].strip("[]")
+        ip = ip_facing(host)
+        return f"tcp://[{ip}]:*" if ":" in ip else f"tcp://{ip}:*"
+
+    def _share_endpoint(self, endpoint: str) -> str:
+        """Rank 0's broadcast endpoint to every rank, over the gloo group (bytes in a tensor: no pickle)."""
+        import torch.distributed as dist
+
+        buf = torch.zeros(256, dtype=torch.uint8)
+        raw = endpoint.encode()
+        buf[: len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+        dist.broadcast(buf, src=0, group=self.tp_cpu_group)
+        return bytes(buf.tolist()).rstrip(b"\0").decode()
 
     def _keep(self, queue: Queue) -> Queue:
         self._io_queues.append(queue)

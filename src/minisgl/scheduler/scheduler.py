@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl.core import Batch, Req, RequestRejected, check_request
+from minisgl.core import Batch, Req, RequestRejected, TokenLogprobs, check_request
 from minisgl.engine import DummyEngine, Engine, create_engine
-from minisgl.engine.engine import StepOutput
+from minisgl.engine.engine import StepLogprobLists, StepOutput
 from minisgl.kvcache import create_prefix_cache
 from minisgl.message import (
     AbortBackendMsg,
@@ -54,6 +54,7 @@ from minisgl.message import (
     DetokenizeMsg,
     ErrorMsg,
     ExitMsg,
+    LoadMsg,
     UserMsg,
 )
 
@@ -99,6 +100,7 @@ class Scheduler(SchedulerIOMixin):
         self._replies: list[BaseTokenizerMsg] = []
         self.overlap = _overlap_enabled(config, self.engine)
         self._in_flight: tuple[Batch, StepOutput] | None = None  # overlap: the step launched last
+        self._reported_load = (0, 0)  # (running, waiting) as last sent in a LoadMsg
         super().__init__(config, tp_cpu_group)
 
     # -- public ---------------------------------------------------------------------------------------
@@ -129,9 +131,13 @@ class Scheduler(SchedulerIOMixin):
         batch = self._schedule()
         if batch is not None:
             self._idle_logged = False
-            tokens = self.engine.forward_batch(batch)
+            if isinstance(self.engine, Engine):
+                out = self.engine.launch(batch)
+                tokens, logprobs = out.tolist(), out.logprobs()
+            else:
+                tokens, logprobs = self.engine.forward_batch(batch), None
             self._on_launch(batch)
-            self._on_result(batch, tokens)
+            self._on_result(batch, tokens, logprobs)
         self._send_replies()
 
     def overlap_step(self) -> None:
@@ -146,7 +152,7 @@ class Scheduler(SchedulerIOMixin):
             self._on_launch(batch)
         if self._in_flight is not None:
             done, out = self._in_flight
-            self._on_result(done, out.tolist())
+            self._on_result(done, out.tolist(), out.logprobs())
         self._in_flight = launched
         self._send_replies()
 
@@ -155,9 +161,24 @@ class Scheduler(SchedulerIOMixin):
             self._handle(msg)
 
     def _send_replies(self) -> None:
+        if self.config.report_load:
+            self._report_load()
         if self._replies:
             replies, self._replies = self._replies, []
             self.send_result(replies)
+
+    def load(self) -> tuple[int, int]:
+        """(running, waiting): requests prefilling or decoding, and requests waiting for pages."""
+        waiting = len(self.prefill.waiting)
+        return len(self.decode) + len(self.prefill) - waiting, waiting
+
+    def _report_load(self) -> None:
+        """A LoadMsg rides with this step's replies when the counts changed (the --dp router's input;
+        a step that changes nothing sends nothing)."""
+        load = self.load()
+        if load != self._reported_load:
+            self._reported_load = load
+            self._replies.append(LoadMsg(self.config.replica, *load))
 
     def has_work(self) -> bool:
         return len(self.prefill) > 0 or len(self.decode) > 0
@@ -297,15 +318,18 @@ class Scheduler(SchedulerIOMixin):
                     self.prefill.done(req)
                     self.decode.add(req)
 
-    def _on_result(self, batch: Batch, tokens: list[int]) -> None:
+    def _on_result(self, batch: Batch, tokens: list[int], logprobs: StepLogprobLists | None = None) -> None:
         """A step's sampled tokens arrived: append them, cache the prefixes it computed (prefill
         steps; decoded pages are cached at release), reply, and end the requests that finished."""
+        sampled_lp, prompt_lp = logprobs or ({}, {})
         sampled = iter(tokens)
         for req, end, samples in zip(batch.reqs, batch.kv_ends, batch.sample_mask, strict=True):
             token = next(sampled) if samples else -1
             req.pending -= samples
             if req.finished:  # aborted or stopped while this step ran: its token is dropped
                 continue
+            if req.uid in prompt_lp:
+                _add_prompt_logprobs(req, *prompt_lp[req.uid])
             if samples:
                 req.token_ids.append(token)
             if req.table_row >= 0:  # not retracted meanwhile: the step's K/V are in its pages
@@ -314,13 +338,33 @@ class Scheduler(SchedulerIOMixin):
                     self.cache.cache_prefix(req)
             if not samples:
                 continue
-            reason = self._finish_reason(req, token)
-            cached = max(req.cached_prompt_len, 0)
-            self._replies.append(DetokenizeMsg(req.uid, token, bool(reason), reason, cached))
-            if reason:
-                if self.decode.remove(req.uid) is None:
-                    self.prefill.remove(req.uid)  # retracted meanwhile: it waits in the queue
-                self._release(req)
+            self._reply(req, token, sampled_lp.get(req.uid))
+
+    def _reply(self, req: Req, token: int, logprobs: TokenLogprobs | None) -> None:
+        """The DetokenizeMsg of `req`'s new `token` (ending it if it finished)."""
+        reason = self._finish_reason(req, token)
+        msg = DetokenizeMsg(req.uid, token, bool(reason), reason, max(req.cached_prompt_len, 0))
+        if reason == "stop" and token in req.sampling_params.stop_token_ids:
+            msg.stop_token_id = token
+        if logprobs is not None:
+            msg.logprob, msg.top_ids, msg.top_logprobs = (
+                logprobs.logprobs[0],
+                logprobs.top_ids[0],
+                logprobs.top_logprobs[0],
+            )
+        if req.output_len == 1 and req.sampling_params.prompt_logprobs is not None:
+            lp = req.prompt_logprobs or TokenLogprobs()
+            msg.prompt_ids = req.token_ids[: req.prompt_len]
+            msg.prompt_logprobs, msg.prompt_top_ids, msg.prompt_top_logprobs = (
+                lp.logprobs,
+                lp.top_ids,
+                lp.top_logprobs,
+            )
+        self._replies.append(msg)
+        if reason:
+            if self.decode.remove(req.uid) is None:
+                self.prefill.remove(req.uid)  # retracted meanwhile: it waits in the queue
+            self._release(req)
 
     def _finish_reason(self, req: Req, token: int) -> str:
         params = req.sampling_params
@@ -338,6 +382,16 @@ class Scheduler(SchedulerIOMixin):
         if self.cache.release(req):
             self._under_pressure = False
         _remember(self._recent_done, req.uid)
+
+
+def _add_prompt_logprobs(req: Req, start: int, lp: TokenLogprobs) -> None:
+    """Logprobs of prompt tokens start + 1 .. from a prefill step; those known already are skipped
+    (a retracted request computes its prompt again)."""
+    if req.prompt_logprobs is None:
+        req.prompt_logprobs = TokenLogprobs()
+    skip = len(req.prompt_logprobs) - start
+    if skip >= 0:
+        req.prompt_logprobs.extend(lp, skip)
 
 
 def _overlap_enabled(config: SchedulerConfig, engine: Engine | DummyEngine) -> bool:

@@ -35,8 +35,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from minisgl.core import SamplingParams
 
-from .frontend import Chunk, FrontendManager, Overloaded, RequestError, RequestStream, TokenizerPrompt
-from .protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from .frontend import (
+    Chunk,
+    FrontendManager,
+    Overloaded,
+    PromptOptions,
+    RequestError,
+    RequestStream,
+    TokenizerPrompt,
+)
+from .logprobs_format import ChatLogprobs, CompletionLogprobs
+from .protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest, SamplingRequest
 
 logger = logging.getLogger("minisgl.server")
 
@@ -243,6 +252,7 @@ async def _open_all(
     params: SamplingParams,
     stops: list[str],
     n: int,
+    options: PromptOptions | None = None,
 ) -> list[RequestStream]:
     """`n` streams per prompt; waits (bounded, and no longer than the client stays) until the
     tokenizer accepted all of them."""
@@ -251,7 +261,7 @@ async def _open_all(
     try:
         manager.check_room(len(prompts) * n)
         for prompt in prompts:
-            streams += manager.open(prompt, params, stops, n)
+            streams += manager.open(prompt, params, stops, n, options)
         accepted = asyncio.gather(*(s.accepted() for s in streams))
         await _until_disconnect(request, asyncio.wait_for(accepted, state.tokenize_timeout))
     except Overloaded as e:
@@ -312,16 +322,29 @@ async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Chun
             t.cancel()
 
 
-async def _collect(streams: list[RequestStream]) -> tuple[list[str], list[str], Exception | None]:
-    texts = [""] * len(streams)
-    reasons = ["abort"] * len(streams)
+@dataclass
+class _Choice:
+    """One choice of a non-streaming answer, its chunks put together."""
+
+    text: str = ""
+    finish_reason: str = "abort"
+    stop_reason: str | int | None = None
+    chunks: list[Chunk] = field(default_factory=list)
+
+    def add(self, chunk: Chunk) -> None:
+        self.text += chunk.text
+        self.chunks.append(chunk)
+        if chunk.finish_reason is not None:
+            self.finish_reason, self.stop_reason = chunk.finish_reason, chunk.stop_reason
+
+
+async def _collect(streams: list[RequestStream]) -> tuple[list[_Choice], Exception | None]:
+    choices = [_Choice() for _ in streams]
     async for i, item in _merged(streams):
         if isinstance(item, Exception):
-            return texts, reasons, item
-        texts[i] += item.text
-        if item.finish_reason is not None:
-            reasons[i] = item.finish_reason
-    return texts, reasons, None
+            return choices, item
+        choices[i].add(item)
+    return choices, None
 
 
 async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
@@ -342,15 +365,15 @@ async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 async def _finish_all(
     request: Request, manager: FrontendManager, streams: list[RequestStream]
-) -> tuple[list[str], list[str]]:
+) -> list[_Choice]:
     """Wait for every choice of a non-streaming request (aborting them if the client leaves)."""
     try:
-        texts, reasons, err = await _until_disconnect(request, _collect(streams))
+        choices, err = await _until_disconnect(request, _collect(streams))
     finally:
         _release_all(manager, streams)
     if err is not None:
         raise APIError(500, str(err), "server_error")
-    return texts, reasons
+    return choices
 
 
 def _usage(streams: list[RequestStream], n: int) -> JSONObject:
@@ -405,6 +428,7 @@ class _ChunkEvents:
     object: str
     model: str
     include_usage: bool
+    continuous_usage: bool = False  # usage (that choice's so far) in every chunk
     created: int = field(default_factory=lambda: int(time.time()))
 
     def event(self, choices: list[JSONObject], usage: JSONObject | None = None) -> bytes:
@@ -428,16 +452,23 @@ class _ChunkEvents:
     ) -> AsyncIterator[bytes]:
         """The `head` choices (one event each), then one event per chunk as it comes (an error
         ends them), the usage once every choice finished, and [DONE]."""
-        for c in head or []:
-            yield self.event([c])
+        for i, c in enumerate(head or []):
+            yield self.event([c], self._running_usage(streams[i].prompt_tokens, 0))
         async for i, item in _merged(streams):
             if isinstance(item, Exception):
                 yield _error_event(item)
                 break
-            yield self.event([choice(i, item)])
+            yield self.event(
+                [choice(i, item)], self._running_usage(item.prompt_tokens, item.completion_tokens)
+            )
         if self.include_usage:
             yield self.event([], _usage(streams, n))
         yield _DONE
+
+    def _running_usage(self, prompt: int, completion: int) -> JSONObject | None:
+        if not self.continuous_usage:
+            return None
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _chat_role(i: int) -> JSONObject:
@@ -450,13 +481,27 @@ def _chat_role(i: int) -> JSONObject:
     }
 
 
-def _chat_delta(i: int, chunk: Chunk) -> JSONObject:
-    delta = {"content": chunk.text} if chunk.text else {}
-    return {"index": i, "delta": delta, "logprobs": None, "finish_reason": chunk.finish_reason}
+def _chat_delta(logprobs: list[ChatLogprobs] | None) -> Callable[[int, Chunk], JSONObject]:
+    def delta(i: int, chunk: Chunk) -> JSONObject:
+        d = {"content": chunk.text} if chunk.text else {}
+        lp = logprobs[i].of(chunk.logprobs) if logprobs else None
+        out = {"index": i, "delta": d, "logprobs": lp, "finish_reason": chunk.finish_reason}
+        if chunk.finish_reason is not None:
+            out["stop_reason"] = chunk.stop_reason
+        return out
+
+    return delta
 
 
-def _text_choice(i: int, chunk: Chunk) -> JSONObject:
-    return {"index": i, "text": chunk.text, "logprobs": None, "finish_reason": chunk.finish_reason}
+def _text_choice(logprobs: list[CompletionLogprobs] | None) -> Callable[[int, Chunk], JSONObject]:
+    def choice(i: int, chunk: Chunk) -> JSONObject:
+        lp = logprobs[i].of(chunk) if logprobs else None
+        out = {"index": i, "text": chunk.text, "logprobs": lp, "finish_reason": chunk.finish_reason}
+        if chunk.finish_reason is not None:
+            out["stop_reason"] = chunk.stop_reason
+        return out
+
+    return choice
 
 
 async def _generate_events(stream: RequestStream) -> AsyncIterator[bytes]:
@@ -480,16 +525,28 @@ async def health(state: State) -> Response:
     return JSONResponse({"status": state.status, "detail": state.detail}, status_code=503)
 
 
-@router.get("/v1/models")
-async def models(state: State) -> dict:
-    card = {
+def _model_card(state: ServerState) -> JSONObject:
+    return {
         "id": state.model_name,
         "object": "model",
         "created": state.created,
         "owned_by": "minisgl",
         "max_model_len": state.max_seq_len,
     }
-    return {"object": "list", "data": [card]}
+
+
+@router.get("/v1/models")
+async def models(state: State) -> dict:
+    return {"object": "list", "data": [_model_card(state)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(model_id: str, state: State) -> JSONObject:
+    if not state.knows_model(model_id):
+        raise APIError(
+            404, f"the model '{model_id}' does not exist", "not_found_error", "model", "model_not_found"
+        )
+    return {**_model_card(state), "id": model_id}
 
 
 @router.get("/metrics")
@@ -498,21 +555,34 @@ async def metrics(state: State) -> Response:
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
+def _events(body: SamplingRequest, rid: str, obj: str, name: str) -> _ChunkEvents:
+    return _ChunkEvents(rid, obj, name, body.include_usage, body.continuous_usage)
+
+
 @router.post("/v1/chat/completions")
 async def chat(body: ChatCompletionRequest, request: Request, state: State) -> Response:
     _check_ready(state, body.model)
     prompts: list[TokenizerPrompt] = [body.conversation()]
-    streams = await _open_all(state, request, prompts, body.sampling_params(), body.stop_list, body.n)
+    options = PromptOptions(body.add_generation_prompt, body.continue_final_message)
+    params = body.sampling_params()
+    streams = await _open_all(state, request, prompts, params, body.stop_list, body.n, options)
     rid, name = f"chatcmpl-{uuid.uuid4().hex}", body.model or state.model_name
+    logprobs = [ChatLogprobs() for _ in streams] if params.logprobs is not None else None
     if body.stream:
-        events = _ChunkEvents(rid, "chat.completion.chunk", name, body.include_usage)
+        events = _events(body, rid, "chat.completion.chunk", name)
         roles = [_chat_role(i) for i in range(len(streams))]
-        content = events.body(streams, body.n, _chat_delta, head=roles)
+        content = events.body(streams, body.n, _chat_delta(logprobs), head=roles)
         return _StreamResponse(content, lambda: _release_all(state.manager, streams))
-    texts, reasons = await _finish_all(request, state.manager, streams)
+    done = await _finish_all(request, state.manager, streams)
     choices: list[JSONObject] = [
-        {"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None, "finish_reason": r}
-        for i, (t, r) in enumerate(zip(texts, reasons, strict=True))
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": c.text},
+            "logprobs": logprobs[i].of([e for ch in c.chunks for e in ch.logprobs]) if logprobs else None,
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+        }
+        for i, c in enumerate(done)
     ]
     return _completion_response(rid, "chat.completion", name, choices, _usage(streams, body.n))
 
@@ -521,16 +591,25 @@ async def chat(body: ChatCompletionRequest, request: Request, state: State) -> R
 async def completions(body: CompletionRequest, request: Request, state: State) -> Response:
     _check_ready(state, body.model)
     prompts: list[TokenizerPrompt] = list(body.prompts())
-    streams = await _open_all(state, request, prompts, body.sampling_params(), body.stop_list, body.n)
+    params = body.sampling_params()
+    options = PromptOptions(echo=body.echo)
+    streams = await _open_all(state, request, prompts, params, body.stop_list, body.n, options)
     rid, name = f"cmpl-{uuid.uuid4().hex}", body.model or state.model_name
+    logprobs = [CompletionLogprobs() for _ in streams] if params.logprobs is not None else None
     if body.stream:
-        events = _ChunkEvents(rid, "text_completion", name, body.include_usage)
-        content = events.body(streams, body.n, _text_choice)
+        events = _events(body, rid, "text_completion", name)
+        content = events.body(streams, body.n, _text_choice(logprobs))
         return _StreamResponse(content, lambda: _release_all(state.manager, streams))
-    texts, reasons = await _finish_all(request, state.manager, streams)
+    done = await _finish_all(request, state.manager, streams)
     choices: list[JSONObject] = [
-        {"index": i, "text": t, "logprobs": None, "finish_reason": r}
-        for i, (t, r) in enumerate(zip(texts, reasons, strict=True))
+        {
+            "index": i,
+            "text": c.text,
+            "logprobs": logprobs[i].of_all(c.chunks) if logprobs else None,
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+        }
+        for i, c in enumerate(done)
     ]
     return _completion_response(rid, "text_completion", name, choices, _usage(streams, body.n))
 
@@ -544,11 +623,11 @@ async def generate(body: GenerateRequest, request: Request, state: State) -> Res
     [stream] = streams
     if body.stream:
         return _StreamResponse(_generate_events(stream), lambda: state.manager.release(stream))
-    [text], [reason] = await _finish_all(request, state.manager, streams)
+    [done] = await _finish_all(request, state.manager, streams)
     return JSONResponse(
         {
-            "text": text,
-            "finish_reason": reason,
+            "text": done.text,
+            "finish_reason": done.finish_reason,
             "prompt_tokens": stream.prompt_tokens,
             "completion_tokens": stream.completion_tokens,
             "cached_tokens": stream.cached_tokens,

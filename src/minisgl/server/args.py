@@ -21,6 +21,10 @@ class ServerArgs:
     port: int = DEFAULT_PORT
     device: str = "auto"
     tp: int = 1
+    dp: int = 1  # data-parallel replicas, each of `tp` ranks, behind this one API server
+    nnodes: int = 1  # machines the dp * tp ranks are spread over (contiguously, by node rank)
+    node_rank: int = 0  # this machine's place; node 0 runs the API server, tokenizer and detokenizer
+    dist_init_addr: str | None = None  # HOST:PORT on node 0 (--nnodes > 1): every node meets there
     dtype: str = "auto"
     num_tokenizer: int = 0
     max_running_requests: int | None = None
@@ -67,6 +71,9 @@ class ServerArgs:
             raise ValueError(f"--port must be in 1..65535, got {self.port}")
         if self.tp < 1:
             raise ValueError(f"--tp must be >= 1, got {self.tp}")
+        if self.dp < 1:
+            raise ValueError(f"--dp must be >= 1, got {self.dp}")
+        self._check_nodes()
         if self.num_tokenizer < 0:
             raise ValueError(f"--num-tokenizer must be >= 0, got {self.num_tokenizer}")
         if self.max_queued_requests is not None and self.max_queued_requests < 1:
@@ -91,6 +98,33 @@ class ServerArgs:
                 r"\b[a-z_]+\b", lambda m: _flag(m.group()) if m.group() in names else m.group(), str(e)
             )
             raise ValueError(flags) from None
+
+    def _check_nodes(self) -> None:
+        if self.nnodes < 1:
+            raise ValueError(f"--nnodes must be >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
+        if (self.dp * self.tp) % self.nnodes:
+            raise ValueError(
+                f"--dp x --tp ({self.dp * self.tp} ranks) must divide evenly over --nnodes {self.nnodes}"
+            )
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("--nnodes > 1 needs --dist-init-addr HOST:PORT (an address of node 0)")
+        if self.dist_init_addr is not None:
+            split_host_port(self.dist_init_addr)
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.dp * self.tp // self.nnodes
+
+
+def split_host_port(addr: str) -> tuple[str, int]:
+    """'HOST:PORT' or '[v6]:PORT' -> (host, port); ValueError naming --dist-init-addr otherwise."""
+    host, sep, port = addr.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--dist-init-addr must look like HOST:PORT, got {addr!r}")
+    return host, int(port)
 
 
 def _flag(name: str) -> str:
@@ -194,6 +228,33 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=d.tp,
         metavar="N",
         help="tensor-parallel ranks (one scheduler process each; gloo on CPU)",
+    )
+    g.add_argument(
+        "--dp",
+        type=int,
+        default=d.dp,
+        metavar="M",
+        help="data-parallel replicas of the engine (each of --tp ranks) behind one API server; each request "
+        "goes to the replica with the fewest running + waiting requests",
+    )
+
+    g = p.add_argument_group("several machines")
+    g.add_argument(
+        "--nnodes", type=int, default=d.nnodes, metavar="N", help="machines the --dp x --tp ranks run on"
+    )
+    g.add_argument(
+        "--node-rank",
+        type=int,
+        default=d.node_rank,
+        metavar="K",
+        help="this machine's index; node 0 serves HTTP and runs the tokenizer and detokenizer, it and "
+        "every other node run ranks K x (dp x tp / nnodes) onwards",
+    )
+    g.add_argument(
+        "--dist-init-addr",
+        metavar="HOST:PORT",
+        help="an address of node 0 that every node can reach; node 0 binds it (and its other tcp "
+        "endpoints) on HOST only, the others connect",
     )
     g.add_argument("--max-running-requests", type=int, metavar="N", help="requests decoded together at most")
     g.add_argument(

@@ -17,6 +17,8 @@ from .args import ServerArgs
 if TYPE_CHECKING:
     from minisgl.scheduler.config import SchedulerConfig
 
+    from .nodes import TcpPlan
+
 # The prefill budget (prompt tokens per scheduler step) when --max-prefill-tokens is not given, on the
 # CPU. A step cannot be interrupted, so it is how long an abort or a new request may have to wait:
 # 256 tokens keep a prefill step of the embedded model on a small CPU short (a chunk at the end of a
@@ -88,15 +90,47 @@ def scheduler_config(args: ServerArgs, model_dir: Path, device: str) -> Schedule
     )
 
 
-def build(args: ServerArgs, model_dir: Path, device: str) -> list[SchedulerConfig]:
-    """One SchedulerConfig per rank, sharing one ipc suffix (hence one directory)."""
-    from minisgl.distributed import DistributedInfo
+def build(
+    args: ServerArgs, model_dir: Path, device: str, plan: TcpPlan | None = None
+) -> list[SchedulerConfig]:
+    """One SchedulerConfig per rank of every replica on this machine (replica-major), sharing one
+    ipc suffix (hence one directory); on one machine each replica's ranks meet on their own
+    torch.distributed rendezvous, on several (`plan`) on node 0's store (`nodes.py`)."""
     from minisgl.utils.host import find_free_port
 
-    rank0 = scheduler_config(args, model_dir, device)
+    base = dataclasses.replace(scheduler_config(args, model_dir, device), report_load=True)
+    if plan is not None:
+        from .nodes import node_configs
+
+        return node_configs(base, args, plan)
+    configs = []
+    for replica in range(args.dp):
+        addr = f"tcp://127.0.0.1:{find_free_port()}" if args.tp > 1 else ""
+        configs += replica_configs(dataclasses.replace(base, replica=replica, dist_init_addr=addr), args)
+    return configs
+
+
+def replica_configs(base: SchedulerConfig, args: ServerArgs) -> list[SchedulerConfig]:
+    """The tp ranks of `base.replica`; each rank's GPU is its global rank's place on its machine."""
+    from minisgl.distributed import DistributedInfo
+
+    first = base.replica * args.tp
+    return [
+        dataclasses.replace(
+            base, tp_info=DistributedInfo(k, args.tp), device_index=(first + k) % args.ranks_per_node
+        )
+        for k in range(args.tp)
+    ]
+
+
+def rank_name(config: SchedulerConfig, args: ServerArgs) -> str:
+    """How the launcher names a scheduler process in its messages."""
+    name = "scheduler"
+    if args.dp > 1:
+        name += f" replica {config.replica}"
     if args.tp > 1:
-        rank0 = dataclasses.replace(rank0, dist_init_addr=f"tcp://127.0.0.1:{find_free_port()}")
-    return [dataclasses.replace(rank0, tp_info=DistributedInfo(r, args.tp)) for r in range(args.tp)]
+        name += f" rank {config.tp_info.rank}"
+    return name
 
 
 def _set_only(**options: int | None) -> dict[str, int]:

@@ -19,7 +19,7 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from minisgl.core import SamplingParams
 from minisgl.message import (
@@ -28,12 +28,14 @@ from minisgl.message import (
     BaseTokenizerMsg,
     BatchFrontendMsg,
     BatchTokenizerMsg,
+    LoadReply,
     TokenizeMsg,
     UserReply,
 )
 from minisgl.tokenizer.stop import StopMatcher
 
 from .metrics import ServerMetrics
+from .router import ReplicaRouter
 
 logger = logging.getLogger("minisgl.server")
 
@@ -43,6 +45,15 @@ TokenizerPrompt = str | list[int] | list[dict[str, str]]
 # How long a finished request waits for its prompt-token count if that reply (from a tokenizer
 # process) is overtaken by the detokenizer's last reply; only possible with --num-tokenizer > 0.
 _LATE_ACK_WAIT_S = 1.0
+
+
+@dataclass(frozen=True)
+class PromptOptions:
+    """How the tokenizer renders a prompt (chat) and whether the answer echoes it (completions)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    echo: bool = False
 
 
 class RequestError(Exception):
@@ -59,23 +70,63 @@ class Overloaded(Exception):
 
 
 @dataclass
+class TokenLogprob:
+    """One token's log probability (None: the prompt's first token) and its top alternatives."""
+
+    token: bytes
+    logprob: float | None
+    top: list[tuple[bytes, float]] = field(default_factory=list)
+
+
+@dataclass
 class Chunk:
-    """New output of one request: text, and finish_reason once it is done."""
+    """New output of one request: text, and finish_reason once it is done; `stop_reason` the stop
+    string or stop token id that ended it (None otherwise); the logprobs of its tokens (if asked
+    for), after those of the prompt's tokens on the first chunk of a request with prompt logprobs."""
 
     text: str
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    stop_reason: str | int | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] | None = None
+
+
+def _reply_logprobs(r: UserReply) -> list[TokenLogprob]:
+    return [
+        TokenLogprob(tok, lp, list(zip(top, top_lp, strict=True)))
+        for tok, lp, top, top_lp in zip(
+            r.lp_tokens, r.lp_values, r.lp_top_tokens, r.lp_top_values, strict=True
+        )
+    ]
+
+
+def _prompt_logprobs(r: UserReply) -> list[TokenLogprob]:
+    """Every prompt token; the first has no logprob."""
+    tokens = r.prompt_lp_tokens
+    out = [TokenLogprob(tokens[0], None)] if tokens else []
+    rows = zip(tokens[1:], r.prompt_lp_values, r.prompt_lp_top_tokens, r.prompt_lp_top_values, strict=True)
+    out += [TokenLogprob(tok, lp, list(zip(top, top_lp, strict=True))) for tok, lp, top, top_lp in rows]
+    return out
 
 
 class RequestStream:
     """One request (one choice) in flight: its replies as they arrive, and its stop strings."""
 
-    def __init__(self, manager: FrontendManager, uid: int, stops: list[str]) -> None:
+    def __init__(
+        self, manager: FrontendManager, uid: int, stops: list[str], replica: int = 0, echo: bool = False
+    ) -> None:
         self.manager = manager
         self.uid = uid
+        self.replica = replica  # the data-parallel replica that serves it
         self.matcher = StopMatcher(stops)
+        self.echo = echo  # the first chunk starts with the prompt's text
+        self.prompt_text = ""
+        self.stop_token_id = -1
+        self._logprobs: list[TokenLogprob] = []
+        self._prompt_logprobs: list[TokenLogprob] | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.cached_tokens = 0  # prompt tokens the scheduler took from its prefix cache
@@ -113,6 +164,7 @@ class RequestStream:
         text: list[str] = []
         for r in replies:
             self._count_prompt(r.prompt_tokens)
+            self.prompt_text = self.prompt_text or r.prompt_text
             if r.finished and r.finish_reason == "error":
                 self._finish("error")
                 raise RequestError(
@@ -121,8 +173,12 @@ class RequestStream:
             self._count_tokens(r.completion_tokens)
             self._count_cached(r.cached_tokens)
             text.append(r.incremental_output)
+            self._logprobs += _reply_logprobs(r)
+            if r.prompt_lp_tokens:
+                self._prompt_logprobs = _prompt_logprobs(r)
             if r.finished:
                 self.finish_reason = r.finish_reason or "stop"
+                self.stop_token_id = r.stop_token_id
                 break
         return "".join(text)
 
@@ -172,12 +228,29 @@ class RequestStream:
             if res.matched is not None:
                 self.manager.abort(self.uid)  # the scheduler stops generating and frees the pages
             self._finish(self.finish_reason or "stop")
-        return Chunk(text, self.finish_reason, self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+        if self.echo and self.prompt_text:
+            text, self.echo = self.prompt_text + text, False
+        stop_reason = res.matched if res.matched is not None else self._stop_token()
+        logprobs, self._logprobs = self._logprobs, []
+        prompt_logprobs, self._prompt_logprobs = self._prompt_logprobs, None
+        return Chunk(
+            text,
+            self.finish_reason,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.cached_tokens,
+            stop_reason,
+            logprobs,
+            prompt_logprobs,
+        )
+
+    def _stop_token(self) -> int | None:
+        return self.stop_token_id if self.finish_reason == "stop" and self.stop_token_id >= 0 else None
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         while not self.finished:
             chunk = await self.next_chunk()
-            if chunk.text or chunk.finish_reason is not None:
+            if chunk.text or chunk.finish_reason is not None or chunk.logprobs or chunk.prompt_logprobs:
                 yield chunk
 
     async def _late_ack(self) -> None:
@@ -206,9 +279,12 @@ class FrontendManager:
         send: Callable[[BaseTokenizerMsg], Awaitable[None]],
         metrics: ServerMetrics | None = None,
         max_queued_requests: int | None = None,
+        router: ReplicaRouter | None = None,
     ) -> None:
         self._send = send
         self.metrics = metrics or ServerMetrics()
+        self.router = router or ReplicaRouter(1)
+        self.metrics.registry.register(self.router)
         self.max_queued_requests = max_queued_requests
         self.streams: dict[int, RequestStream] = {}
         self._uids = itertools.count()
@@ -235,19 +311,31 @@ class FrontendManager:
     # ---- requests --------------------------------------------------------------------------------
 
     def open(
-        self, prompt: TokenizerPrompt, params: SamplingParams, stops: list[str], n: int = 1
+        self,
+        prompt: TokenizerPrompt,
+        params: SamplingParams,
+        stops: list[str],
+        n: int = 1,
+        options: PromptOptions | None = None,
     ) -> list[RequestStream]:
         """Register `n` choices of one prompt (consecutive uids, tokenized once) and queue them for
         the tokenizer; raises Overloaded when they do not fit under --max-queued-requests now."""
+        opts = options or PromptOptions()
         self.check_room(n)
         first = next(self._uids)
         for _ in range(n - 1):
             next(self._uids)
-        streams = [RequestStream(self, first + i, stops) for i in range(n)]
+        replica = self.router.pick(n)
+        streams = [RequestStream(self, first + i, stops, replica, opts.echo) for i in range(n)]
         for s in streams:
             self.streams[s.uid] = s
         self.metrics.waiting += n
-        self._post(TokenizeMsg(uid=first, text=prompt, sampling_params=params, n=n))
+        msg = TokenizeMsg(
+            uid=first, text=prompt, sampling_params=params, n=n, replica=replica, echo=opts.echo
+        )
+        msg.add_generation_prompt = opts.add_generation_prompt
+        msg.continue_final_message = opts.continue_final_message
+        self._post(msg)
         return streams
 
     def check_room(self, count: int) -> None:
@@ -275,9 +363,11 @@ class FrontendManager:
             self.metrics.waiting -= 1
 
     def abort(self, uid: int) -> None:
-        """Stop a request: the scheduler drops it and frees its KV pages."""
+        """Stop a request: the scheduler (of the replica that holds it) drops it and frees its pages."""
+        stream = self.streams.get(uid)
+        replica = stream.replica if stream is not None else 0
         self.close(uid)
-        self._post(AbortMsg(uid=uid))
+        self._post(AbortMsg(uid=uid, replica=replica))
 
     def release(self, stream: RequestStream) -> None:
         """End of an HTTP handler's use of `stream`: abort it unless it finished."""
@@ -360,6 +450,10 @@ class FrontendManager:
         if isinstance(msg, BatchFrontendMsg):
             for m in msg.data:
                 self.dispatch(m)
+            return
+        if isinstance(msg, LoadReply):
+            if not self.router.on_report(msg):
+                logger.warning("dropped a load report of replica %d, which does not exist", msg.replica)
             return
         if not isinstance(msg, UserReply):
             logger.warning("dropped an unexpected %s from the workers", type(msg).__name__)

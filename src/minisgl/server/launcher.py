@@ -33,7 +33,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minisgl.message import BaseFrontendMsg, BaseTokenizerMsg
 from minisgl.tokenizer.server import TokenizerWorkerConfig, run_tokenizer_worker
@@ -45,6 +45,12 @@ from .args import ServerArgs
 from .frontend import FrontendManager
 from .metrics import ServerMetrics
 from .processes import Child, ProcessGroup, StartupError
+from .router import ReplicaRouter
+
+if TYPE_CHECKING:
+    from minisgl.distributed import HostedStore
+
+    from .nodes import NodeLink, TcpPlan
 
 logger = init_logger("minisgl.launcher")
 
@@ -75,39 +81,50 @@ class Launcher:
         self.args = args
         self.model_dir = model_dir
         self.device = resolve_device(args.device)
-        self.sched_configs = configs.build(args, model_dir, self.device)
+        self.link, self.store, self.plan = _join_nodes(args)
+        self.sched_configs = configs.build(args, model_dir, self.device, self.plan)
         self.addrs = self.sched_configs[0]  # every pipe's address: its zmq_*_addr properties
         self.group = ProcessGroup(str(self.sched_configs[0].ipc_dir))  # the last child out removes it
         self.stop_requested = False
         self.abort_now = False  # a second signal: abort what is in flight without waiting
         self.exit_code = 0
+        self.detail = ""  # why the server stopped, when it failed (told to the other nodes)
 
     # ---- children --------------------------------------------------------------------------------
 
     def _spawn_schedulers(self) -> list[Child]:
         from minisgl.scheduler import run_scheduler
 
-        size = len(self.sched_configs)
-        return [
-            self.group.spawn(
-                f"scheduler rank {c.tp_info.rank}" if size > 1 else "scheduler", run_scheduler, c
-            )
-            for c in self.sched_configs
-        ]
+        from .configs import rank_name
+
+        return [self.group.spawn(rank_name(c, self.args), run_scheduler, c) for c in self.sched_configs]
 
     def _worker_configs(self) -> list[TokenizerWorkerConfig]:
-        common = dict(
-            model_path=str(self.model_dir),
-            tokenizer_addr=self.addrs.zmq_tokenizer_addr,
-            detokenizer_addr=self.addrs.zmq_detokenizer_addr,
-            backend_addr=self.addrs.zmq_backend_addr,
-            frontend_addr=self.addrs.zmq_frontend_addr,
-        )
+        rank0s = {c.replica: c for c in self.sched_configs if c.tp_info.is_primary()}  # on this node
+        remote = self.plan.backend if self.plan is not None else {}
+        detok = [c.zmq_detokenizer_addr for c in rank0s.values()]
+        detok += [self.plan.detokenizer] if remote and self.plan is not None else []
+
+        def config(role: str, index: int = 0) -> TokenizerWorkerConfig:
+            backends = [
+                remote[r][index] if r in remote else rank0s[r].zmq_backend_addr for r in range(self.args.dp)
+            ]
+            return TokenizerWorkerConfig(
+                model_path=str(self.model_dir),
+                role=role,
+                tokenizer_addr=self.addrs.zmq_tokenizer_addr,
+                detokenizer_addr=detok[0],
+                backend_addr=backends[0],
+                frontend_addr=self.addrs.zmq_frontend_addr,
+                index=index,
+                more_backend_addrs=tuple(backends[1:]),
+                more_detokenizer_addrs=tuple(detok[1:]),
+            )
+
         n = self.args.num_tokenizer
         if n == 0:
-            return [TokenizerWorkerConfig(role="both", **common)]
-        workers = [TokenizerWorkerConfig(role="tokenizer", index=i, **common) for i in range(n)]
-        return [*workers, TokenizerWorkerConfig(role="detokenizer", **common)]
+            return [config("both")]
+        return [*(config("tokenizer", i) for i in range(n)), config("detokenizer")]
 
     def _spawn_workers(self) -> list[Child]:
         return [self.group.spawn(c.name, run_tokenizer_worker, c) for c in self._worker_configs()]
@@ -118,6 +135,7 @@ class Launcher:
         workers = self._spawn_workers()
         timeout = self.args.startup_timeout
         await self.group.wait_ready(schedulers, timeout, lambda: self.stop_requested)
+        await self._wait_other_nodes(timeout)
         info = schedulers[0].info
         limits = {"max_seq_len": int(info["max_seq_len"]), "vocab_size": int(info["vocab_size"])}
         for w in workers:
@@ -127,6 +145,30 @@ class Launcher:
                 raise StartupError(f"{w.name} {w.describe_exit()} during start-up") from None
         await self.group.wait_ready(workers, timeout, lambda: self.stop_requested)
         return info
+
+    async def _wait_other_nodes(self, timeout: float) -> None:
+        """--nnodes: until every other node reported its ranks ready (or one failed)."""
+        deadline = time.monotonic() + timeout
+        while self.link is not None and not self.link.all_ready():
+            problem = self.link.problem()
+            if problem is not None:
+                raise StartupError(problem)
+            if time.monotonic() > deadline:
+                raise StartupError(f"not every node reported ready within {timeout:g} s")
+            if self.stop_requested:
+                raise StartupError("start-up interrupted")
+            self.link.beat()
+            await asyncio.sleep(0.1)
+
+    def _first_failure(self) -> str | None:
+        """A child of this node that died, or a problem another node reported."""
+        dead = self.group.first_dead()
+        if dead is not None:
+            return f"{dead.name} {dead.describe_exit()}"
+        if self.link is not None:
+            self.link.beat()
+            return self.link.problem()
+        return None
 
     # ---- serving ---------------------------------------------------------------------------------
 
@@ -145,7 +187,9 @@ class Launcher:
         from_workers = ZmqAsyncPullQueue(
             self.addrs.zmq_frontend_addr, create=True, decoder=BaseFrontendMsg.decoder
         )
-        manager = FrontendManager(to_tokenizer.put, ServerMetrics(), self.args.max_queued_requests)
+        manager = FrontendManager(
+            to_tokenizer.put, ServerMetrics(), self.args.max_queued_requests, ReplicaRouter(self.args.dp)
+        )
         manager.start(from_workers.get)
         aliases = {str(self.model_dir)} | ({self.args.model} if self.args.model else set())
         state = ServerState(
@@ -191,7 +235,7 @@ class Launcher:
         except StartupError as e:
             if not self.stop_requested:
                 print(f"minisgl: start-up failed: {e}", file=sys.stderr, flush=True)
-                self.exit_code = 1
+                self.exit_code, self.detail = 1, f"start-up failed: {e}"
             state.status = "unhealthy"
             state.detail = str(e)
             return
@@ -213,13 +257,13 @@ class Launcher:
                 await self._drain(state, manager)
                 server.should_exit = True
                 return
-            dead = self.group.first_dead()
-            if dead is not None and not self.stop_requested:  # a signal to the whole group: no failure
-                msg = f"{dead.name} {dead.describe_exit()}; shutting the server down"
+            failure = self._first_failure()
+            if failure is not None and not self.stop_requested:  # a signal to the whole group: no failure
+                msg = f"{failure}; shutting the server down"
                 print(f"minisgl: {msg}", file=sys.stderr, flush=True)
                 state.status, state.detail = "unhealthy", msg
                 manager.finish_all("abort")
-                self.exit_code = 1
+                self.exit_code, self.detail = 1, msg
                 await asyncio.wait({serve_task}, timeout=self.args.unhealthy_grace)
                 server.should_exit = True
                 return
@@ -265,8 +309,16 @@ class Launcher:
             signal.signal(sig, lambda signum, _frame: self.request_stop(signum))
 
     def shutdown(self) -> None:
+        if self.link is not None:  # tell the other nodes, and give them a moment to read it
+            try:
+                self.link.set("failed" if self.exit_code else "stop", self.detail or "the server stopped")
+            except RuntimeError:
+                pass
         self.group.shutdown()
         self.sched_configs[0].remove_ipc_dir()
+        if self.store is not None:
+            time.sleep(1.0)
+            self.store.close()
 
 
 _LAST_BYTES_S = 2.0  # after the drain, how long handlers get to write their last events
@@ -282,6 +334,26 @@ def _uvicorn_server(config: Any, on_signal: Callable[[int], None]) -> Any:
             on_signal(sig)
 
     return DrainingServer(config)
+
+
+def _join_nodes(args: ServerArgs) -> tuple[NodeLink | None, HostedStore | None, TcpPlan | None]:
+    """--nnodes > 1 on node 0: host the store on --dist-init-addr's host only, publish the tcp plan."""
+    if args.nnodes == 1:
+        return None, None, None
+    from minisgl.distributed import host_store
+
+    from .args import split_host_port
+    from .nodes import NodeLink, make_plan
+
+    host, port = split_host_port(args.dist_init_addr or "")
+    try:
+        store = host_store(host, port, timeout_s=args.startup_timeout)
+    except (OSError, RuntimeError) as e:
+        raise StartupError(f"cannot host the rendezvous on {host}:{port} (--dist-init-addr): {e}") from None
+    link = NodeLink(store.store, args)
+    plan = make_plan(args)
+    link.set("addrs", plan.to_json())
+    return link, store, plan
 
 
 def _configure_logging(level: str) -> None:
@@ -307,12 +379,21 @@ def serve(args: ServerArgs) -> int:
     except Exception as e:
         print(f"minisgl: {e}", file=sys.stderr)
         return 2
+    if args.node_rank > 0:  # ranks only: no HTTP, no tokenizer
+        from .node_main import run_node
+
+        return run_node(args, model_dir)
     try:
         sock = bind_http(args.host, args.port)
     except StartupError as e:
         print(f"minisgl: {e}", file=sys.stderr)
         return 2
-    launcher = Launcher(args, model_dir)
+    try:
+        launcher = Launcher(args, model_dir)
+    except StartupError as e:
+        print(f"minisgl: {e}", file=sys.stderr)
+        sock.close()
+        return 2
     try:
         return asyncio.run(launcher.run(sock))
     finally:

@@ -77,18 +77,27 @@ class ProcessGroup:
         that failed, died or timed out."""
         deadline = time.monotonic() + timeout
         pending = list(children)
-        while pending:
-            for child in list(pending):
-                if self._check_one(child):
-                    pending.remove(child)
-            if not pending:
-                return
-            if cancelled():
-                raise StartupError("start-up interrupted")
-            if time.monotonic() > deadline:
-                names = ", ".join(c.name for c in pending)
-                raise StartupError(f"{names} did not report ready within {timeout:g} s")
+        while pending := self._still_pending(pending, deadline, timeout, cancelled):
             await asyncio.sleep(_POLL_S)
+
+    def wait_ready_blocking(self, children: Sequence[Child], timeout: float) -> None:
+        """`wait_ready` for a caller without an event loop (the offline LLM; also inside Jupyter's)."""
+        deadline = time.monotonic() + timeout
+        pending = list(children)
+        while pending := self._still_pending(pending, deadline, timeout, lambda: False):
+            time.sleep(_POLL_S)
+
+    def _still_pending(
+        self, pending: list[Child], deadline: float, timeout: float, cancelled: Callable[[], bool]
+    ) -> list[Child]:
+        """The children not ready yet; StartupError for a failure, an interruption or the deadline."""
+        pending = [c for c in pending if not self._check_one(c)]
+        if pending and cancelled():
+            raise StartupError("start-up interrupted")
+        if pending and time.monotonic() > deadline:
+            names = ", ".join(c.name for c in pending)
+            raise StartupError(f"{names} did not report ready within {timeout:g} s")
+        return pending
 
     @staticmethod
     def _check_one(child: Child) -> bool:

@@ -7,7 +7,8 @@ the vocabulary) happen in the tokenizer worker, which answers with an error repl
 Integers are strict (`true`, `"5"` and `5.0` are not integers: `"prompt": [true, false]` is not a
 list of token ids). Text must be valid Unicode: JSON may spell a lone surrogate (`"\\ud800"`), which
 no UTF-8 pipe can carry, so a body holding one anywhere is refused before any field is read. OpenAI
-fields that would change the output but are not implemented are refused by name, not ignored.
+fields that would change the output but are not implemented are refused by name, not ignored
+(tests/test_openai_fields.py walks every field of the openai package's request types).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator, model_validator
 
-from minisgl.core import SamplingParams
+from minisgl.core import MAX_LOGPROBS, SamplingParams
 from minisgl.tokenizer.tokenize import FILL_CONTEXT, MAX_CHOICES
 
 _INT32 = 2**31 - 1  # bounds keep every number encodable (msgpack) and meaningful downstream
@@ -77,20 +78,51 @@ class _Request(_Body):
         return data
 
 
-# Accepted OpenAI fields that minisgl does not implement: refused unless absent or "off".
+# OpenAI fields that minisgl does not implement: refused by name unless absent or "off". Fields
+# that cannot change the output (`user`, `metadata`, `service_tier`, `safety_identifier`,
+# `prompt_cache_key`, `prompt_cache_options`, `prompt_cache_retention`, `parallel_tool_calls`:
+# no tools are accepted) are accepted and have no effect.
 _NOT_IMPLEMENTED_OFF: dict[str, tuple[object, ...]] = {
-    "logit_bias": (None, {}),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
     "response_format": (None, {"type": "text"}),
-    "top_logprobs": (None, 0),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "verbosity": (None,),
+    "web_search_options": (None,),
+    "moderation": (None,),
+    "store": (None, False),
+    "suffix": (None, ""),
 }
+_NO_EFFECT = (
+    "user",
+    "metadata",
+    "service_tier",
+    "safety_identifier",
+    "prompt_cache_key",
+    "prompt_cache_options",
+    "prompt_cache_retention",
+    "parallel_tool_calls",
+)
+# The accepted range of a logit_bias value (OpenAI's).
+_MAX_BIAS = 100.0
+
+
+def _refuse_unless_off(value: object, info: ValidationInfo) -> object:
+    off = _NOT_IMPLEMENTED_OFF[info.field_name or ""]
+    if not any(value == o and type(value) is type(o) for o in off):
+        raise ValueError(f"{info.field_name} is not supported by this server")
+    return value
 
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # usage in every chunk (vLLM's option)
+    include_obfuscation: bool | None = None  # OpenAI's padding of chunks: not needed here, no effect
 
 
 class TextPart(_Body):
@@ -99,7 +131,8 @@ class TextPart(_Body):
 
 
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # Any role the chat template renders (it refuses the ones it does not know).
+    role: Annotated[str, Field(min_length=1)]
     content: str | list[TextPart] | None = None
 
     def text(self) -> str:
@@ -126,25 +159,23 @@ class SamplingRequest(_Request):
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = 0.0
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = 1.0
+    logit_bias: dict[str, Annotated[float, Field(ge=-_MAX_BIAS, le=_MAX_BIAS)]] | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0, le=_INT32)] = 0
     # These take any JSON value, and refuse it below unless absent or "off".
-    logprobs: Any = None
-    logit_bias: Any = None
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
     response_format: Any = None
-    top_logprobs: Any = None
+    moderation: Any = None
+    store: Any = None
 
-    @field_validator(*_NOT_IMPLEMENTED_OFF)
-    @classmethod
-    def _refuse_unless_off(cls, value: object, info: ValidationInfo) -> object:
-        off = _NOT_IMPLEMENTED_OFF[info.field_name or ""]
-        if not any(value == o and type(value) is type(o) for o in off):
-            raise ValueError(f"{info.field_name} is not supported by this server")
-        return value
+    _off = field_validator(*[f for f in _NOT_IMPLEMENTED_OFF if f != "suffix"], check_fields=False)(
+        _refuse_unless_off
+    )
 
     @field_validator("top_k")
     @classmethod
@@ -153,12 +184,20 @@ class SamplingRequest(_Request):
             raise ValueError("top_k must be -1 (disabled) or >= 1")
         return v
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key in v or {}:
+            if not key.isascii() or not key.isdigit() or int(key) > _INT32:
+                raise ValueError(
+                    f"keys must be token ids, got {key[:40]!r} (the tokenizer checks the vocabulary)"
+                )
+        return v
+
     @model_validator(mode="after")
-    def _unsupported(self) -> SamplingRequest:
-        if self.presence_penalty or self.frequency_penalty:
-            raise ValueError("presence_penalty and frequency_penalty are not supported")
-        if self.logprobs not in (None, False, 0):
-            raise ValueError("logprobs are not supported")
+    def _stream_options(self) -> SamplingRequest:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream: true")
         return self
 
     @property
@@ -168,6 +207,10 @@ class SamplingRequest(_Request):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
     def sampling_params(self) -> SamplingParams:
         """The scheduler's sampling parameters of choice 0 (the tokenizer gives choice i seed + i)."""
@@ -180,11 +223,49 @@ class SamplingRequest(_Request):
             max_tokens=max_tokens,
             stop_token_ids=list(self.stop_token_ids or []),
             seed=self.seed,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()},
+            min_tokens=self.min_tokens,
+            logprobs=self.token_logprobs,
+            prompt_logprobs=self.prompt_logprobs,
         )
+
+    @property
+    def token_logprobs(self) -> int | None:
+        """Top alternatives per generated token (None: no logprobs)."""
+        return None
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        return None
 
 
 class ChatCompletionRequest(SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    logprobs: bool | None = False
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+
+    @model_validator(mode="after")
+    def _chat_options(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message needs add_generation_prompt: false")
+        return self
+
+    @property
+    def token_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def conversation(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]
@@ -197,19 +278,31 @@ Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
 class CompletionRequest(SamplingRequest):
     prompt: Prompt
     echo: bool = False
+    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    best_of: Annotated[StrictInt, Field(ge=1)] | None = None
+    suffix: Any = None
+
+    _suffix_off = field_validator("suffix")(_refuse_unless_off)
+
+    @model_validator(mode="after")
+    def _best_of(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of is not supported unless it equals n")
+        return self
+
+    @property
+    def token_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        return self.logprobs if self.echo else None
 
     @field_validator("prompt")
     @classmethod
     def _not_empty(cls, v: Prompt) -> Prompt:
         if isinstance(v, list) and (len(v) == 0 or any(isinstance(p, list) and not p for p in v)):
             raise ValueError("the prompt is empty")
-        return v
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("echo is not supported")
         return v
 
     def prompts(self) -> list[str | list[int]]:

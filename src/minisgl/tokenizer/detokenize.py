@@ -25,6 +25,8 @@ from typing import Any, Protocol
 
 from minisgl.message import DetokenizeMsg, ErrorMsg, UserReply
 
+from .token_bytes import token_bytes_fn
+
 _REPLACEMENT = "\ufffd"
 
 
@@ -84,6 +86,7 @@ class DetokenizeManager:
 
     def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
         self.tokenizer = fast_decoder(tokenizer)
+        self.token_bytes = token_bytes_fn(tokenizer)
         self.skip_special_tokens = skip_special_tokens
         self.states: dict[int, IncrementalDetokenizer] = {}
 
@@ -104,14 +107,31 @@ class DetokenizeManager:
         if msg.finished:
             text += state.finish()
             del self.states[msg.uid]
-        return UserReply(
+        reply = UserReply(
             uid=msg.uid,
             incremental_output=text,
             finished=bool(msg.finished),
             finish_reason=msg.finish_reason if msg.finished else "",
             completion_tokens=len(state.ids),
             cached_tokens=msg.cached_tokens,
+            stop_token_id=msg.stop_token_id,
         )
+        self._add_logprobs(msg, reply)
+        return reply
+
+    def _add_logprobs(self, msg: DetokenizeMsg, reply: UserReply) -> None:
+        """Token ids of the message's logprobs -> their bytes in the reply."""
+        tb = self.token_bytes
+        if msg.logprob is not None and msg.next_token >= 0:
+            reply.lp_tokens = [tb(msg.next_token)]
+            reply.lp_values = [msg.logprob]
+            reply.lp_top_tokens = [[tb(t) for t in msg.top_ids]]
+            reply.lp_top_values = [list(msg.top_logprobs)]
+        if msg.prompt_ids:
+            reply.prompt_lp_tokens = [tb(t) for t in msg.prompt_ids]
+            reply.prompt_lp_values = list(msg.prompt_logprobs)
+            reply.prompt_lp_top_tokens = [[tb(t) for t in row] for row in msg.prompt_top_ids]
+            reply.prompt_lp_top_values = [list(row) for row in msg.prompt_top_logprobs]
 
     def reject(self, msg: ErrorMsg) -> UserReply:
         state = self.states.pop(msg.uid, None)

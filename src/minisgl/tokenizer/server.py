@@ -9,8 +9,13 @@ Roles (the launcher picks them from --num-tokenizer):
     each with the request's completion token count so far, to the API server.
   - "both" (--num-tokenizer 0): one process does both, pulling from the two pipes.
 
+Data parallelism (--dp M): a TokenizeMsg / AbortMsg names its replica; the tokenizer sends the
+UserMsg / AbortBackendMsg to that replica's rank 0, and the detokenizer pulls from every replica and
+forwards their LoadMsg as LoadReply to the API server (the router's input).
+
 Every socket of a worker connects (the API server and the scheduler bind), so workers may start in
-any order. A message that does not decode, or a request that cannot be served, is logged or
+any order; the one exception is a replica on another machine (--nnodes): its links are `tcp://`
+endpoints on node 0, which the worker binds and the remote scheduler connects to. A message that does not decode, or a request that cannot be served, is logged or
 answered and dropped; the worker never dies of bad input.
 
 Start-up handshake on the multiprocessing Connection: the worker loads its tokenizer, then waits for
@@ -39,6 +44,8 @@ from minisgl.message import (
     BatchFrontendMsg,
     DetokenizeMsg,
     ErrorMsg,
+    LoadMsg,
+    LoadReply,
     TokenizeMsg,
     UserReply,
 )
@@ -71,6 +78,20 @@ class TokenizerWorkerConfig:
     frontend_addr: str  # -> API server (PULL binds there)
     index: int = 0
     max_batch: int = 256
+    # --dp: replicas 1..M-1's rank-0 input and reply pipes (backend_addr / detokenizer_addr are
+    # replica 0's); tcp:// ones (a replica on another machine) are bound here rather than connected.
+    more_backend_addrs: tuple[str, ...] = ()
+    more_detokenizer_addrs: tuple[str, ...] = ()
+
+    @property
+    def backend_addrs(self) -> tuple[str, ...]:
+        """Every replica's input, by replica index."""
+        return (self.backend_addr, *self.more_backend_addrs)
+
+    @property
+    def detokenizer_addrs(self) -> tuple[str, ...]:
+        """Every replica's reply pipe (one tcp endpoint may serve several remote replicas)."""
+        return tuple(dict.fromkeys((self.detokenizer_addr, *self.more_detokenizer_addrs)))
 
     @property
     def name(self) -> str:
@@ -105,28 +126,31 @@ class TokenizerWorker:
                 ZmqPullQueue(config.tokenizer_addr, create=False, decoder=BaseTokenizerMsg.decoder)
             )
         if config.detokenizes:
-            self.pulls.append(
-                ZmqPullQueue(config.detokenizer_addr, create=False, decoder=BaseTokenizerMsg.decoder)
+            self.pulls.extend(
+                ZmqPullQueue(addr, create=_binds(addr), decoder=BaseTokenizerMsg.decoder)
+                for addr in config.detokenizer_addrs
             )
         # Timed sends: a peer that died must not hang this worker (what is dropped is logged once).
         self.to_frontend = ZmqPushQueue(
             config.frontend_addr, create=False, encoder=BaseFrontendMsg.encoder, send_timeout_s=timeout
         )
-        self.to_backend = (
-            ZmqPushQueue(
-                config.backend_addr, create=False, encoder=BaseBackendMsg.encoder, send_timeout_s=timeout
-            )
+        self.to_backends = (
+            [
+                ZmqPushQueue(
+                    addr, create=_binds(addr), encoder=BaseBackendMsg.encoder, send_timeout_s=timeout
+                )
+                for addr in config.backend_addrs
+            ]
             if config.tokenizes
-            else None
+            else []
         )
         self.poller = zmq.Poller()
         for q in self.pulls:
             self.poller.register(q.socket, zmq.POLLIN)
 
     def close(self) -> None:
-        for q in [*self.pulls, self.to_frontend, self.to_backend]:
-            if q is not None:
-                q.stop()
+        for q in [*self.pulls, self.to_frontend, *self.to_backends]:
+            q.stop()
 
     def receive(self) -> list[BaseTokenizerMsg]:
         """Block until something arrives, then take up to max_batch messages without waiting."""
@@ -142,30 +166,45 @@ class TokenizerWorker:
         return msgs
 
     def handle(self, msgs: list[BaseTokenizerMsg]) -> None:
-        to_frontend: list[UserReply] = []
-        to_backend: list[BaseBackendMsg] = []
+        to_frontend: list[BaseFrontendMsg] = []
+        to_backend: list[list[BaseBackendMsg]] = [[] for _ in self.to_backends]  # per replica
         for msg in msgs:
             if isinstance(msg, TokenizeMsg) and self.tokenize is not None:
                 to_frontend.extend(self._tokenize(msg, to_backend))
             elif isinstance(msg, AbortMsg) and self.tokenize is not None:
-                to_backend.append(AbortBackendMsg(uid=msg.uid))
+                if self._has_replica(msg.replica):
+                    to_backend[msg.replica].append(AbortBackendMsg(uid=msg.uid))
             elif isinstance(msg, DetokenizeMsg) and self.detokenize is not None:
                 to_frontend.append(self._detokenize(msg))
             elif isinstance(msg, ErrorMsg) and self.detokenize is not None:
                 to_frontend.append(self.detokenize.reject(msg))
+            elif isinstance(msg, LoadMsg) and self.detokenize is not None:
+                to_frontend.append(LoadReply(msg.replica, msg.running, msg.waiting))
             else:
                 logger.warning("%s: dropped an unexpected %s", self.config.name, type(msg).__name__)
         # Acknowledgements go out before the requests reach the scheduler, so the API server sees a
         # request's prompt token count before its first token.
         if to_frontend:
             self._send(self.to_frontend, to_frontend, BatchFrontendMsg)
-        if to_backend and self.to_backend is not None:
-            self._send(self.to_backend, to_backend, BatchBackendMsg)
+        for queue, batch in zip(self.to_backends, to_backend, strict=True):
+            if batch:
+                self._send(queue, batch, BatchBackendMsg)
+
+    def _has_replica(self, replica: int) -> bool:
+        if 0 <= replica < len(self.to_backends):
+            return True
+        logger.warning(
+            "%s: dropped a message for replica %d (there are %d)",
+            self.config.name,
+            replica,
+            len(self.to_backends),
+        )
+        return False
 
     def _send(
         self,
         queue: ZmqPushQueue,
-        msgs: list[UserReply] | list[BaseBackendMsg],
+        msgs: list[BaseFrontendMsg] | list[BaseBackendMsg],
         batch_cls: type[BatchFrontendMsg] | type[BatchBackendMsg],
     ) -> None:
         """Send `msgs` as one batch; if that cannot be encoded (e.g. a uid from a malformed message
@@ -182,9 +221,11 @@ class TokenizerWorker:
         for m in msgs:
             self._send(queue, [m], batch_cls)
 
-    def _tokenize(self, msg: TokenizeMsg, to_backend: list[BaseBackendMsg]) -> list[UserReply]:
+    def _tokenize(self, msg: TokenizeMsg, to_backend: list[list[BaseBackendMsg]]) -> list[UserReply]:
         """One reply per choice: an acknowledgement with the prompt's token count, or the error."""
         assert self.tokenize is not None
+        if not 0 <= msg.replica < len(to_backend):
+            return self._reject(msg, f"no replica {msg.replica} (there are {len(to_backend)})")
         try:
             user_msgs = self.tokenize.prepare(msg)
         except RequestRejected as e:
@@ -192,9 +233,16 @@ class TokenizerWorker:
         except Exception as e:  # a bug or a tokenizer failure must not take the worker down
             logger.exception("%s: cannot tokenize request %d", self.config.name, msg.uid)
             return self._reject(msg, f"cannot tokenize the prompt: {type(e).__name__}: {e}")
-        to_backend.extend(user_msgs)
+        to_backend[msg.replica].extend(user_msgs)
+        echo = self.tokenize.echo_text(msg, user_msgs[0].input_ids.tolist()) if msg.echo else ""
         return [
-            UserReply(uid=m.uid, incremental_output="", finished=False, prompt_tokens=len(m.input_ids))
+            UserReply(
+                uid=m.uid,
+                incremental_output="",
+                finished=False,
+                prompt_tokens=len(m.input_ids),
+                prompt_text=echo,
+            )
             for m in user_msgs
         ]
 
@@ -226,6 +274,11 @@ class TokenizerWorker:
     def serve_forever(self) -> None:
         while True:
             self.handle(self.receive())
+
+
+def _binds(addr: str) -> bool:
+    """A worker binds only the tcp endpoints of replicas on other machines (see the module docstring)."""
+    return addr.startswith("tcp://")
 
 
 def _raise_exit(signum: int, _frame: FrameType | None) -> None:

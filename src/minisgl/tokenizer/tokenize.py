@@ -39,6 +39,14 @@ class ModelLimits:
     vocab_size: int
 
 
+@dataclass(frozen=True)
+class ChatOptions:
+    """How a chat prompt ends (vLLM's chat request fields of the same names)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
 class TokenizeManager:
     """Turns TokenizeMsg into UserMsgs with one tokenizer, checking each request on the way.
 
@@ -50,7 +58,9 @@ class TokenizeManager:
         self.limits = limits
         self.bound = LengthBound.of(tokenizer)
 
-    def token_ids(self, prompt: str | list[Any], max_tokens: int = FILL_CONTEXT) -> list[int]:
+    def token_ids(
+        self, prompt: str | list[Any], max_tokens: int = FILL_CONTEXT, chat: ChatOptions | None = None
+    ) -> list[int]:
         """The prompt's ids; RequestRejected if it is malformed, or a text obviously too long for
         the context with `max_tokens` more."""
         if isinstance(prompt, str):
@@ -61,16 +71,20 @@ class TokenizeManager:
                 f"a prompt must be text, messages or token ids, got {type(prompt).__name__}"
             )
         if prompt and all(isinstance(m, dict) for m in prompt):
-            return self._chat_ids(prompt, max_tokens)
+            return self._chat_ids(prompt, max_tokens, chat or ChatOptions())
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return list(prompt)  # checked against the vocabulary by check_request
         raise RequestRejected("a prompt list must hold only chat messages or only token ids")
 
-    def _chat_ids(self, messages: list[dict[str, Any]], max_tokens: int) -> list[int]:
+    def _chat_ids(self, messages: list[dict[str, Any]], max_tokens: int, chat: ChatOptions) -> list[int]:
         from minisgl.utils.hf import render_chat
 
+        if chat.continue_final_message and messages[-1].get("role") != "assistant":
+            raise RequestRejected("continue_final_message needs the last message to be the assistant's")
         try:
-            text = render_chat(self.tokenizer, messages)
+            text = render_chat(
+                self.tokenizer, messages, chat.add_generation_prompt, chat.continue_final_message
+            )
         except Exception as e:  # a template may raise anything (e.g. jinja's "roles must alternate")
             raise RequestRejected(f"cannot apply the chat template: {e}") from None
         self._check_length(text, max_tokens)
@@ -93,7 +107,8 @@ class TokenizeManager:
         if not 1 <= msg.n <= MAX_CHOICES:
             raise RequestRejected(f"n must be in 1..{MAX_CHOICES}, got {msg.n}")
         params = msg.sampling_params
-        ids = self.token_ids(msg.text, params.max_tokens)
+        chat = ChatOptions(msg.add_generation_prompt, msg.continue_final_message)
+        ids = self.token_ids(msg.text, params.max_tokens, chat)
         room = self.limits.max_seq_len - len(ids)
         if params.max_tokens == FILL_CONTEXT and ids:
             if room < 1:
@@ -109,6 +124,12 @@ class TokenizeManager:
         return [
             UserMsg(uid=msg.uid + i, input_ids=input_ids, sampling_params=p) for i, p in enumerate(choices)
         ]
+
+    def echo_text(self, msg: TokenizeMsg, ids: list[int]) -> str:
+        """The prompt as `echo` shows it: a text prompt as given, token ids decoded."""
+        if not msg.echo:
+            return ""
+        return msg.text if isinstance(msg.text, str) else self.tokenizer.decode(ids)
 
 
 def _choice(params: SamplingParams, index: int) -> SamplingParams:

@@ -34,8 +34,18 @@ def apply_chat_template(tokenizer: PreTrainedTokenizerBase, messages: list[dict[
     return list(tokenizer.encode(render_chat(tokenizer, messages), add_special_tokens=False))
 
 
-def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> str:
-    """`messages` rendered with the model's chat template as text, ending with the assistant prompt."""
+def render_chat(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> str:
+    """`messages` rendered with the model's chat template as text, ending with the assistant prompt
+    (unless `add_generation_prompt` is False), or with the last message left open for the model to
+    continue (`continue_final_message`)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this tokenizer has no chat template")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    extra = {"continue_final_message": True} if continue_final_message else {}
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+    )

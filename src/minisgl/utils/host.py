@@ -14,6 +14,15 @@ def find_free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def ip_facing(host: str) -> str:
+    """This machine's address on the interface that reaches `host` (no packet is sent): what a rank on
+    another machine than node 0 binds, rather than every interface."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))
+        return s.getsockname()[0]
+
+
 def cache_dir() -> Path:
     """Where converted GGUF models and built kernels are kept: $MINISGL_CACHE_DIR, else
     ~/.cache/minisgl (not created here)."""

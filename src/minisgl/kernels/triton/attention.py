@@ -66,8 +66,18 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _rotate(x1, x2, cos, sin, ROPE: tl.constexpr):
+    """RoPE (rotate-half) on a vector's two halves, in float32, rounded back to their dtype once."""
+    if ROPE:
+        y1 = x1.to(tl.float32) * cos - x2.to(tl.float32) * sin
+        y2 = x2.to(tl.float32) * cos + x1.to(tl.float32) * sin
+        return y1.to(x1.dtype), y2.to(x2.dtype)
+    return x1, x2
+
+
+@triton.jit
 def _decode_kernel(
-    Q,  # (B, HQ, D)
+    Q,  # (B, HQ, D) strided: unit stride in D
     KCache,  # (S, HKV, D)
     VCache,
     PageTable,  # (rows, stride_pt) int32
@@ -75,6 +85,8 @@ def _decode_kernel(
     KNew,  # HAS_NEW: (B, HKV, D) the new token's K (its heads contiguous), V likewise
     VNew,
     NewSlots,  # HAS_NEW: (B,) int32 pool slot of the new token (< 0: write nothing)
+    Cos,  # ROPE: (B, D/2) rows of stride_cs, the new token's angles; Q and KNew are not rotated yet
+    Sin,
     Out,  # (B, HQ, D)
     Partial,  # NUM_SPLITS > 1: float32 (B, HQ, NUM_SPLITS, D) each split's normalised output
     Lse,  # NUM_SPLITS > 1: float32 (B, HQ, NUM_SPLITS) each split's log-sum-exp
@@ -86,44 +98,66 @@ def _decode_kernel(
     stride_cs,
     stride_ch,
     stride_pt,
+    stride_rope,
     sm_scale,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
     PS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     HAS_NEW: tl.constexpr,
+    ROPE: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(SeqLens + b)
+    HALF: tl.constexpr = D // 2
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D
-    k_new = KNew + b.to(tl.int64) * stride_kn + kvh * D + offs_d  # (BLOCK_D,) pointers
-    v_new = VNew + b.to(tl.int64) * stride_vn + kvh * D + offs_d
-    if HAS_NEW:
-        if split == 0:
-            new_slot = tl.load(NewSlots + b).to(tl.int64)
-            w_mask = offs_d < tl.where(new_slot >= 0, D, 0)
-            dst = new_slot * stride_cs + kvh * stride_ch + offs_d
-            tl.store(KCache + dst, tl.load(k_new, mask=w_mask), mask=w_mask)
-            tl.store(VCache + dst, tl.load(v_new, mask=w_mask), mask=w_mask)
-    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * chunk
-    end = tl.minimum(start + chunk, seq_len)
+    offs_j = tl.arange(0, BLOCK_HALF)  # q and k are handled as two halves: RoPE pairs j with j + D/2
+    j_mask = offs_j < HALF
+    if ROPE:
+        cos = tl.load(Cos + b.to(tl.int64) * stride_rope + offs_j, mask=j_mask, other=1.0).to(tl.float32)
+        sin = tl.load(Sin + b.to(tl.int64) * stride_rope + offs_j, mask=j_mask, other=0.0).to(tl.float32)
+    else:
+        cos = tl.full([BLOCK_HALF], 1.0, tl.float32)
+        sin = tl.zeros([BLOCK_HALF], tl.float32)
 
     offs_h = tl.arange(0, BLOCK_H)
     h_mask = offs_h < GROUP
     heads = kvh * GROUP + offs_h
-    q = tl.load(
-        Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-        mask=h_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )  # (BLOCK_H, BLOCK_D)
+    q_ptr = Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_j[None, :]
+    q_mask = h_mask[:, None] & j_mask[None, :]
+    q1, q2 = _rotate(
+        tl.load(q_ptr, mask=q_mask, other=0.0),
+        tl.load(q_ptr + HALF, mask=q_mask, other=0.0),
+        cos[None, :],
+        sin[None, :],
+        ROPE,
+    )  # fmt: skip  (BLOCK_H, BLOCK_HALF) each
+
+    v_new = VNew + b.to(tl.int64) * stride_vn + kvh * D + offs_d  # (BLOCK_D,) pointers
+    if HAS_NEW:
+        k_new = KNew + b.to(tl.int64) * stride_kn + kvh * D + offs_j
+        kn1, kn2 = _rotate(tl.load(k_new, mask=j_mask), tl.load(k_new + HALF, mask=j_mask), cos, sin, ROPE)
+        if split == 0:  # this head's new K/V into the pool
+            new_slot = tl.load(NewSlots + b).to(tl.int64)
+            dst = KCache + new_slot * stride_cs + kvh * stride_ch
+            w_mask = offs_j < tl.where(new_slot >= 0, HALF, 0)  # a negative slot: nothing to write
+            tl.store(dst + offs_j, kn1, mask=w_mask)
+            tl.store(dst + HALF + offs_j, kn2, mask=w_mask)
+            v_mask = offs_d < tl.where(new_slot >= 0, D, 0)
+            dst = VCache + new_slot * stride_cs + kvh * stride_ch + offs_d
+            tl.store(dst, tl.load(v_new, mask=v_mask), mask=v_mask)
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
@@ -132,23 +166,23 @@ def _decode_kernel(
         pos = n0 + tl.arange(0, BLOCK_N)
         n_mask = pos < end
         page = tl.load(pt_row + pos // PS, mask=n_mask, other=0).to(tl.int64)
-        slot = page * PS + pos % PS
-        kv_off = slot[:, None] * stride_cs + kvh * stride_ch + offs_d[None, :]
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k_ptr = KCache + kv_off
-        v_ptr = VCache + kv_off
+        slot_off = (page * PS + pos % PS)[:, None] * stride_cs + kvh * stride_ch  # (BLOCK_N, 1)
+        k_mask = n_mask[:, None] & j_mask[None, :]
+        k1 = tl.load(KCache + slot_off + offs_j[None, :], mask=k_mask, other=0.0)  # (BLOCK_N, BLOCK_HALF)
+        k2 = tl.load(KCache + slot_off + HALF + offs_j[None, :], mask=k_mask, other=0.0)
+        v_ptr = VCache + slot_off + offs_d[None, :]
         if HAS_NEW:  # the newest position comes from the inputs (its slot is being written)
             is_new = (pos == seq_len - 1)[:, None]
-            k_ptr = tl.where(is_new, k_new[None, :], k_ptr)
+            k1 = tl.where(is_new, kn1[None, :], k1)
+            k2 = tl.where(is_new, kn2[None, :], k2)
             v_ptr = tl.where(is_new, v_new[None, :], v_ptr)
-        k = tl.load(k_ptr, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
-        s = _dot(q, tl.trans(k), IEEE) * sm_scale  # (BLOCK_H, BLOCK_N)
+        s = (_dot(q1, tl.trans(k1), IEEE) + _dot(q2, tl.trans(k2), IEEE)) * sm_scale  # (BLOCK_H, BLOCK_N)
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
         m_i = m_new
 
@@ -219,18 +253,22 @@ def decode_attention(
     out: torch.Tensor | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     done: torch.Tensor | None = None,
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """q (B, Hq, D) (unit stride in D); k/v_cache (S, Hkv, D) contiguous; page_table (>= B, P) int32
-    (unit stride in P); seq_lens (B,) int32 (0: an empty row, output 0) -> (B, Hq, D) in q's dtype.
+    """q (B, Hq, D) (unit stride in D, D even); k/v_cache (S, Hkv, D) contiguous; page_table (>= B, P)
+    int32 (unit stride in P); seq_lens (B,) int32 (0: an empty row, output 0) -> (B, Hq, D) in q's dtype.
 
     new_kv: (k, v, slots) of the new tokens, k/v (B, Hkv, D) with each token's heads contiguous,
     slots (B,) int32: stored into the pool by this kernel (slot < 0: not stored) and used for each
     request's last position. Without it, the pool must already hold every position.
     done: int32 zeros, at least B * Hkv (the split counters; left zeroed): a buffer kept across calls
-    (a CUDA graph's), else one is allocated."""
+    (a CUDA graph's), else one is allocated.
+    rope: (cos, sin), each (B, D/2) or (B, 1, D/2) with unit stride in D/2: q and the new k are given
+    before RoPE and the kernel rotates them (rotate-half, rounded once to q's dtype, as
+    `elementwise.rope_qkv` does), so q/k/v may be views of the fused projection's output."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
-    if hq % hkv or k_cache.shape[2] != d or q.stride(2) != 1 or page_table.stride(1) != 1:
+    if hq % hkv or k_cache.shape[2] != d or d % 2 or q.stride(2) != 1 or page_table.stride(1) != 1:
         raise ValueError(f"decode_attention: q {tuple(q.shape)}, cache {tuple(k_cache.shape)}")
     group = hq // hkv
     if out is None:
@@ -245,8 +283,16 @@ def decode_attention(
         if k_new.shape != (bsz, hkv, d) or k_new.stride()[1:] != (d, 1) or v_new.stride()[1:] != (d, 1):
             raise ValueError(f"decode_attention: new K/V {tuple(k_new.shape)} for ({bsz}, {hkv}, {d})")
     else:
+        if rope is not None:
+            raise ValueError("decode_attention: rope needs new_kv (the new token's K to rotate)")
         k_new = v_new = q
         slots = seq_lens
+    if rope is None:
+        cos = sin = q  # unused
+    else:
+        cos, sin = rope[0].reshape(bsz, d // 2), rope[1].reshape(bsz, d // 2)
+        if cos.stride(1) != 1 or sin.stride() != cos.stride():
+            raise ValueError(f"decode_attention: cos/sin {tuple(rope[0].shape)} for ({bsz}, {d // 2})")
     if num_splits == 1:
         partial = lse = done = out  # unused
     else:
@@ -255,11 +301,12 @@ def decode_attention(
         if done is None:
             done = torch.zeros(bsz * hkv, dtype=torch.int32, device=q.device)
     _decode_kernel[(bsz, hkv, num_splits)](
-        q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, out, partial, lse, done,
+        q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, cos, sin, out, partial, lse, done,
         q.stride(0), q.stride(1), k_new.stride(0), v_new.stride(0), k_cache.stride(0), k_cache.stride(1),
-        page_table.stride(0), sm_scale,
-        GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d, PS=page_size,
-        BLOCK_N=block_n, NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, IEEE=ieee, num_warps=4,
+        page_table.stride(0), cos.stride(0), sm_scale,
+        GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d,
+        BLOCK_HALF=max(16, triton.next_power_of_2(d // 2)), PS=page_size, BLOCK_N=block_n,
+        NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, ROPE=rope is not None, IEEE=ieee, num_warps=4,
         num_stages=2,
     )  # fmt: skip
     return out
