@@ -1,8 +1,8 @@
 """Messages of every class, with values at msgpack's format boundaries, for the golden-bytes test.
 
 tests/data/codec_golden.json holds the bytes that the codec before issue 13 (two code generators,
-commit 245d7b3) wrote for each of them; `test_codec.py` checks that today's codec writes the same.
-It was made by running this file against that commit's package:
+main at commit 8779c94) wrote for each of them; `test_codec.py` checks that today's codec writes the
+same. It was made by running this file against that commit's package:
 
     python tests/codec_corpus.py > tests/data/codec_golden.json
 """
@@ -27,6 +27,8 @@ from minisgl.message import (
     DetokenizeMsg,
     ErrorMsg,
     ExitMsg,
+    LoadMsg,
+    LoadReply,
     TokenizeMsg,
     UserMsg,
     UserReply,
@@ -67,6 +69,15 @@ def _params() -> dict[str, SamplingParams]:
         out[f"ints {v}"] = SamplingParams(top_k=v, max_tokens=v, seed=v, ignore_eos=v % 2 == 1)
     for n in LENGTHS:
         out[f"stop ids {n}"] = SamplingParams(stop_token_ids=list(range(n)))
+    out["penalties"] = SamplingParams(
+        presence_penalty=0.5,
+        frequency_penalty=-1.5,
+        repetition_penalty=1.2,
+        logit_bias={0: -100.0, 7: 0.0, 2**31: 5.5},
+        min_tokens=3,
+        logprobs=5,
+        prompt_logprobs=0,
+    )
     return out
 
 
@@ -116,6 +127,56 @@ def corpus() -> dict[str, Any]:
         [TokenizeMsg(1, "a", params["default"]), DetokenizeMsg(1, 2, False), AbortMsg(1), ErrorMsg(1, "e")]
     )
     msgs["BatchFrontendMsg nested"] = BatchFrontendMsg([BatchFrontendMsg([UserReply(1, "a", True)])])
+    msgs.update(_since_logprobs())
+    return msgs
+
+
+def _since_logprobs() -> dict[str, Any]:
+    """The fields and classes added with logprobs, penalties and data parallelism (main 8779c94)."""
+    msgs: dict[str, Any] = {}
+    for i, v in enumerate(FLOATS):
+        msgs[f"DetokenizeMsg logprob {i}"] = DetokenizeMsg(1, 2, False, logprob=v, top_logprobs=[v, -v])
+    msgs["DetokenizeMsg prompt logprobs"] = DetokenizeMsg(
+        1,
+        2,
+        True,
+        "stop",
+        3,
+        13,
+        -0.25,
+        [4, 5],
+        [-0.5, -2.5],
+        [6, 7, 8],
+        [-1.0, -2.0],
+        [[9], [10, 11]],
+        [[-0.75], [-1.5, -3.0]],
+    )
+    msgs["UserReply logprobs"] = UserReply(
+        1,
+        "ab",
+        False,
+        "",
+        1,
+        2,
+        "",
+        0,
+        13,
+        "prompt",
+        [b"a", b"\xff"],
+        [-0.5],
+        [[b"a", b"b"]],
+        [[-0.5, -1.0]],
+        [b"x", b""],
+        [-2.0],
+        [[b""]],
+        [[0.0]],
+    )
+    msgs["TokenizeMsg flags"] = TokenizeMsg(1, "hi", SamplingParams(), 2, 3, False, True, True)
+    for v in INTS:
+        msgs[f"LoadMsg {v}"] = LoadMsg(v, v, v)
+        msgs[f"LoadReply {v}"] = LoadReply(v, v, v)
+        msgs[f"AbortMsg replica {v}"] = AbortMsg(1, v)
+    msgs["BatchFrontendMsg load"] = BatchFrontendMsg([LoadReply(0, 1, 2), UserReply(1, "a", True)])
     return msgs
 
 

@@ -129,7 +129,7 @@ def test_golden_corpus_is_complete() -> None:
 
 @pytest.mark.parametrize("name", sorted(CORPUS))
 def test_bytes_equal_those_of_the_codec_before(name: str) -> None:
-    """Byte for byte what the two-generator codec (commit 245d7b3) wrote, through both entry points."""
+    """Byte for byte what the two-generator codec (main at 8779c94) wrote, through both entry points."""
     msg = CORPUS[name]
     raw = msg.to_bytes()
     assert fingerprint(raw) == GOLDEN[name]
@@ -669,8 +669,7 @@ def test_msgspec_and_the_error_walk_agree(name: str, over: dict, drop: list) -> 
         return
     assert fault is None, fault
     assert isinstance(msg, BaseBackendMsg)
-    if not over and not drop:
-        assert msg.to_bytes() == raw
+    assert same(BaseBackendMsg.from_bytes(msg.to_bytes()), msg)
 
 
 def test_a_bug_in_the_decoder_raises_it(monkeypatch: pytest.MonkeyPatch) -> None:
