@@ -121,11 +121,11 @@ class MessageGroup:
 
     def encode(self, msg: Message) -> dict[str, Any]:
         """The tagged dict of a message (the chapters' `encoder()`); msgpack makes `to_bytes` of it."""
-        return msgspec.to_builtins(self.mirrors.to_wire([msg])[0], builtin_types=(bytes,))
+        return msgspec.to_builtins(self.mirrors.to_wire_one(msg), builtin_types=(bytes,))
 
     def to_bytes(self, msg: Message) -> bytes:
         """Exactly `msgpack.packb(msg.encoder(), use_bin_type=True)`, in one step."""
-        return _ENCODER.encode(self.mirrors.to_wire([msg])[0])
+        return _ENCODER.encode(self.mirrors.to_wire_one(msg))
 
     def from_bytes(self, raw: bytes | bytearray | memoryview) -> Message:
         """Bytes -> a message of this group, or MessageDecodeError (never anything else)."""
@@ -133,7 +133,7 @@ class MessageGroup:
             raise MessageDecodeError(f"{self.name} message: expected bytes, got {type(raw).__name__}")
         mirrors = self.mirrors
         try:
-            return mirrors.from_wire([mirrors.decoder.decode(raw)])[0]
+            return mirrors.from_wire_one(mirrors.decoder.decode(raw))
         except (msgspec.ValidationError, TensorFormatError) as e:
             raise MessageDecodeError(self._explain(raw, e)) from None
         except msgspec.DecodeError as e:
@@ -175,7 +175,8 @@ class MessageGroup:
 
 class _Mirrors:
     """One group's mirror structs (for its classes and SamplingParams), its decoder, and the two
-    converters `to_wire` (messages -> mirrors) and `from_wire` (mirrors -> messages)."""
+    converters, each for one object and for a list: messages -> mirrors (`to_wire_one`, `to_wire`)
+    and mirrors -> messages (`from_wire_one`, `from_wire`)."""
 
     def __init__(self, group: MessageGroup) -> None:
         self.group = group
@@ -183,7 +184,7 @@ class _Mirrors:
         self.struct: dict[type, type] = {cls: _mirror(cls) for cls in classes}
         self.members = Union[(*(self.struct[c] for c in group.classes.values()), _Never)]  # noqa: UP007
         self.env: dict[str, Any] = {"_new": object.__new__, "tensor_to_map": tensor_to_map}
-        self.env |= {"tensor_in": _tensor_in, "not_member": self._not_member}
+        self.env["tensor_in"] = _tensor_in
         to_wire, from_wire = {}, {}
         for cls in classes:  # once all mirrors exist: a field's type may be any of them
             struct, hints, outs, ins = self.struct[cls], typing.get_type_hints(cls), [], []
@@ -193,8 +194,8 @@ class _Mirrors:
                 ins.append((f.name, into))
             to_wire[cls] = (struct, outs, False)
             from_wire[struct] = (cls, ins, _bare(cls))
-        self.to_wire = _compile("to_wire", to_wire, "not_member", self.env)
-        self.from_wire = _compile("from_wire", from_wire, "tensor_in", self.env)
+        self.to_wire_one, self.to_wire = _compile("to_wire", to_wire, self._not_member, self.env)
+        self.from_wire_one, self.from_wire = _compile("from_wire", from_wire, _tensor_in, self.env)
         self.decoder = msgspec.msgpack.Decoder(self.members)
 
     def _field(self, tp: Any) -> tuple[Any, str | None, str | None]:
@@ -203,7 +204,7 @@ class _Mirrors:
         if tp is torch.Tensor:
             return Union[TensorMap, _Never], "tensor_to_map({})", "tensor_in({})"  # noqa: UP007
         if tp is self.group.root or tp in self.struct:
-            return self._union(tp), "to_wire(({},))[0]", "from_wire(({},))[0]"
+            return self._union(tp), "to_wire_one({})", "from_wire_one({})"
         origin, args = typing.get_origin(tp), typing.get_args(tp)
         if origin is list and args and (args[0] is self.group.root or args[0] in self.struct):
             return list[self._union(args[0])], "to_wire({})", "from_wire({})"
@@ -232,27 +233,36 @@ class _Mirrors:
 _Recipe = tuple[type, list[tuple[str, str | None]], bool]
 
 
-def _compile(name: str, recipes: dict[type, _Recipe], other: str, env: dict[str, Any]) -> Callable:
-    """`name(items)`: a list of objects converted each by the recipe for its class (`other(x)` for
-    any other class): `target(*fields)`, or if bare, `object.__new__(target)` with the fields stored,
-    which is what a plain dataclass's __init__ does, less one Python call per object.
+def _compile(name: str, recipes: dict[type, _Recipe], other: Convert, env: dict[str, Any]) -> tuple:
+    """(`name_one(x)`, `name(items)`): an object, or each of a list, converted by the recipe for its
+    class (`other(x)` for any other class): `target(*fields)`, or if bare, `object.__new__(target)`
+    with the fields stored, which is what a plain dataclass's __init__ does, less one Python call.
 
     Generated from the field names, as dataclasses generates __init__, so that a batch of 256
-    messages (the scheduler sends one every step) costs one loop with the class tests and field
-    copies inline. Classes whose fields need no conversion are tested first: they come in batches."""
-    lines = [f"def {name}(items):", " out = []", " add = out.append", " for x in items:", "  c = x.__class__"]
-    order = sorted(recipes.items(), key=lambda item: sum(t is not None for _, t in item[1][1]))
-    for i, (cls, (target, fields, bare)) in enumerate(order):
-        env[f"{name}_S{i}"], env[f"{name}_T{i}"] = cls, target
-        values = [(f, f"x.{f}" if t is None else t.format(f"x.{f}")) for f, t in fields]
-        lines.append(f"  {'elif' if i else 'if'} c is {name}_S{i}:")
+    messages (the scheduler sends one every step) costs one loop with the classes whose fields need
+    no conversion inline; the others are a call each, found by class."""
+    loop = [f"def {name}(items):", " out = []", " add = out.append", " for x in items:", "  c = x.__class__"]
+    funcs, by_class = [], env.setdefault(f"{name}_by_class", {})
+    for i, (cls, (target, fields, bare)) in enumerate(recipes.items()):
+        env[f"{name}_T{i}"], values = target, [(f, t.format(f"x.{f}") if t else f"x.{f}") for f, t in fields]
+        body = [f"o = {name}_T{i}({', '.join(v for _, v in values)})"]
         if bare:
-            lines += [f"   o = _new({name}_T{i})", *(f"   o.{f} = {v}" for f, v in values), "   add(o)"]
-        else:
-            lines.append(f"   add({name}_T{i}({', '.join(v for _, v in values)}))")
-    lines += ["  else:", f"   add({other}(x))", " return out"]
-    exec("\n".join(lines), env)  # noqa: S102 - the source holds dataclass field names only
-    return env[name]
+            body = [f"o = _new({name}_T{i})", *(f"o.{f} = {v}" for f, v in values)]
+        funcs += [f"def {name}_{i}(x):", *(f" {line}" for line in body), " return o"]
+        if all(t is None for _, t in fields):
+            env[f"{name}_S{i}"] = cls
+            loop += [
+                f"  {'elif' if len(loop) > 5 else 'if'} c is {name}_S{i}:",
+                *(f"   {x}" for x in body),
+                "   add(o)",
+            ]
+        by_class[cls] = f"{name}_{i}"
+    loop += ["  else:" if len(loop) > 5 else "  if True:", f"   add({name}_one(x))", " return out"]
+    one = [f"def {name}_one(x):", f" return {name}_by_class.get(x.__class__, {name}_other)(x)"]
+    env[f"{name}_other"] = other
+    exec("\n".join(funcs + loop + one), env)  # noqa: S102 - the source holds dataclass field names only
+    by_class.update((cls, env[fn]) for cls, fn in by_class.items())
+    return env[f"{name}_one"], env[name]
 
 
 def _bare(cls: type) -> bool:
