@@ -15,17 +15,9 @@ import torch
 
 # The closed set of dtypes on the wire: name -> (torch dtype, numpy dtype used to copy the bytes).
 # numpy has no bfloat16, so its bytes go through int16 and are re-viewed as bfloat16.
+_NAMES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 DTYPES: dict[str, tuple[torch.dtype, np.dtype]] = {
-    "torch.bool": (torch.bool, np.dtype(np.bool_)),
-    "torch.uint8": (torch.uint8, np.dtype(np.uint8)),
-    "torch.int8": (torch.int8, np.dtype(np.int8)),
-    "torch.int16": (torch.int16, np.dtype(np.int16)),
-    "torch.int32": (torch.int32, np.dtype(np.int32)),
-    "torch.int64": (torch.int64, np.dtype(np.int64)),
-    "torch.float16": (torch.float16, np.dtype(np.float16)),
-    "torch.bfloat16": (torch.bfloat16, np.dtype(np.int16)),
-    "torch.float32": (torch.float32, np.dtype(np.float32)),
-    "torch.float64": (torch.float64, np.dtype(np.float64)),
+    f"torch.{n}": (getattr(torch, n), np.dtype("int16" if n == "bfloat16" else n)) for n in _NAMES
 }
 _NAME_OF: dict[torch.dtype, str] = {t: name for name, (t, _) in DTYPES.items()}
 MAX_DIMS = 64
@@ -67,33 +59,25 @@ def decode_tensor(buffer: object, dtype: object, shape: object = None) -> torch.
         raise TensorFormatError(f"'buffer' must be bytes, got {type(buffer).__name__}")
     if dtype.__class__ is not str:
         raise TensorFormatError(f"'dtype' must be a str, got {type(dtype).__name__}")
-    entry = DTYPES.get(dtype)
-    if entry is None:
+    if dtype not in DTYPES:
         raise TensorFormatError(f"unsupported tensor dtype {dtype[:40]!r} (supported: {', '.join(DTYPES)})")
-    torch_dtype, np_dtype = entry
+    torch_dtype, np_dtype = DTYPES[dtype]
     size = len(buffer)
-    if shape is None:
-        if size % np_dtype.itemsize:
-            raise TensorFormatError(f"buffer of {size} bytes is not a whole number of {dtype} elements")
-        dims: tuple[int, ...] = (size // np_dtype.itemsize,)
-    else:
-        dims = _check_shape(shape)
-        need = np_dtype.itemsize * math.prod(dims)
-        if need != size:
+    if shape is None and size % np_dtype.itemsize:
+        raise TensorFormatError(f"buffer of {size} bytes is not a whole number of {dtype} elements")
+    if shape is not None:
+        if shape.__class__ is not list and shape.__class__ is not tuple:
+            raise TensorFormatError(f"'shape' must be a list of ints, got {type(shape).__name__}")
+        if len(shape) > MAX_DIMS:
+            raise TensorFormatError(f"'shape' has {len(shape)} dimensions (at most {MAX_DIMS})")
+        if any(d.__class__ is not int or d < 0 for d in shape):
+            raise TensorFormatError(f"'shape' must hold non-negative ints, got {shape!r:.80}")
+        if np_dtype.itemsize * math.prod(shape) != size:
+            need = np_dtype.itemsize * math.prod(shape)
             raise TensorFormatError(
-                f"buffer holds {size} bytes but shape {list(dims)} of {dtype} needs {need}"
+                f"buffer holds {size} bytes but shape {list(shape)} of {dtype} needs {need}"
             )
     arr = np.frombuffer(buffer, dtype=np_dtype)
-    arr = (arr if shape is None else arr.reshape(dims)).copy()  # its own, writable memory
+    arr = (arr if shape is None else arr.reshape(shape)).copy()  # its own, writable memory
     out = torch.from_numpy(arr)
     return out.view(torch.bfloat16) if torch_dtype is torch.bfloat16 else out
-
-
-def _check_shape(shape: object) -> tuple[int, ...]:
-    if shape.__class__ is not list and shape.__class__ is not tuple:
-        raise TensorFormatError(f"'shape' must be a list of ints, got {type(shape).__name__}")
-    if len(shape) > MAX_DIMS:
-        raise TensorFormatError(f"'shape' has {len(shape)} dimensions (at most {MAX_DIMS})")
-    if any(d.__class__ is not int or d < 0 for d in shape):
-        raise TensorFormatError(f"'shape' must hold non-negative ints, got {shape!r:.80}")
-    return tuple(shape)
