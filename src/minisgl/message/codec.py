@@ -1,19 +1,12 @@
 """The message codec: message dataclass <-> msgpack bytes, strict, with msgspec doing the work.
 
-Wire format (the chapters'): a message is a msgpack map {"__type__": class name, field: value, ...}
-with the fields in dataclass order; nested messages and `SamplingParams` likewise; a tensor is a
-`TensorMap` (tensor.py). Bytes made by the chapters' generic serializer decode here, and ours there.
-
-What is ours:
-- A group is a base class, `class BaseBackendMsg(Message, group="backend")`; its subclasses are the
-  closed table of classes that its receiver decodes (never a module's globals()).
-- Each dataclass of a group (and SamplingParams) has a mirror `msgspec.Struct`: its name as the
-  "__type__" tag, the same fields in the same order, and types that msgspec checks in C while it
-  parses (a bool is not an int; an int is taken where a float is declared). msgspec writes and reads
-  the mirrors; two converters per group move lists of objects between dataclasses and mirrors.
-- Fields with a default may be left out on the wire. Anything else that is wrong raises
-  `MessageDecodeError` (a ValueError). Its text comes from `_why`: once msgspec has rejected a
-  message, a walk of the plain data against the dataclass annotations names the field and the fault.
+On the wire (the chapters' format) a message is a map {"__type__": class name, field: value, ...} in
+dataclass field order; nested messages and SamplingParams likewise; a tensor as in tensor.py.
+A group (`class BaseBackendMsg(Message, group="backend")` and its subclasses) is the closed table of
+classes that one receiver decodes. Each class (and SamplingParams) has a mirror msgspec.Struct, tagged
+with its name, that msgspec writes, parses and type-checks in C (a bool is not an int, an int is taken
+for a float); generated converters move objects between mirrors and dataclasses. Anything wrong raises
+MessageDecodeError, its text written by `_why`, a walk of the plain data against the annotations.
 """
 
 from __future__ import annotations
@@ -33,10 +26,9 @@ from .tensor import TensorFormatError, TensorMap, decode_tensor, tensor_to_map
 
 __all__ = ["Message", "MessageDecodeError", "MessageGroup", "group_of"]
 
-Convert = Callable[[Any], Any]
-Fault = tuple[str, str]  # (where: ".field[index]...", what is wrong)
+Fault = tuple[str, str]  # (where, as ".field[index]...", what is wrong)
 _ENCODER = msgspec.msgpack.Encoder()
-_PLAIN_DECODER = msgspec.msgpack.Decoder()  # msgpack -> plain Python values, for the error text
+_PLAIN_DECODER = msgspec.msgpack.Decoder()  # msgpack -> plain Python values, for `_why`
 _PLAIN = (int, float, bool, str, bytes, type(None))
 
 
@@ -45,27 +37,24 @@ class MessageDecodeError(ValueError):
 
 
 class _Never(msgspec.Struct, tag_field="__type__", tag="\x00never", forbid_unknown_fields=True):
-    """In every union of mirrors, so that msgspec requires the "__type__" tag (a struct that is
-    alone in its field type would also take a map without one). Decoding one is a rejection."""
+    """In every union of mirrors, so that msgspec requires the "__type__" tag (a struct alone in its
+    field type would also take a map without one). Decoding one is a rejection."""
 
 
 class Message:
-    """Base of the three group bases. `class BaseXMsg(Message, group="x")` starts a group and gives
-    it `BaseXMsg.encoder(msg)` / `msg.encoder()` (the tagged dict), `msg.to_bytes()`,
-    `BaseXMsg.decoder(dict)` and `BaseXMsg.from_bytes(raw)`; every subclass of it joins the group."""
+    """Base of the group bases. `class BaseXMsg(Message, group="x")` starts a group and gives it
+    `msg.encoder()` (the tagged dict), `msg.to_bytes()`, `BaseXMsg.decoder(dict)` and
+    `BaseXMsg.from_bytes(raw)`; every subclass of it joins the group."""
 
     _group: ClassVar[MessageGroup]
 
     def __init_subclass__(cls, group: str = "", **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if not group:
-            cls._group.register(cls)
-            return
-        cls._group = codec = MessageGroup(group, cls)
-        cls.encoder = _method(codec.encode)  # type: ignore[method-assign]
-        cls.to_bytes = _method(codec.to_bytes)  # type: ignore[method-assign]
-        cls.decoder = staticmethod(codec.decode)  # type: ignore[method-assign,assignment]
-        cls.from_bytes = staticmethod(codec.from_bytes)  # type: ignore[method-assign,assignment]
+            return cls._group.register(cls)
+        cls._group = g = MessageGroup(group, cls)
+        cls.encoder, cls.to_bytes = _method(g.encode), _method(g.to_bytes)  # type: ignore[method-assign]
+        cls.decoder, cls.from_bytes = staticmethod(g.decode), staticmethod(g.from_bytes)  # type: ignore
 
     # Replaced per group (above); declared here for readers and type checkers.
     def encoder(self) -> dict[str, Any]: ...
@@ -83,44 +72,39 @@ def _method(bound: Callable[[Message], Any]) -> Callable[[Message], Any]:
         return bound(self)
 
     method.__wrapped__ = bound  # type: ignore[attr-defined]
-    method.__doc__ = bound.__doc__
     return method
 
 
 def group_of(obj: object) -> MessageGroup | None:
-    """The group of a group base class or of its encoder/to_bytes/decoder/from_bytes, else None.
-
-    The queues take the one-step bytes path when they are given one of those."""
+    """The group of a group base or of its encoder/to_bytes/decoder/from_bytes (the queues then take
+    the one-step bytes path), else None."""
     target = getattr(obj, "__wrapped__", obj)
     group = getattr(target, "__self__", None) or getattr(target, "_group", None)
     return group if isinstance(group, MessageGroup) else None
 
 
 class MessageGroup:
-    """The closed table of message classes that one receiver (tokenizer, backend, frontend) decodes.
-
-    Its msgspec mirrors are built at first use, once every class of the group is defined."""
+    """One receiver's closed table of message classes; the mirrors and converters are built at first
+    use, once every class of the group is defined."""
 
     def __init__(self, name: str, root: type) -> None:
-        self.name = name
-        self.root = root
+        self.name, self.root = name, root
         self.classes: dict[str, type] = {}
-        self._mirrors: _Mirrors | None = None
+        self._codec: _Mirrors | None = None
 
     def register(self, cls: type) -> None:
         if cls.__name__ in self.classes or cls.__name__ in ("Tensor", "SamplingParams"):
             raise TypeError(f"message name {cls.__name__!r} is already used in the {self.name} group")
         self.classes[cls.__name__] = cls
-        self._mirrors = None
+        self._codec = None
 
     @property
     def mirrors(self) -> _Mirrors:
-        if self._mirrors is None:
-            self._mirrors = _Mirrors(self)
-        return self._mirrors
+        self._codec = self._codec or _Mirrors(self)
+        return self._codec
 
     def encode(self, msg: Message) -> dict[str, Any]:
-        """The tagged dict of a message (the chapters' `encoder()`); msgpack makes `to_bytes` of it."""
+        """The tagged dict of a message (the chapters' `encoder()`)."""
         return msgspec.to_builtins(self.mirrors.to_wire_one(msg), builtin_types=(bytes,))
 
     def to_bytes(self, msg: Message) -> bytes:
@@ -142,22 +126,14 @@ class MessageGroup:
             raise MessageDecodeError(f"{self.name} message: nested too deeply") from None
 
     def decode(self, data: Any) -> Message:
-        """A tagged dict (as msgpack gives it) -> a message of this group, or MessageDecodeError.
-
-        The dict goes through the same bytes path, so both accept and reject exactly the same."""
+        """A tagged dict -> a message, through the bytes path (so both take and refuse the same)."""
         try:
             raw = _ENCODER.encode(data)
         except (TypeError, ValueError, OverflowError, RecursionError) as e:
             raise MessageDecodeError(f"{self.name} message: not msgpack data ({e})") from None
         return self.from_bytes(raw)
 
-    def unknown(self, name: object) -> str:
-        if name is None:
-            return "missing '__type__'"
-        return f"unknown {self.name} message type {name!r:.60} (known: {', '.join(sorted(self.classes))})"
-
     def _explain(self, raw: bytes | bytearray | memoryview, error: Exception) -> str:
-        """The text of a rejection: what the walk finds wrong with the message."""
         try:
             fault = _explain(self, _PLAIN_DECODER.decode(raw))
         except msgspec.DecodeError as e:
@@ -169,22 +145,17 @@ class MessageGroup:
         )
 
 
-# --------------------------------------------------------------------------------------------------
-# The mirrors and the converters.
-
-
 class _Mirrors:
-    """One group's mirror structs (for its classes and SamplingParams), its decoder, and the two
-    converters, each for one object and for a list: messages -> mirrors (`to_wire_one`, `to_wire`)
-    and mirrors -> messages (`from_wire_one`, `from_wire`)."""
+    """A group's mirror structs, its decoder, and its converters for one object and for a list:
+    messages -> mirrors (`to_wire_one`, `to_wire`), mirrors -> messages (`from_wire_one`, `from_wire`)."""
 
     def __init__(self, group: MessageGroup) -> None:
         self.group = group
         classes = [*group.classes.values(), SamplingParams]
-        self.struct: dict[type, type] = {cls: _mirror(cls) for cls in classes}
+        self.struct = {cls: _mirror(cls) for cls in classes}
         self.members = Union[(*(self.struct[c] for c in group.classes.values()), _Never)]  # noqa: UP007
         self.env: dict[str, Any] = {"_new": object.__new__, "tensor_to_map": tensor_to_map}
-        self.env["tensor_in"] = _tensor_in
+        self.env |= {"tensor_in": _tensor_in, "_checked": _checked, "group": group, "types": {}}
         to_wire, from_wire = {}, {}
         for cls in classes:  # once all mirrors exist: a field's type may be any of them
             struct, hints, outs, ins = self.struct[cls], typing.get_type_hints(cls), [], []
@@ -216,11 +187,10 @@ class _Mirrors:
             raise TypeError(f"message field type {tp!r} is not supported by the codec")
         try:
             msgspec.msgpack.Decoder(tp)
-        except TypeError:  # a union msgspec cannot take at once (e.g. two kinds of list)
-            name = f"first_fitting_{len(self.env)}"
-            self.env[name] = _first_fitting([msgspec.msgpack.Decoder(a) for a in args])
-            return msgspec.Raw, None, name + "({})"
-        return tp, None, None
+            return tp, None, None
+        except TypeError:  # a union msgspec cannot take (two kinds of list): `_why` checks it
+            self.env["types"][key := f"t{len(self.env['types'])}"] = tp
+            return Any, None, f"_checked(group, types[{key!r}], {{}})"
 
     def _union(self, tp: type) -> Any:
         return self.members if tp is self.group.root else Union[self.struct[tp], _Never]  # noqa: UP007
@@ -233,33 +203,28 @@ class _Mirrors:
 _Recipe = tuple[type, list[tuple[str, str | None]], bool]
 
 
-def _compile(name: str, recipes: dict[type, _Recipe], other: Convert, env: dict[str, Any]) -> tuple:
+def _compile(name: str, recipes: dict[type, _Recipe], other: Callable, env: dict[str, Any]) -> tuple:
     """(`name_one(x)`, `name(items)`): an object, or each of a list, converted by the recipe for its
     class (`other(x)` for any other class): `target(*fields)`, or if bare, `object.__new__(target)`
-    with the fields stored, which is what a plain dataclass's __init__ does, less one Python call.
+    with the fields stored (what a plain dataclass's __init__ does, less one Python call).
 
     Generated from the field names, as dataclasses generates __init__, so that a batch of 256
-    messages (the scheduler sends one every step) costs one loop with the classes whose fields need
-    no conversion inline; the others are a call each, found by class."""
-    loop = [f"def {name}(items):", " out = []", " add = out.append", " for x in items:", "  c = x.__class__"]
-    funcs, by_class = [], env.setdefault(f"{name}_by_class", {})
+    messages (the scheduler sends one every step) costs one loop with the classes without nested
+    fields inline; the others are a call each, found by class."""
+    loop = [f"def {name}(items):", " out = []", " for x in items:", "  c = x.__class__", "  if False: pass"]
+    funcs, env[f"{name}_other"], by_class = [], other, env.setdefault(f"{name}_by_class", {})
     for i, (cls, (target, fields, bare)) in enumerate(recipes.items()):
-        env[f"{name}_T{i}"], values = target, [(f, t.format(f"x.{f}") if t else f"x.{f}") for f, t in fields]
+        env[f"{name}_T{i}"], env[f"{name}_S{i}"] = target, cls
+        values = [(f, t.format(f"x.{f}") if t else f"x.{f}") for f, t in fields]
         body = [f"o = {name}_T{i}({', '.join(v for _, v in values)})"]
         if bare:
             body = [f"o = _new({name}_T{i})", *(f"o.{f} = {v}" for f, v in values)]
         funcs += [f"def {name}_{i}(x):", *(f" {line}" for line in body), " return o"]
         if all(t is None for _, t in fields):
-            env[f"{name}_S{i}"] = cls
-            loop += [
-                f"  {'elif' if len(loop) > 5 else 'if'} c is {name}_S{i}:",
-                *(f"   {x}" for x in body),
-                "   add(o)",
-            ]
+            loop += [f"  elif c is {name}_S{i}:", *(f"   {line}" for line in body), "   out.append(o)"]
         by_class[cls] = f"{name}_{i}"
-    loop += ["  else:" if len(loop) > 5 else "  if True:", f"   add({name}_one(x))", " return out"]
+    loop += ["  else:", f"   out.append({name}_one(x))", " return out"]
     one = [f"def {name}_one(x):", f" return {name}_by_class.get(x.__class__, {name}_other)(x)"]
-    env[f"{name}_other"] = other
     exec("\n".join(funcs + loop + one), env)  # noqa: S102 - the source holds dataclass field names only
     by_class.update((cls, env[fn]) for cls, fn in by_class.items())
     return env[f"{name}_one"], env[name]
@@ -276,12 +241,10 @@ def _mirror(cls: type) -> type:
     """The mirror struct of a dataclass, its field types still to be set (`_Mirrors.__init__`)."""
     specs: list[tuple[Any, ...]] = []
     for f in _fields(cls):
-        if f.default is not dataclasses.MISSING:
-            specs.append((f.name, Any, f.default))
-        elif f.default_factory is not dataclasses.MISSING:
+        if f.default_factory is not dataclasses.MISSING:
             specs.append((f.name, Any, msgspec.field(default_factory=f.default_factory)))
         else:
-            specs.append((f.name, Any))
+            specs.append((f.name, Any) if f.default is dataclasses.MISSING else (f.name, Any, f.default))
     return msgspec.defstruct(
         cls.__name__, specs, tag_field="__type__", tag=cls.__name__, forbid_unknown_fields=True, gc=False
     )
@@ -289,20 +252,6 @@ def _mirror(cls: type) -> type:
 
 def _fields(cls: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if f.init]
-
-
-def _first_fitting(decoders: list[msgspec.msgpack.Decoder]) -> Convert:
-    """A msgspec.Raw value -> what the first decoder that takes it makes of it."""
-
-    def decode(raw: msgspec.Raw) -> Any:
-        for decoder in decoders[:-1]:
-            try:
-                return decoder.decode(raw)
-            except msgspec.ValidationError:
-                continue
-        return decoders[-1].decode(raw)
-
-    return decode
 
 
 def _tensor_in(s: Any) -> torch.Tensor:
@@ -319,8 +268,7 @@ def _is_plain(tp: Any) -> bool:
     return origin in (Union, types.UnionType, list, dict) and bool(args) and all(map(_is_plain, args))
 
 
-# --------------------------------------------------------------------------------------------------
-# Why a message was rejected: a walk of the plain data against the annotations (error text only).
+# Why a message was rejected: a walk of the plain data against the annotations (the error's text).
 
 
 def _explain(group: MessageGroup, data: Any) -> str | None:
@@ -340,28 +288,20 @@ def _why(group: MessageGroup, tp: Any, v: Any) -> Fault | None:
     if tp is group.root or dataclasses.is_dataclass(tp):
         return _why_object(group, tp, v)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is list:
-        if v.__class__ is not list:
-            return "", f"expected a list, got {_describe(v)}"
-        for i, x in enumerate(v):
-            fault = _why(group, args[0], x)
-            if fault:
-                return f"[{i}]{fault[0]}", fault[1]
-        return None
-    if origin is dict:
-        if v.__class__ is not dict:
-            return "", f"expected a map, got {_describe(v)}"
-        for k, x in v.items():
-            fault = _why(group, args[0], k) or _why(group, args[1], x)
-            if fault:
-                return f"[{k!r:.40}]{fault[0]}", fault[1]
+    if origin is list or origin is dict:
+        if v.__class__ is not origin:
+            return "", f"expected a {'list' if origin is list else 'map'}, got {_describe(v)}"
+        items = [(f"[{i}]", args[0], x) for i, x in enumerate(v)] if origin is list else []
+        for k, x in v.items() if origin is dict else ():
+            items += [(f"[{k!r:.40}]", args[0], k), (f"[{k!r:.40}]", args[1], x)]
+        for where, t, x in items:
+            if fault := _why(group, t, x):
+                return where + fault[0], fault[1]
         return None
     if origin in (Union, types.UnionType):
         ok = any(_why(group, a, v) is None for a in args)
-    elif tp is float:
-        ok = v.__class__ is float or v.__class__ is int
     elif tp in _PLAIN or tp is None:
-        ok = v.__class__ is (type(None) if tp is None else tp)
+        ok = v.__class__ is (type(None) if tp is None else tp) or (tp is float and v.__class__ is int)
     else:
         raise TypeError(f"message field type {tp!r} is not supported by the codec")
     return None if ok else ("", f"expected {_type_name(tp)}, got {_describe(v)}")
@@ -371,25 +311,22 @@ def _why_object(group: MessageGroup, cls: type, d: Any) -> Fault | None:
     if d.__class__ is not dict:
         return "", f"expected a map, got {_describe(d)}"
     name = d.get("__type__")
-    if cls is group.root:
-        cls = group.classes.get(name) if name.__class__ is str else None  # type: ignore[assignment]
-        if cls is None:
-            return "", group.unknown(name)
-    fields = _fields(cls)
-    extra = [repr(k)[:40] for k in d if k != "__type__" and k not in {f.name for f in fields}]
+    if cls is group.root and (cls := group.classes.get(name) if name.__class__ is str else None) is None:
+        return "", "missing '__type__'" if name is None else (
+            f"unknown {group.name} message type {name!r:.60} (known: {', '.join(sorted(group.classes))})"
+        )
+    fields, hints = _fields(cls), typing.get_type_hints(cls)
+    extra = [repr(k)[:40] for k in d if k != "__type__" and k not in hints]
     if extra:
         return "", f"unexpected field(s) {', '.join(extra[:5])}"
-    if "__type__" not in d:
-        return "", f"missing '__type__' (expected {cls.__name__!r})"
     if name != cls.__name__:
-        return "", f"expected __type__ {cls.__name__!r}, got {name!r:.60}"
-    hints = typing.get_type_hints(cls)
+        return "", f"expected __type__ {cls.__name__!r}, got {name!r:.60}" if "__type__" in d else (
+            f"missing '__type__' (expected {cls.__name__!r})"
+        )
     for f in fields:
-        if f.name in d:
-            fault = _why(group, hints[f.name], d[f.name])
-            if fault:
-                return f".{f.name}{fault[0]}", fault[1]
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        if f.name in d and (fault := _why(group, hints[f.name], d[f.name])):
+            return f".{f.name}{fault[0]}", fault[1]
+        if f.name not in d and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             return "", f"missing required field {f.name!r}"
     return None
 
@@ -410,6 +347,13 @@ def _why_tensor(v: Any) -> Fault | None:
     except TensorFormatError as e:
         return "", str(e)
     return None
+
+
+def _checked(group: MessageGroup, tp: Any, v: Any) -> Any:
+    """A value of a type msgspec cannot check (it took it as Any), checked by `_why`."""
+    if _why(group, tp, v):
+        raise msgspec.ValidationError(f"not a {_type_name(tp)}")
+    return v
 
 
 def _describe(value: object) -> str:
