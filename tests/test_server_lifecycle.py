@@ -52,8 +52,9 @@ def pool_server():
     """A dummy-engine server with two tokenizer processes and room for 4 requests in flight.
     The last test of this module stops it with SIGTERM."""
     srv = ServerProcess(
-        "--engine", "dummy", "--num-tokenizer", "2", "--max-queued-requests", "4", "--max-seq-len", "100000"
-    )
+        "--engine", "dummy", "--num-tokenizer", "2", "--max-queued-requests", "4", "--max-seq-len", "100000",
+        "--dummy-step-ms", "0.2",  # a 90,000-token request takes >= 18 s on any host
+    )  # fmt: skip
     try:
         yield srv
     finally:
@@ -75,7 +76,7 @@ def test_tokenizer_pool(pool_server) -> None:
 def test_overload_is_503(pool_server) -> None:
     """Four endless streams fill --max-queued-requests 4: one more request gets 503."""
     srv = pool_server
-    long = {"prompt": "x", "max_tokens": 7000, "ignore_eos": True, "stream": True}
+    long = {"prompt": "x", "max_tokens": 90_000, "ignore_eos": True, "stream": True}
     started = threading.Barrier(5)
     stop = threading.Event()
 

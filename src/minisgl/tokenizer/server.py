@@ -26,7 +26,10 @@ reported as ("error", message).
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
+import sys
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from types import FrameType
@@ -313,4 +316,11 @@ def run_tokenizer_worker(config: TokenizerWorkerConfig, conn: Connection) -> Non
     except (SystemExit, KeyboardInterrupt):
         pass
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the close short
         worker.close()
+    # A clean stop: leave without the interpreter's finalization, which could spin in pyzmq's
+    # clean-up for longer than the launcher waits (seen after the sockets were closed).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
