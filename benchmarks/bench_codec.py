@@ -26,12 +26,13 @@ import sys
 import time
 import timeit
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
+import msgspec
 import torch
 
-from minisgl.benchmark import generic_codec
 from minisgl.core import SamplingParams
 from minisgl.message import (
     BaseBackendMsg,
@@ -39,9 +40,11 @@ from minisgl.message import (
     BatchTokenizerMsg,
     DetokenizeMsg,
     UserMsg,
-    fastpath,
     tokenizer,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import chapter_serializer as generic_codec  # noqa: E402  (the chapters' serializer lives with the tests)
 
 CODECS = {"ours": "minisgl to_bytes/from_bytes", "generic": "generic + msgpack", "pickle": "pickle"}
 
@@ -158,7 +161,7 @@ def main() -> None:
         return
     print(
         f"python {platform.python_version()}, msgpack {'.'.join(map(str, msgpack.version))}, "
-        f"msgspec fast path: {'on' if fastpath.AVAILABLE else 'off (pip install msgspec)'}, "
+        f"msgspec {msgspec.__version__}, "
         f"{platform.machine()} {platform.processor() or ''}".rstrip()
     )
     cases = make_cases()

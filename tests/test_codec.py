@@ -1,7 +1,10 @@
-"""The message codec: round trips, tensors, interop with the chapter's serializer, strict errors."""
+"""The message codec: round trips, the bytes of the codec before issue 13, tensors, interop with the
+chapter's serializer, strict errors."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -10,7 +13,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minisgl.benchmark import generic_codec
+import chapter_serializer
+from codec_corpus import corpus, fingerprint
 from minisgl.core import SamplingParams
 from minisgl.message import (
     AbortBackendMsg,
@@ -29,7 +33,7 @@ from minisgl.message import (
     UserMsg,
     UserReply,
     backend,
-    fastpath,
+    codec,
     frontend,
     tokenizer,
 )
@@ -37,22 +41,10 @@ from minisgl.message import (
 BASES = (BaseTokenizerMsg, BaseBackendMsg, BaseFrontendMsg)
 
 
-@pytest.fixture(params=["reference", "fast"] if fastpath.AVAILABLE else ["reference"])
-def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test through the reference codec and (if msgspec is installed) the msgspec fast path."""
-    for base in BASES:
-        base._group._ensure()
-        if request.param == "reference":
-            monkeypatch.setattr(base._group, "_fast", None)
-        elif base._group._fast is None:
-            pytest.skip("msgspec is not installed: no fast path")
-    return request.param
+# -- the chapter-style generic serializer (interop partner): tests/chapter_serializer.py -------------
 
-
-# -- the chapter-style generic serializer (interop partner): minisgl.benchmark.generic_codec ----------
-
-chapter_serialize = generic_codec.to_tagged
-chapter_deserialize = generic_codec.from_tagged
+chapter_serialize = chapter_serializer.to_tagged
+chapter_deserialize = chapter_serializer.from_tagged
 
 CHAPTER_MAP = {
     name: getattr(mod, name)
@@ -115,7 +107,7 @@ EXAMPLES: list[tuple[Any, Any]] = [
 
 
 @pytest.mark.parametrize("base,msg", EXAMPLES, ids=lambda x: type(x).__name__)
-def test_round_trip_every_message(path: str, base: Any, msg: Any) -> None:
+def test_round_trip_every_message(base: Any, msg: Any) -> None:
     raw = msg.to_bytes()
     assert raw == msgpack.packb(msg.encoder(), use_bin_type=True)
     assert base.encoder(msg) == msg.encoder()
@@ -124,15 +116,38 @@ def test_round_trip_every_message(path: str, base: Any, msg: Any) -> None:
     assert same(base.decoder(msgpack.unpackb(raw, raw=False)), msg)
 
 
-def test_fast_path_takes_the_common_messages() -> None:
-    if not fastpath.AVAILABLE:
-        pytest.skip("msgspec is not installed")
-    for base, msg in EXAMPLES:
-        if isinstance(msg, BatchBackendMsg) and any(isinstance(m, BatchBackendMsg) for m in msg.data):
-            continue  # a batch inside a batch is left to the reference path on purpose
-        assert base._group._fast is not None
-        assert base._group._fast.encode(msg) == msg.to_bytes()
-        assert same(base._group._fast.decode(msg.to_bytes()), msg), msg
+GOLDEN = json.loads((Path(__file__).parent / "data" / "codec_golden.json").read_text())
+CORPUS = corpus()
+
+
+def test_golden_corpus_is_complete() -> None:
+    assert sorted(CORPUS) == sorted(GOLDEN)
+    seen = {type(m).__name__ for m in CORPUS.values()}
+    seen |= {type(x).__name__ for m in CORPUS.values() for x in getattr(m, "data", [])}
+    assert seen >= {cls.__name__ for base in BASES for cls in base._group.classes.values()}
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_bytes_equal_those_of_the_codec_before(name: str) -> None:
+    """Byte for byte what the two-generator codec (main at 8779c94) wrote, through both entry points."""
+    msg = CORPUS[name]
+    raw = msg.to_bytes()
+    assert fingerprint(raw) == GOLDEN[name]
+    assert raw == msgpack.packb(msg.encoder(), use_bin_type=True)
+    base = next(b for b in BASES if isinstance(msg, b))
+    assert base.from_bytes(raw).to_bytes() == raw  # and back (NaN != NaN, so compared as bytes)
+    if all(t.dim() == 1 and t.dtype != torch.bfloat16 for t in _tensors_in(msg)):  # what the chapter sends
+        assert msgpack.packb(chapter_serialize(msg), use_bin_type=True) == raw
+
+
+def _tensors_in(msg: Any) -> list[torch.Tensor]:
+    if isinstance(msg, torch.Tensor):
+        return [msg]
+    if isinstance(msg, list):
+        return [t for m in msg for t in _tensors_in(m)]
+    if hasattr(msg, "__dataclass_fields__"):
+        return [t for f in msg.__dataclass_fields__ for t in _tensors_in(getattr(msg, f))]
+    return []
 
 
 def test_encoder_is_the_chapter_dict() -> None:
@@ -174,7 +189,7 @@ def make_tensor(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_tensor_round_trip(path: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+def test_tensor_round_trip(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     t = make_tensor(dtype, shape)
     msg = UserMsg(uid=1, input_ids=t, sampling_params=sp())
     d = msg.encoder()["input_ids"]
@@ -200,14 +215,14 @@ INTEROP += [
 
 
 @pytest.mark.parametrize("base,msg", INTEROP, ids=lambda x: type(x).__name__)
-def test_chapter_bytes_decode_here(path: str, base: Any, msg: Any) -> None:
+def test_chapter_bytes_decode_here(base: Any, msg: Any) -> None:
     raw = msgpack.packb(chapter_serialize(msg), use_bin_type=True)
     assert raw == msg.to_bytes()  # the same bytes, in fact
     assert same(base.from_bytes(raw), msg)
 
 
 @pytest.mark.parametrize("base,msg", INTEROP, ids=lambda x: type(x).__name__)
-def test_our_bytes_decode_there(path: str, base: Any, msg: Any) -> None:
+def test_our_bytes_decode_there(base: Any, msg: Any) -> None:
     back = chapter_deserialize(CHAPTER_MAP, msgpack.unpackb(msg.to_bytes(), raw=False))
     assert same(back, msg)
 
@@ -235,7 +250,7 @@ def test_chapter_sampling_params_without_our_extra_fields_decode() -> None:
     assert msg.input_ids.tolist() == [1]
 
 
-def test_int_for_float_field_is_accepted_as_float(path: str) -> None:
+def test_int_for_float_field_is_accepted_as_float() -> None:
     raw = msgpack.packb({"__type__": "SamplingParams", "temperature": 1}, use_bin_type=True)
     raw = msgpack.packb(
         {"__type__": "TokenizeMsg", "uid": 1, "text": "a", "sampling_params": msgpack.unpackb(raw)},
@@ -442,7 +457,7 @@ BAD: list[tuple[str, Any, Any, str]] = [
 
 
 @pytest.mark.parametrize("name,base,data,match", BAD, ids=[b[0] for b in BAD])
-def test_bad_input_raises_named_error(path: str, name: str, base: Any, data: Any, match: str) -> None:
+def test_bad_input_raises_named_error(name: str, base: Any, data: Any, match: str) -> None:
     with pytest.raises(MessageDecodeError, match=match):
         base.decoder(data)
     with pytest.raises(MessageDecodeError, match=match):
@@ -463,12 +478,12 @@ def test_bad_input_raises_named_error(path: str, name: str, base: Any, data: Any
     ],
     ids=["empty", "truncated-map", "truncated-key", "reserved-byte", "ints", "text", "trailing", "bad-utf8"],
 )
-def test_bad_bytes_raise_named_error(path: str, raw: bytes) -> None:
+def test_bad_bytes_raise_named_error(raw: bytes) -> None:
     with pytest.raises(MessageDecodeError):
         BaseBackendMsg.from_bytes(raw)
 
 
-def test_truncations_of_a_real_message_all_raise(path: str) -> None:
+def test_truncations_of_a_real_message_all_raise() -> None:
     raw = BatchBackendMsg([user(1, [1, 2, 3]), AbortBackendMsg(2)]).to_bytes()
     for n in range(len(raw)):
         with pytest.raises(MessageDecodeError):
@@ -484,7 +499,7 @@ def test_error_is_a_value_error() -> None:
     assert issubclass(MessageDecodeError, ValueError)
 
 
-def test_deep_nesting_is_an_error_not_a_crash(path: str) -> None:
+def test_deep_nesting_is_an_error_not_a_crash() -> None:
     raw = b"\x82\xa8__type__\xafBatchBackendMsg\xa4data\x91" * 3000 + b"\x81\xa8__type__\xa7ExitMsg"
     with pytest.raises(MessageDecodeError):
         BaseBackendMsg.from_bytes(raw)
@@ -606,13 +621,6 @@ def test_random_messages_round_trip_byte_exact(msgs: list) -> None:
         assert BaseTokenizerMsg.from_bytes(m.to_bytes()) == m
 
 
-def _reference_decode(base: Any, raw: bytes) -> Any:
-    try:
-        return base.decoder(msgpack.unpackb(raw, raw=False))
-    except (MessageDecodeError, ValueError):
-        return MessageDecodeError
-
-
 _field_values = st.one_of(
     _values,
     _names,
@@ -644,21 +652,35 @@ _VALID = {
     ),
     st.lists(st.sampled_from(["uid", "data", "input_ids", "sampling_params", "__type__"]), max_size=1),
 )
-def test_fast_path_never_accepts_what_the_reference_rejects(name: str, over: dict, drop: list) -> None:
-    """Where msgspec is installed: the fast decoder either agrees with the reference or steps aside.
+def test_msgspec_and_the_error_walk_agree(name: str, over: dict, drop: list) -> None:
+    """msgspec decides; the walk that writes the error text must find a fault exactly when msgspec
+    rejects (otherwise the error would not name the field, or a valid message would be refused).
 
     Valid messages with up to two fields replaced by random values and maybe one removed."""
-    group = BaseBackendMsg._group
-    group._ensure()
-    if group._fast is None:
-        pytest.skip("msgspec is not installed")
     data = {**_VALID[name], **over}
     for key in drop:
         data.pop(key, None)
     raw = msgpack.packb(data, use_bin_type=True)
-    fast = group._fast.decode(raw)
-    ref = _reference_decode(BaseBackendMsg, raw)
-    if fast is not None:
-        assert ref is not MessageDecodeError and same(fast, ref), (fast, ref)
-    if not over and not drop:
-        assert fast is not None  # the untouched valid messages do take the fast path
+    fault = codec._explain(BaseBackendMsg._group, msgpack.unpackb(raw, raw=False))
+    try:
+        msg = BaseBackendMsg.from_bytes(raw)
+    except MessageDecodeError as e:
+        assert fault is not None and str(e) == fault, (str(e), fault)
+        return
+    assert fault is None, fault
+    assert isinstance(msg, BaseBackendMsg)
+    assert same(BaseBackendMsg.from_bytes(msg.to_bytes()), msg)
+
+
+def test_a_bug_in_the_decoder_raises_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No fallback path: an error inside the codec is not turned into a slower retry or a None."""
+    raw = user(3, [1, 2]).to_bytes()
+
+    def broken(*values: Any) -> Any:
+        raise KeyError("bug")
+
+    monkeypatch.setattr(codec, "decode_tensor", broken)
+    with pytest.raises(KeyError, match="bug"):
+        BaseBackendMsg.from_bytes(raw)
+    monkeypatch.undo()
+    assert same(BaseBackendMsg.from_bytes(raw), user(3, [1, 2]))

@@ -1,6 +1,7 @@
 """The three message groups (by receiver) and their codec."""
 
 from .backend import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, ExitMsg, UserMsg
+from .codec import MessageDecodeError
 from .frontend import BaseFrontendMsg, BatchFrontendMsg, LoadReply, UserReply
 from .tokenizer import (
     AbortMsg,
@@ -11,7 +12,6 @@ from .tokenizer import (
     LoadMsg,
     TokenizeMsg,
 )
-from .utils import MessageDecodeError
 
 __all__ = [
     "AbortBackendMsg",

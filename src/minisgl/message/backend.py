@@ -8,30 +8,24 @@ import torch
 
 from minisgl.core import SamplingParams
 
-from .utils import MessageGroup
-
-_GROUP = MessageGroup("backend")
+from .codec import Message
 
 
-@_GROUP.base
 @dataclass
-class BaseBackendMsg(_GROUP.Base):
+class BaseBackendMsg(Message, group="backend"):
     pass
 
 
-@_GROUP.register
 @dataclass
 class BatchBackendMsg(BaseBackendMsg):
     data: list[BaseBackendMsg]
 
 
-@_GROUP.register
 @dataclass
 class ExitMsg(BaseBackendMsg):
     pass
 
 
-@_GROUP.register
 @dataclass
 class UserMsg(BaseBackendMsg):
     uid: int
@@ -39,7 +33,6 @@ class UserMsg(BaseBackendMsg):
     sampling_params: SamplingParams
 
 
-@_GROUP.register
 @dataclass
 class AbortBackendMsg(BaseBackendMsg):
     uid: int

@@ -4,24 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .utils import MessageGroup
-
-_GROUP = MessageGroup("frontend")
+from .codec import Message
 
 
-@_GROUP.base
 @dataclass
-class BaseFrontendMsg(_GROUP.Base):
+class BaseFrontendMsg(Message, group="frontend"):
     pass
 
 
-@_GROUP.register
 @dataclass
 class BatchFrontendMsg(BaseFrontendMsg):
     data: list[BaseFrontendMsg]
 
 
-@_GROUP.register
 @dataclass
 class UserReply(BaseFrontendMsg):
     """New text of request `uid`. The last reply has finished=True, a finish_reason
@@ -51,7 +46,6 @@ class UserReply(BaseFrontendMsg):
     prompt_lp_top_values: list[list[float]] = field(default_factory=list)
 
 
-@_GROUP.register
 @dataclass
 class LoadReply(BaseFrontendMsg):
     """A replica's load (see LoadMsg): what the API server routes new requests by."""

@@ -6,24 +6,19 @@ from dataclasses import dataclass, field
 
 from minisgl.core import SamplingParams
 
-from .utils import MessageGroup
-
-_GROUP = MessageGroup("tokenizer")
+from .codec import Message
 
 
-@_GROUP.base
 @dataclass
-class BaseTokenizerMsg(_GROUP.Base):
+class BaseTokenizerMsg(Message, group="tokenizer"):
     pass
 
 
-@_GROUP.register
 @dataclass
 class BatchTokenizerMsg(BaseTokenizerMsg):
     data: list[BaseTokenizerMsg]
 
 
-@_GROUP.register
 @dataclass
 class TokenizeMsg(BaseTokenizerMsg):
     """From the API server: a prompt (text, chat messages, or token ids) to tokenize once and
@@ -41,7 +36,6 @@ class TokenizeMsg(BaseTokenizerMsg):
     echo: bool = False  # acknowledge with the prompt's text (`echo` of a token-id prompt)
 
 
-@_GROUP.register
 @dataclass
 class DetokenizeMsg(BaseTokenizerMsg):
     """From the scheduler: one new token of request `uid`. finish_reason: "", "stop", "length", "abort".
@@ -66,7 +60,6 @@ class DetokenizeMsg(BaseTokenizerMsg):
     prompt_top_logprobs: list[list[float]] = field(default_factory=list)
 
 
-@_GROUP.register
 @dataclass
 class AbortMsg(BaseTokenizerMsg):
     """From the API server: stop request `uid`, held by data-parallel replica `replica`."""
@@ -75,7 +68,6 @@ class AbortMsg(BaseTokenizerMsg):
     replica: int = 0
 
 
-@_GROUP.register
 @dataclass
 class LoadMsg(BaseTokenizerMsg):
     """From scheduler rank 0 of replica `replica`, whenever its counts change: requests running
@@ -86,7 +78,6 @@ class LoadMsg(BaseTokenizerMsg):
     waiting: int
 
 
-@_GROUP.register
 @dataclass
 class ErrorMsg(BaseTokenizerMsg):
     """From the scheduler: request `uid` was rejected (e.g. longer than the context); says why."""

@@ -35,7 +35,7 @@ import zmq
 import zmq.asyncio
 
 from minisgl.message import MessageDecodeError
-from minisgl.message.utils import group_of
+from minisgl.message.codec import group_of
 
 T = TypeVar("T")
 
