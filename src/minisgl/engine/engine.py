@@ -23,6 +23,7 @@ import torch
 from minisgl.attention import AttnInput, create_attention_backend
 from minisgl.backends import bind_ops, create_ops
 from minisgl.core import Batch, Context, Req, TokenLogprobs, set_global_ctx
+from minisgl.grammar import GrammarCompiler, MaskJob, apply_bitmask
 from minisgl.kvcache import KVPool, PageAllocator, PageTable, kv_bytes_per_page
 
 from .cuda_graph import CudaGraphRunner
@@ -64,6 +65,12 @@ class StepOutput:
             self._event.record()
         else:
             self._host = [tokens, *extra]
+
+    def host_tokens(self) -> torch.Tensor:
+        """The sampled tokens on the host, once copied (without counting the step as taken)."""
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host[0]
 
     def tolist(self) -> list[int]:
         if self._event is not None:
@@ -174,6 +181,7 @@ class Engine:
             self.page_table.max_pages_per_row,
         )
         self.sampler = Sampler(self.device, options.seed)
+        self.grammars = GrammarCompiler(options.model_path, self.vocab_size, self.eos_token_ids)
         self.stats = EngineStats()
         logger.info(
             "KV pool: %d pages x %d tokens (%.1f MiB), context limit %d tokens; ops %s, attention %s",
@@ -187,6 +195,7 @@ class Engine:
         self.graphs = self._capture_graphs()
         self._last_tokens = torch.empty(0, dtype=torch.int64, device=self.device)  # the last launch's
         self._last_rows: dict[int, int] = {}  # uid -> row in _last_tokens
+        self._last_out: StepOutput | None = None
         self._last_arrival = 0.0
 
     def _capture_graphs(self) -> CudaGraphRunner | None:
@@ -241,12 +250,13 @@ class Engine:
         self.attn_backend.prepare(attn_input)
         reqs = [r for r, s in zip(batch.reqs, batch.sample_mask, strict=True) if s]
         params = [r.sampling_params for r in reqs]
+        masks = self._start_masks(reqs)  # grammar rows: bitmasks computed while the forward runs
         tokens: torch.Tensor | None = None
         prompt_logits: torch.Tensor | None = None
         prompt_rows: list[tuple[Req, int, int]] = []
         if batch.is_decode and self.graphs is not None and self.graphs.padded_size(len(batch.reqs)):
             logits, best = self.graphs.replay(torch.stack((input_ids, positions)), pending)  # (B, V), (B,)
-            if all(p.is_greedy and not p.has_penalties for p in params):
+            if all(p.is_greedy and not p.adjusts_logits for p in params):
                 tokens = best  # the graph's argmax: no sampling kernels
         else:
             prompt_rows = self._prompt_logprob_rows(batch)
@@ -256,13 +266,44 @@ class Engine:
         raw = logits
         if tokens is None and logits is not None:
             logits = self._penalized(logits, reqs)
+            if masks is not None:
+                logits = self._masked(logits, raw, *masks)
             tokens = self.sampler.sample(logits, params, [self._generator(r) for r in reqs])
         if tokens is None:
             tokens = torch.empty(0, dtype=torch.int64, device=self.device)
         logprobs = self._logprobs(raw, tokens, reqs, prompt_logits, prompt_rows)
         self._last_tokens = tokens
         self._last_rows = {r.uid: i for i, r in enumerate(reqs)}
-        return StepOutput(tokens, self, batch, t0, logprobs)
+        self._last_out = StepOutput(tokens, self, batch, t0, logprobs)
+        return self._last_out
+
+    def _start_masks(self, reqs: list[Req]) -> tuple[list[int], MaskJob] | None:
+        """(rows, the job computing their bitmasks) for the rows with a grammar; None if none. A
+        request's matcher is first fed its output so far, including a token the previous launch
+        sampled that the host has not taken yet (overlap scheduling: read once that step is done)."""
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
+            return None
+        grammared = [reqs[i] for i in rows]
+        prev, prev_rows = self._last_out, self._last_rows
+
+        def catch_up() -> None:
+            for r in grammared:
+                assert r.grammar is not None
+                unseen = [int(prev.host_tokens()[prev_rows[r.uid]])] if r.pending and prev else []
+                r.grammar.advance(r.output_ids + unseen)
+
+        grammars = [r.grammar for r in grammared if r.grammar is not None]
+        return rows, MaskJob(self.grammars, grammars, catch_up)
+
+    def _masked(self, logits: torch.Tensor, raw: torch.Tensor, rows: list[int], job: MaskJob) -> torch.Tensor:
+        """`logits` with the tokens each grammar row's matcher forbids at -inf (a copy if `logits`
+        is still the raw logits, which logprobs read)."""
+        mask = job.result().to(self.device, non_blocking=True)  # (G, W) int32
+        if logits is raw:
+            logits = logits.clone()
+        apply_bitmask(logits, torch.tensor(rows, device=self.device), mask)
+        return logits
 
     def _penalized(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
         """`logits`, or a copy with the penalties and biases of the requests that have any."""
