@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 # Any JSON object: `response_format: {"type": "json_object"}`.
 JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
+# Whitespace between JSON tokens: a space, or a newline and an indentation of up to 20 spaces.
+# Unbounded whitespace (llguidance's default) lets a small model emit newlines until max_tokens;
+# a schema's own "x-guidance" options override this.
+JSON_WHITESPACE = r"(?:\n {0,20}| ?)"
 
 
 class GrammarError(ValueError):
@@ -38,7 +42,9 @@ def json_schema_grammar(schema: dict[str, Any] | bool) -> str:
     from llguidance import LLMatcher
 
     try:
-        grammar = LLMatcher.grammar_from_json_schema(json.dumps(schema))
+        grammar = LLMatcher.grammar_from_json_schema(
+            json.dumps(schema), defaults={"whitespace_pattern": JSON_WHITESPACE}
+        )
     except (ValueError, TypeError) as e:
         raise GrammarError(str(e)) from None
     check_grammar(grammar)
@@ -137,14 +143,16 @@ class GrammarCompiler:
         return mask
 
 
-def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor) -> None:
-    """Set to -inf, in place, the logits (B, V) of rows `rows` (G,) at the tokens their mask (G, W)
-    int32 (on the logits' device) does not allow."""
+def apply_bitmask(logits: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    """Set to -inf, in place, the logits (B, V) at the tokens the mask (G, W) int32 (on the logits'
+    device) does not allow: mask row i is for logits row rows[i] (rows None: G == B, in order)."""
     vocab = logits.shape[1]
-    shifts = torch.arange(32, device=mask.device, dtype=torch.int32)
-    allowed = ((mask.unsqueeze(-1) >> shifts) & 1).reshape(mask.shape[0], -1)[:, :vocab]  # (G, V)
-    sub = logits.index_select(0, rows).masked_fill_(allowed == 0, float("-inf"))
-    logits.index_copy_(0, rows, sub)
+    bits = torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int32, device=mask.device)
+    forbidden = (torch.bitwise_and(mask.unsqueeze(-1), bits) == 0).view(mask.shape[0], -1)[:, :vocab]
+    if rows is None:
+        logits.masked_fill_(forbidden, float("-inf"))
+        return
+    logits.index_copy_(0, rows, logits.index_select(0, rows).masked_fill_(forbidden, float("-inf")))
 
 
 class MaskJob:

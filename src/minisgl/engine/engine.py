@@ -267,7 +267,7 @@ class Engine:
         if tokens is None and logits is not None:
             logits = self._penalized(logits, reqs)
             if masks is not None:
-                logits = self._masked(logits, raw, *masks)
+                logits = self._masked(logits, raw, reqs, *masks)
             tokens = self.sampler.sample(logits, params, [self._generator(r) for r in reqs])
         if tokens is None:
             tokens = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -296,13 +296,17 @@ class Engine:
         grammars = [r.grammar for r in grammared if r.grammar is not None]
         return rows, MaskJob(self.grammars, grammars, catch_up)
 
-    def _masked(self, logits: torch.Tensor, raw: torch.Tensor, rows: list[int], job: MaskJob) -> torch.Tensor:
-        """`logits` with the tokens each grammar row's matcher forbids at -inf (a copy if `logits`
-        is still the raw logits, which logprobs read)."""
+    def _masked(
+        self, logits: torch.Tensor, raw: torch.Tensor, reqs: list[Req], rows: list[int], job: MaskJob
+    ) -> torch.Tensor:
+        """`logits` with the tokens each grammar row's matcher forbids at -inf (on a copy if
+        `logits` is still the raw logits and a request wants logprobs, which are read from them)."""
         mask = job.result().to(self.device, non_blocking=True)  # (G, W) int32
-        if logits is raw:
+        if logits is raw and any(r.sampling_params.logprobs is not None for r in reqs):
             logits = logits.clone()
-        apply_bitmask(logits, torch.tensor(rows, device=self.device), mask)
+        apply_bitmask(
+            logits, mask, None if len(rows) == len(reqs) else torch.tensor(rows, device=self.device)
+        )
         return logits
 
     def _penalized(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:

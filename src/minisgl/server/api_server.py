@@ -373,8 +373,9 @@ async def _finish_all(
         choices, err = await _until_disconnect(request, _collect(streams))
     finally:
         _release_all(manager, streams)
-    if err is not None:
-        raise APIError(500, str(err), "server_error")
+    if err is not None:  # a request the scheduler refused before any token: the client's (400)
+        status = err.status if isinstance(err, RequestError) else 500
+        raise APIError(status, str(err), "invalid_request_error" if status == 400 else "server_error")
     return choices
 
 

@@ -389,7 +389,8 @@ class ChatCompletionRequest(SamplingRequest):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"tools: the function names must be unique, {dup[0]!r} is not")
-        choice, field = self.tool_mode, "function_call" if self.functions else "tool_choice"
+        legacy = self.tool_choice is None and (self.function_call is not None or bool(self.functions))
+        choice, field = self.tool_mode, "function_call" if legacy else "tool_choice"
         explicit = self.tool_choice if self.tool_choice is not None else self.function_call
         if explicit not in (None, "none") and not names:
             raise ValueError(f"{field} needs {'functions' if field == 'function_call' else 'tools'}")
