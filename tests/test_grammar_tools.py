@@ -242,3 +242,11 @@ def test_named_stream_sends_the_name_then_the_arguments() -> None:
     ]
     _, reason = _stream(ToolOutput("f"), ['{"a"'], "length")
     assert reason == "length"
+
+
+def test_required_stream_sends_the_calls_at_the_end() -> None:
+    text = json.dumps([{"name": "f", "parameters": {"a": 1}}, {"name": "g", "parameters": {}}])
+    deltas, reason = _stream(ToolOutput("required"), [text[:10], text[10:]])
+    assert reason == "tool_calls" and all("content" not in d for d in deltas)
+    [calls] = [d["tool_calls"] for d in deltas]
+    assert [(c["index"], c["function"]["name"]) for c in calls] == [(0, "f"), (1, "g")]

@@ -176,20 +176,16 @@ def test_named_tool_choice_gives_a_valid_call(client) -> None:
 
 
 def test_required_tool_choice_gives_calls(client) -> None:
-    for stream in (False, True):
-        kw = dict(model="smol", messages=ASK, max_tokens=100, temperature=0, tools=[WEATHER, TIME])
-        if stream:
-            calls: list = []
-            for chunk in client.chat.completions.create(**kw, tool_choice="required", stream=True):
-                for ch in chunk.choices:
-                    calls += [(d.function.name, d.function.arguments) for d in ch.delta.tool_calls or []]
-        else:
-            msg = client.chat.completions.create(**kw, tool_choice="required").choices[0].message
-            calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls]
-        assert len(calls) >= 1
-        tools = {"get_weather": WEATHER, "get_time": TIME}
-        for name, arguments in calls:
-            jsonschema.validate(json.loads(arguments), tools[name]["function"]["parameters"])
+    kw = dict(model="smol", messages=ASK, max_tokens=100, temperature=0, tools=[WEATHER, TIME])
+    r = client.chat.completions.create(**kw, tool_choice="required")
+    assert r.choices[0].finish_reason == "tool_calls"
+    calls = r.choices[0].message.tool_calls
+    assert len(calls) >= 1
+    tools = {"get_weather": WEATHER, "get_time": TIME}
+    for call in calls:
+        jsonschema.validate(
+            json.loads(call.function.arguments), tools[call.function.name]["function"]["parameters"]
+        )
 
 
 def test_tool_history_is_rendered(client, server: ServerProcess) -> None:
