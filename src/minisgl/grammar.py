@@ -5,7 +5,7 @@ JSON schema or a Lark grammar and checked where the request arrives (`grammar_er
 layer's 400). The scheduler compiles it into a `Grammar` (a matcher) when it admits the request; a
 grammar that does not compile there ends that request with an error reply. Each step the engine
 asks the matchers of the rows that have one for a bitmask (one bit per token, computed on the CPU
-while the forward pass runs) and masks the logits on their device before sampling; after sampling,
+once the forward pass is launched: on a GPU while it runs) and masks the logits on their device before sampling; after sampling,
 the scheduler feeds each matcher its new token and ends the request ("stop") once the grammar is
 complete. Every tensor-parallel rank runs the same matchers on the same tokens, so all compute the
 same masks without communicating.
@@ -16,14 +16,13 @@ Like `core`, this module imports nothing else of minisgl (llguidance is imported
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:
-    from llguidance import LLExecutor, LLMatcher, LLTokenizer
+    from llguidance import LLMatcher, LLTokenizer
 
 # Any JSON object: `response_format: {"type": "json_object"}`.
 JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
@@ -102,7 +101,6 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self._tokenizer: LLTokenizer | None = None
-        self._executor: LLExecutor | None = None
 
     @property
     def tokenizer(self) -> LLTokenizer:
@@ -126,20 +124,15 @@ class GrammarCompiler:
             raise GrammarError(matcher.get_error())
         return Grammar(matcher)
 
-    @property
-    def executor(self) -> LLExecutor:
-        if self._executor is None:
-            from llguidance import LLExecutor
-
-            self._executor = LLExecutor(num_threads=2)
-        return self._executor
-
     def fill_masks(self, grammars: Sequence[Grammar]) -> torch.Tensor:
-        """(G, ceil(V / 32)) int32 on the CPU: bit t of row i set iff token t may follow in grammar i."""
-        from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask_par
+        """(G, ceil(V / 32)) int32 on the CPU: bit t of row i set iff token t may follow in grammar i.
+        One row after the other in this thread: llguidance's thread pool would compete with torch's
+        threads for the cores during a CPU forward pass."""
+        from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
 
         mask = allocate_token_bitmask(len(grammars), self.vocab_size)
-        fill_next_token_bitmask_par(self.executor, [(g.matcher, i) for i, g in enumerate(grammars)], mask)
+        for i, g in enumerate(grammars):
+            fill_next_token_bitmask(g.matcher, mask, i)
         return mask
 
 
@@ -153,33 +146,3 @@ def apply_bitmask(logits: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor |
         logits.masked_fill_(forbidden, float("-inf"))
         return
     logits.index_copy_(0, rows, logits.index_select(0, rows).masked_fill_(forbidden, float("-inf")))
-
-
-class MaskJob:
-    """The bitmasks of one step, computed in a background thread while the forward pass runs (the
-    matcher releases the GIL, and so do torch's kernels); `result()` joins it."""
-
-    def __init__(
-        self, compiler: GrammarCompiler, grammars: list[Grammar], prepare: Callable[[], None] | None = None
-    ) -> None:
-        self._out: torch.Tensor | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(compiler, grammars, prepare), daemon=True)
-        self._thread.start()
-
-    def _run(
-        self, compiler: GrammarCompiler, grammars: list[Grammar], prepare: Callable[[], None] | None
-    ) -> None:
-        try:
-            if prepare is not None:
-                prepare()
-            self._out = compiler.fill_masks(grammars)
-        except BaseException as e:  # handed to the caller of result()
-            self._error = e
-
-    def result(self) -> torch.Tensor:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._out is not None
-        return self._out

@@ -23,7 +23,7 @@ import torch
 from minisgl.attention import AttnInput, create_attention_backend
 from minisgl.backends import bind_ops, create_ops
 from minisgl.core import Batch, Context, Req, TokenLogprobs, set_global_ctx
-from minisgl.grammar import GrammarCompiler, MaskJob, apply_bitmask
+from minisgl.grammar import GrammarCompiler, apply_bitmask
 from minisgl.kvcache import KVPool, PageAllocator, PageTable, kv_bytes_per_page
 
 from .cuda_graph import CudaGraphRunner
@@ -250,7 +250,6 @@ class Engine:
         self.attn_backend.prepare(attn_input)
         reqs = [r for r, s in zip(batch.reqs, batch.sample_mask, strict=True) if s]
         params = [r.sampling_params for r in reqs]
-        masks = self._start_masks(reqs)  # grammar rows: bitmasks computed while the forward runs
         tokens: torch.Tensor | None = None
         prompt_logits: torch.Tensor | None = None
         prompt_rows: list[tuple[Req, int, int]] = []
@@ -265,6 +264,8 @@ class Engine:
             )
         raw = logits
         if tokens is None and logits is not None:
+            # Grammar rows: their bitmasks are computed now, while a GPU runs the forward pass.
+            masks = self._grammar_masks(reqs)
             logits = self._penalized(logits, reqs)
             if masks is not None:
                 logits = self._masked(logits, raw, reqs, *masks)
@@ -277,31 +278,29 @@ class Engine:
         self._last_out = StepOutput(tokens, self, batch, t0, logprobs)
         return self._last_out
 
-    def _start_masks(self, reqs: list[Req]) -> tuple[list[int], MaskJob] | None:
-        """(rows, the job computing their bitmasks) for the rows with a grammar; None if none. A
-        request's matcher is first fed its output so far, including a token the previous launch
+    def _grammar_masks(self, reqs: list[Req]) -> tuple[list[int], torch.Tensor] | None:
+        """(rows, their bitmasks (G, W) int32 on the CPU) for the rows with a grammar; None if none.
+        A request's matcher is first fed its output so far, including a token the previous launch
         sampled that the host has not taken yet (overlap scheduling: read once that step is done)."""
         rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
         if not rows:
             return None
-        grammared = [reqs[i] for i in rows]
-        prev, prev_rows = self._last_out, self._last_rows
-
-        def catch_up() -> None:
-            for r in grammared:
-                assert r.grammar is not None
-                unseen = [int(prev.host_tokens()[prev_rows[r.uid]])] if r.pending and prev else []
-                r.grammar.advance(r.output_ids + unseen)
-
-        grammars = [r.grammar for r in grammared if r.grammar is not None]
-        return rows, MaskJob(self.grammars, grammars, catch_up)
+        prev = self._last_out
+        grammars = []
+        for i in rows:
+            r = reqs[i]
+            assert r.grammar is not None
+            unseen = [int(prev.host_tokens()[self._last_rows[r.uid]])] if r.pending and prev else []
+            r.grammar.advance(r.output_ids + unseen)
+            grammars.append(r.grammar)
+        return rows, self.grammars.fill_masks(grammars)
 
     def _masked(
-        self, logits: torch.Tensor, raw: torch.Tensor, reqs: list[Req], rows: list[int], job: MaskJob
+        self, logits: torch.Tensor, raw: torch.Tensor, reqs: list[Req], rows: list[int], mask: torch.Tensor
     ) -> torch.Tensor:
         """`logits` with the tokens each grammar row's matcher forbids at -inf (on a copy if
         `logits` is still the raw logits and a request wants logprobs, which are read from them)."""
-        mask = job.result().to(self.device, non_blocking=True)  # (G, W) int32
+        mask = mask.to(self.device, non_blocking=True)  # (G, W) int32
         if logits is raw and any(r.sampling_params.logprobs is not None for r in reqs):
             logits = logits.clone()
         apply_bitmask(
