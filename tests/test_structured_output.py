@@ -14,7 +14,9 @@ import pytest
 
 from test_server import ServerProcess
 
-pytestmark = pytest.mark.timeout(300)
+# Against a real server with the embedded model: about 2-4 minutes on the 2-core box, so in
+# `make test-slow`; tests/test_grammar_tools.py covers masks, parsers and streamed deltas in `make test`.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 PERSON = {
     "type": "object",
