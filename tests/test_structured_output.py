@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import jsonschema
 import pytest
 
-from test_server import ServerProcess
+from test_server import ServerProcess, openai_client, served
 
 # Against a real server with the embedded model: about 2-4 minutes on the 2-core box, so in
 # `make test-slow`; tests/test_grammar_tools.py covers masks, parsers and streamed deltas in `make test`.
@@ -73,19 +74,12 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    srv = ServerProcess("--max-seq-len", "1024", "--served-model-name", "smol")
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        srv.cleanup()
+    yield from served("--max-seq-len", "1024", "--served-model-name", "smol")
 
 
 @pytest.fixture(scope="module")
-def client(server: ServerProcess):
-    from openai import OpenAI
-
-    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+def client(server: ServerProcess) -> Any:
+    return openai_client(server)
 
 
 def _schema_format(schema: dict) -> dict:
