@@ -5,6 +5,10 @@ main at commit 8779c94) wrote for each of them; `test_codec.py` checks that toda
 same. It was made by running this file against that commit's package:
 
     python tests/codec_corpus.py > tests/data/codec_golden.json
+
+Since then SamplingParams gained `grammar` and TokenizeMsg `tools` (structured output and tools):
+the 107 entries that carry them were rewritten by the same command on today's package, where
+`golden()` first checks each message's bytes against msgpack of its reference `encoder()` dict.
 """
 
 from __future__ import annotations

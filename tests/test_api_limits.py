@@ -212,15 +212,25 @@ async def test_more_choices_than_the_queue_holds_is_400_not_503(api) -> None:
         ("tools", [{"type": "function", "function": {"name": "f"}}]),
         ("tool_choice", "auto"),
         ("tool_choice", {"type": "function", "function": {"name": "f"}}),
-        ("response_format", {"type": "json_object"}),
         ("functions", [{"name": "f"}]),
         ("function_call", "auto"),
     ],
 )
-async def test_unimplemented_fields_are_refused_by_name(api, field: str, value: object) -> None:
-    for path, body in (("/v1/chat/completions", chat_body()), ("/v1/completions", {"prompt": "x"})):
-        err = assert_openai_error(await api.post(path, json={**body, field: value}), 400, field)
-        assert field in err["message"]
+async def test_tool_fields_are_refused_by_name_on_completions(api, field: str, value: object) -> None:
+    err = assert_openai_error(
+        await api.post("/v1/completions", json={"prompt": "x", field: value}), 400, field
+    )
+    assert field in err["message"]
+    assert not api.workers.received
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("tool_choice", "auto"), ("tool_choice", "required"), ("function_call", "auto")],
+)
+async def test_a_tool_choice_without_tools_is_400_naming_it(api, field: str, value: object) -> None:
+    err = assert_openai_error(await api.post("/v1/chat/completions", json={**chat_body(), field: value}), 400)
+    assert field in err["message"]
     assert not api.workers.received
 
 

@@ -5,12 +5,13 @@ log-softmax of the logits that transformers computes on the same weights."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 import torch
 
-from test_server import ServerProcess
+from test_server import ServerProcess, openai_client, served
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -20,19 +21,12 @@ N = 4
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    srv = ServerProcess("--max-seq-len", "512", "--served-model-name", "smol", "--log-level", "info")
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        srv.cleanup()
+    yield from served("--max-seq-len", "512", "--served-model-name", "smol", "--log-level", "info")
 
 
 @pytest.fixture(scope="module")
-def client(server: ServerProcess):
-    from openai import OpenAI
-
-    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+def client(server: ServerProcess) -> Any:
+    return openai_client(server)
 
 
 @pytest.fixture(scope="module")

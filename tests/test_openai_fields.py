@@ -75,21 +75,21 @@ COMPLETION_VALUES: dict[str, object] = {
 REFUSED = {
     "audio",
     "best_of",
-    "function_call",
-    "functions",
     "modalities",
     "moderation",
     "prediction",
     "reasoning_effort",
-    "response_format",
     "store",
     "suffix",
-    "tool_choice",
-    "tools",
     "verbosity",
     "web_search_options",
 }
-NEEDS = {"top_logprobs": {"logprobs": True}, "stream_options": {"stream": True}}
+NEEDS = {
+    "top_logprobs": {"logprobs": True},
+    "stream_options": {"stream": True},
+    "tool_choice": {"tools": [{"type": "function", "function": {"name": "f"}}]},
+    "function_call": {"functions": [{"name": "f"}]},
+}
 BASE = {"messages": {"messages": [{"role": "user", "content": "hi"}]}, "prompt": {"prompt": "hi"}}
 
 

@@ -16,7 +16,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -114,9 +116,9 @@ class ServerProcess:
         self.log_path.unlink(missing_ok=True)
 
 
-@pytest.fixture(scope="module")
-def server():
-    srv = ServerProcess("--max-seq-len", "512", "--served-model-name", "smol", "--log-level", "info")
+def served(*args: str) -> Iterator[ServerProcess]:
+    """A module fixture's body: a real server with these flags, stopped and cleaned up afterwards."""
+    srv = ServerProcess(*args)
     try:
         yield srv
     finally:
@@ -124,11 +126,21 @@ def server():
         srv.cleanup()
 
 
-@pytest.fixture(scope="module")
-def client(server):
+def openai_client(srv: ServerProcess) -> Any:
+    """The openai package's client against `srv`, no retries."""
     from openai import OpenAI
 
-    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    yield from served("--max-seq-len", "512", "--served-model-name", "smol", "--log-level", "info")
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> Any:
+    return openai_client(server)
 
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]

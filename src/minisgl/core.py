@@ -9,9 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from minisgl.grammar import Grammar
 
 # Temperatures below this sample greedily (vLLM's choice): dividing float32 logits by a smaller one
 # overflows them, and at or below ~1e-38 the temperature itself rounds to 0 in float32.
@@ -44,6 +47,9 @@ class SamplingParams:
     # `prompt_logprobs` likewise for every prompt token after the first (None: none).
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # Structured output: llguidance's grammar text (minisgl.grammar builds it from a JSON schema or a
+    # Lark grammar); sampling keeps to it and the request stops when it is complete. None: free text.
+    grammar: str | None = None
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError naming the first bad field; a client's mistake, never a crash."""
@@ -58,6 +64,8 @@ class SamplingParams:
         if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
             raise ValueError(f"seed must be in [-2**63, 2**64 - 1], got {self.seed}")
         self._validate_penalties()
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar):
+            raise ValueError("grammar must be a non-empty string (llguidance's grammar text)")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
             if k is not None and not 0 <= k <= MAX_LOGPROBS:
@@ -94,6 +102,11 @@ class SamplingParams:
             or self.logit_bias
             or self.min_tokens
         )
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Penalties, biases or a grammar: the CUDA graph's greedy argmax cannot be used."""
+        return self.has_penalties or self.grammar is not None
 
     @property
     def is_greedy(self) -> bool:
@@ -233,6 +246,8 @@ class Req:
     # Prompt logprobs (sampling_params.prompt_logprobs set): those of prompt tokens 1.. received so
     # far; a request that wants them is prefilled whole (no prefix cache) until it has them all.
     prompt_logprobs: TokenLogprobs | None = None
+    # Structured output (sampling_params.grammar): the request's matcher, made when it is admitted.
+    grammar: Grammar | None = None
 
     @property
     def wants_prompt_logprobs(self) -> bool:

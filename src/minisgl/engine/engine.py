@@ -23,6 +23,7 @@ import torch
 from minisgl.attention import AttnInput, create_attention_backend
 from minisgl.backends import bind_ops, create_ops
 from minisgl.core import Batch, Context, Req, TokenLogprobs, set_global_ctx
+from minisgl.grammar import GrammarCompiler, apply_bitmask
 from minisgl.kvcache import KVPool, PageAllocator, PageTable, kv_bytes_per_page
 
 from .cuda_graph import CudaGraphRunner
@@ -64,6 +65,12 @@ class StepOutput:
             self._event.record()
         else:
             self._host = [tokens, *extra]
+
+    def host_tokens(self) -> torch.Tensor:
+        """The sampled tokens on the host, once copied (without counting the step as taken)."""
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host[0]
 
     def tolist(self) -> list[int]:
         if self._event is not None:
@@ -174,6 +181,7 @@ class Engine:
             self.page_table.max_pages_per_row,
         )
         self.sampler = Sampler(self.device, options.seed)
+        self.grammars = GrammarCompiler(options.model_path, self.vocab_size, self.eos_token_ids)
         self.stats = EngineStats()
         logger.info(
             "KV pool: %d pages x %d tokens (%.1f MiB), context limit %d tokens; ops %s, attention %s",
@@ -187,6 +195,7 @@ class Engine:
         self.graphs = self._capture_graphs()
         self._last_tokens = torch.empty(0, dtype=torch.int64, device=self.device)  # the last launch's
         self._last_rows: dict[int, int] = {}  # uid -> row in _last_tokens
+        self._last_out: StepOutput | None = None
         self._last_arrival = 0.0
 
     def _capture_graphs(self) -> CudaGraphRunner | None:
@@ -246,7 +255,7 @@ class Engine:
         prompt_rows: list[tuple[Req, int, int]] = []
         if batch.is_decode and self.graphs is not None and self.graphs.padded_size(len(batch.reqs)):
             logits, best = self.graphs.replay(torch.stack((input_ids, positions)), pending)  # (B, V), (B,)
-            if all(p.is_greedy and not p.has_penalties for p in params):
+            if all(p.is_greedy and not p.adjusts_logits for p in params):
                 tokens = best  # the graph's argmax: no sampling kernels
         else:
             prompt_rows = self._prompt_logprob_rows(batch)
@@ -255,14 +264,49 @@ class Engine:
             )
         raw = logits
         if tokens is None and logits is not None:
+            # Grammar rows: their bitmasks are computed now, while a GPU runs the forward pass.
+            masks = self._grammar_masks(reqs)
             logits = self._penalized(logits, reqs)
+            if masks is not None:
+                logits = self._masked(logits, raw, reqs, *masks)
             tokens = self.sampler.sample(logits, params, [self._generator(r) for r in reqs])
         if tokens is None:
             tokens = torch.empty(0, dtype=torch.int64, device=self.device)
         logprobs = self._logprobs(raw, tokens, reqs, prompt_logits, prompt_rows)
         self._last_tokens = tokens
         self._last_rows = {r.uid: i for i, r in enumerate(reqs)}
-        return StepOutput(tokens, self, batch, t0, logprobs)
+        self._last_out = StepOutput(tokens, self, batch, t0, logprobs)
+        return self._last_out
+
+    def _grammar_masks(self, reqs: list[Req]) -> tuple[list[int], torch.Tensor] | None:
+        """(rows, their bitmasks (G, W) int32 on the CPU) for the rows with a grammar; None if none.
+        A request's matcher is first fed its output so far, including a token the previous launch
+        sampled that the host has not taken yet (overlap scheduling: read once that step is done)."""
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
+            return None
+        prev = self._last_out
+        grammars = []
+        for i in rows:
+            r = reqs[i]
+            assert r.grammar is not None
+            unseen = [int(prev.host_tokens()[self._last_rows[r.uid]])] if r.pending and prev else []
+            r.grammar.advance(r.output_ids + unseen)
+            grammars.append(r.grammar)
+        return rows, self.grammars.fill_masks(grammars)
+
+    def _masked(
+        self, logits: torch.Tensor, raw: torch.Tensor, reqs: list[Req], rows: list[int], mask: torch.Tensor
+    ) -> torch.Tensor:
+        """`logits` with the tokens each grammar row's matcher forbids at -inf (on a copy if
+        `logits` is still the raw logits and a request wants logprobs, which are read from them)."""
+        mask = mask.to(self.device, non_blocking=True)  # (G, W) int32
+        if logits is raw and any(r.sampling_params.logprobs is not None for r in reqs):
+            logits = logits.clone()
+        apply_bitmask(
+            logits, mask, None if len(rows) == len(reqs) else torch.tensor(rows, device=self.device)
+        )
+        return logits
 
     def _penalized(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
         """`logits`, or a copy with the penalties and biases of the requests that have any."""

@@ -34,6 +34,9 @@ class TokenizeMsg(BaseTokenizerMsg):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     echo: bool = False  # acknowledge with the prompt's text (`echo` of a token-id prompt)
+    # Tool calling: the tools for the chat template (a JSON list, "" for none). A chat message's
+    # values are strings: an assistant's "tool_calls" is their JSON text.
+    tools: str = ""
 
 
 @dataclass

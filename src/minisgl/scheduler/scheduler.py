@@ -46,6 +46,7 @@ import torch
 from minisgl.core import Batch, Req, RequestRejected, TokenLogprobs, check_request
 from minisgl.engine import DummyEngine, Engine, create_engine
 from minisgl.engine.engine import StepLogprobLists, StepOutput
+from minisgl.grammar import Grammar, GrammarError
 from minisgl.kvcache import create_prefix_cache
 from minisgl.message import (
     AbortBackendMsg,
@@ -230,15 +231,28 @@ class Scheduler(SchedulerIOMixin):
                 raise RequestRejected(f"request id {uid} is already in use")
             token_ids = _token_list(msg.input_ids)
             check_request(token_ids, msg.sampling_params, self.vocab_size, self.max_seq_len)
+            grammar = self._compile_grammar(msg.sampling_params.grammar)
         except RequestRejected as e:
             error = str(e)
         except Exception as e:  # a malformed field: reject it, never crash
             error = f"malformed request: {e}"
         else:
-            self.prefill.add(Req(uid=uid, token_ids=token_ids, sampling_params=msg.sampling_params))
+            req = Req(uid=uid, token_ids=token_ids, sampling_params=msg.sampling_params, grammar=grammar)
+            self.prefill.add(req)
             return
         logger.info("scheduler: rejected request %d: %s", uid, error)
         self._replies.append(ErrorMsg(uid, error))
+
+    def _compile_grammar(self, grammar: str | None) -> Grammar | None:
+        """The request's matcher (structured output); RequestRejected if its grammar does not compile."""
+        if grammar is None:
+            return None
+        if not isinstance(self.engine, Engine):
+            raise RequestRejected("structured output needs a model (not --engine dummy)")
+        try:
+            return self.engine.grammars.compile(grammar)
+        except GrammarError as e:
+            raise RequestRejected(f"the grammar does not compile: {e}") from None
 
     def _is_live(self, uid: int) -> bool:
         if uid in self.decode.running:
@@ -370,6 +384,12 @@ class Scheduler(SchedulerIOMixin):
         params = req.sampling_params
         if (token in self.eos_ids and not params.ignore_eos) or token in params.stop_token_ids:
             return "stop"
+        if req.grammar is not None:
+            req.grammar.advance(req.output_ids)
+            if req.grammar.is_done:  # complete: only EOS may follow (or broken: logged)
+                if req.grammar.error:
+                    logger.warning("scheduler: request %d left its grammar: %s", req.uid, req.grammar.error)
+                return "stop"
         if req.output_len >= params.max_tokens or req.seq_len >= self.max_seq_len:
             return "length"
         return ""

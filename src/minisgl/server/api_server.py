@@ -46,6 +46,7 @@ from .frontend import (
 )
 from .logprobs_format import ChatLogprobs, CompletionLogprobs
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest, SamplingRequest
+from .tools import ToolFormat, ToolOutput
 
 logger = logging.getLogger("minisgl.server")
 
@@ -67,6 +68,7 @@ class ServerState:
     max_seq_len: int = 0
     max_request_bytes: int | None = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413; None: no cap
     tokenize_timeout: float = DEFAULT_TOKENIZE_TIMEOUT_S  # seconds to wait for the tokenizer's verdict
+    tools: ToolFormat = field(default_factory=ToolFormat)  # how tools are rendered and parsed
     status: str = "starting"  # starting | serving | stopping | unhealthy
     detail: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
@@ -371,8 +373,9 @@ async def _finish_all(
         choices, err = await _until_disconnect(request, _collect(streams))
     finally:
         _release_all(manager, streams)
-    if err is not None:
-        raise APIError(500, str(err), "server_error")
+    if err is not None:  # a request the scheduler refused before any token: the client's (400)
+        status = err.status if isinstance(err, RequestError) else 500
+        raise APIError(status, str(err), "invalid_request_error" if status == 400 else "server_error")
     return choices
 
 
@@ -481,16 +484,64 @@ def _chat_role(i: int) -> JSONObject:
     }
 
 
-def _chat_delta(logprobs: list[ChatLogprobs] | None) -> Callable[[int, Chunk], JSONObject]:
+def _chat_delta(
+    logprobs: list[ChatLogprobs] | None, tools: list[ToolOutput] | None, legacy: bool
+) -> Callable[[int, Chunk], JSONObject]:
     def delta(i: int, chunk: Chunk) -> JSONObject:
-        d = {"content": chunk.text} if chunk.text else {}
+        d: JSONObject = {"content": chunk.text} if chunk.text else {}
+        finish = chunk.finish_reason
+        if tools is not None:
+            parts = tools[i].feed(chunk.text)
+            if finish is not None:
+                more, finish = tools[i].finish(finish)
+                parts += more
+            d, finish = _merged_delta(parts, legacy), _legacy_reason(finish, legacy)
         lp = logprobs[i].of(chunk.logprobs) if logprobs else None
-        out = {"index": i, "delta": d, "logprobs": lp, "finish_reason": chunk.finish_reason}
+        out = {"index": i, "delta": d, "logprobs": lp, "finish_reason": finish}
         if chunk.finish_reason is not None:
             out["stop_reason"] = chunk.stop_reason
         return out
 
     return delta
+
+
+def _merged_delta(parts: list[JSONObject], legacy: bool) -> JSONObject:
+    """Deltas of one chunk as one: content joined, tool call pieces of one index joined; with the
+    legacy `functions`, the first call as `function_call`."""
+    content = "".join(p.get("content", "") for p in parts)
+    calls: dict[int, JSONObject] = {}
+    for p in parts:
+        for c in p.get("tool_calls", []):
+            if c["index"] in calls:
+                fn = calls[c["index"]]["function"]
+                fn["arguments"] = fn.get("arguments", "") + c["function"].get("arguments", "")
+            else:
+                calls[c["index"]] = {**c, "function": dict(c["function"])}
+    out: JSONObject = {"content": content} if content else {}
+    if calls and legacy:
+        if 0 in calls:
+            out["function_call"] = calls[0]["function"]
+    elif calls:
+        out["tool_calls"] = list(calls.values())
+    return out
+
+
+def _legacy_reason(finish: str | None, legacy: bool) -> str | None:
+    return "function_call" if legacy and finish == "tool_calls" else finish
+
+
+def _chat_message(c: _Choice, tools: ToolOutput | None, legacy: bool) -> tuple[JSONObject, str]:
+    """A non-streamed choice's message (content and tool calls) and finish reason."""
+    if tools is None:
+        return {"role": "assistant", "content": c.text}, c.finish_reason
+    tools.feed(c.text)
+    _, finish = tools.finish(c.finish_reason)
+    message: JSONObject = {"role": "assistant", "content": tools.content or None}
+    if tools.calls and legacy:
+        message["function_call"] = tools.calls[0].message()["function"]
+    elif tools.calls:
+        message["tool_calls"] = [call.message() for call in tools.calls]
+    return message, _legacy_reason(finish, legacy) or finish
 
 
 def _text_choice(logprobs: list[CompletionLogprobs] | None) -> Callable[[int, Chunk], JSONObject]:
@@ -562,28 +613,34 @@ def _events(body: SamplingRequest, rid: str, obj: str, name: str) -> _ChunkEvent
 @router.post("/v1/chat/completions")
 async def chat(body: ChatCompletionRequest, request: Request, state: State) -> Response:
     _check_ready(state, body.model)
-    prompts: list[TokenizerPrompt] = [body.conversation()]
-    options = PromptOptions(body.add_generation_prompt, body.continue_final_message)
+    mode = body.tool_mode
+    messages, tools_json = state.tools.prompt(body.conversation(), body.tool_dicts if mode != "none" else [])
+    prompts: list[TokenizerPrompt] = [messages]
+    options = PromptOptions(body.add_generation_prompt, body.continue_final_message, tools=tools_json)
     params = body.sampling_params()
     streams = await _open_all(state, request, prompts, params, body.stop_list, body.n, options)
     rid, name = f"chatcmpl-{uuid.uuid4().hex}", body.model or state.model_name
     logprobs = [ChatLogprobs() for _ in streams] if params.logprobs is not None else None
+    tools = [ToolOutput(mode, state.tools.parser) for _ in streams] if mode != "none" else None
+    legacy = body.legacy_functions
     if body.stream:
         events = _events(body, rid, "chat.completion.chunk", name)
         roles = [_chat_role(i) for i in range(len(streams))]
-        content = events.body(streams, body.n, _chat_delta(logprobs), head=roles)
+        content = events.body(streams, body.n, _chat_delta(logprobs, tools, legacy), head=roles)
         return _StreamResponse(content, lambda: _release_all(state.manager, streams))
     done = await _finish_all(request, state.manager, streams)
-    choices: list[JSONObject] = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": c.text},
-            "logprobs": logprobs[i].of([e for ch in c.chunks for e in ch.logprobs]) if logprobs else None,
-            "finish_reason": c.finish_reason,
-            "stop_reason": c.stop_reason,
-        }
-        for i, c in enumerate(done)
-    ]
+    choices: list[JSONObject] = []
+    for i, c in enumerate(done):
+        message, finish = _chat_message(c, tools[i] if tools else None, legacy)
+        choices.append(
+            {
+                "index": i,
+                "message": message,
+                "logprobs": logprobs[i].of([e for ch in c.chunks for e in ch.logprobs]) if logprobs else None,
+                "finish_reason": finish,
+                "stop_reason": c.stop_reason,
+            }
+        )
     return _completion_response(rid, "chat.completion", name, choices, _usage(streams, body.n))
 
 

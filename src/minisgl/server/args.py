@@ -40,6 +40,9 @@ class ServerArgs:
     dummy_weights: bool = False
     dummy_step_ms: float = 0.0
     served_model_name: str | None = None
+    tool_call_parser: str = (
+        "auto"  # how tool calls are recognised: auto (from the chat template), hermes, llama3_json
+    )
     seed: int | None = None
     attention_backend: str = "auto"
     cuda_graph_max_bs: int | None = None
@@ -84,6 +87,10 @@ class ServerArgs:
             raise ValueError(f"--max-request-bytes must be >= 1, got {self.max_request_bytes}")
         if not self.tokenize_timeout > 0:
             raise ValueError(f"--tokenize-timeout must be > 0, got {self.tokenize_timeout}")
+        if self.tool_call_parser not in ("auto", "hermes", "llama3_json"):
+            raise ValueError(
+                f"--tool-call-parser must be auto, hermes or llama3_json, got {self.tool_call_parser!r}"
+            )
         if not self.shutdown_timeout >= 0:  # also refuses NaN
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         from minisgl.scheduler.config import SchedulerConfig
@@ -145,6 +152,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=d.dtype,
         choices=["auto", "float32", "float16", "bfloat16"],
         help="weights and activations (auto: bfloat16 on GPU, float32 on CPU)",
+    )
+    g.add_argument(
+        "--tool-call-parser",
+        default=d.tool_call_parser,
+        choices=["auto", "hermes", "llama3_json"],
+        help="the format of the model's tool calls (auto: from the chat template; hermes for a template "
+        "without tool support, whose tools then go into a system prompt)",
     )
     g.add_argument(
         "--engine",

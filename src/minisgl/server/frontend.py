@@ -54,6 +54,7 @@ class PromptOptions:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     echo: bool = False
+    tools: str = ""  # JSON list of the tools the chat template renders ("" for none)
 
 
 class RequestError(Exception):
@@ -335,6 +336,7 @@ class FrontendManager:
         )
         msg.add_generation_prompt = opts.add_generation_prompt
         msg.continue_final_message = opts.continue_final_message
+        msg.tools = opts.tools
         self._post(msg)
         return streams
 

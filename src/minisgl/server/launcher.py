@@ -46,6 +46,7 @@ from .frontend import FrontendManager
 from .metrics import ServerMetrics
 from .processes import Child, ProcessGroup, StartupError
 from .router import ReplicaRouter
+from .tools import ToolFormat
 
 if TYPE_CHECKING:
     from minisgl.distributed import HostedStore
@@ -198,6 +199,7 @@ class Launcher:
             aliases,
             max_request_bytes=self.args.max_request_bytes,
             tokenize_timeout=self.args.tokenize_timeout,
+            tools=ToolFormat.of(self.model_dir, self.args.tool_call_parser),
         )
         config = uvicorn.Config(
             create_app(state),

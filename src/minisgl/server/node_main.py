@@ -56,14 +56,16 @@ class NodeRunner:
         """Until a signal, a dead child, or another node's failure or stop; the exit code."""
         while not self.stop_signal:
             dead = self.group.first_dead()
-            if dead is not None:
-                return self._fail(f"{dead.name} {dead.describe_exit()}")
             self.link.beat()
             problem = self.link.problem()
+            # Node 0's stop first: a rank of a group spanning the nodes ends when its peers on node 0
+            # do, which is no failure once node 0 has said it is stopping.
+            if problem is not None and problem.startswith("node 0 stopped"):
+                print(f"minisgl: {problem}; stopping this node", file=sys.stderr, flush=True)
+                return 0
+            if dead is not None:
+                return self._fail(f"{dead.name} {dead.describe_exit()}")
             if problem is not None:
-                if problem.startswith("node 0 stopped"):
-                    print(f"minisgl: {problem}; stopping this node", file=sys.stderr, flush=True)
-                    return 0
                 return self._fail(problem, tell=False)
             time.sleep(_POLL_S)
         self.link.set(f"node{self.args.node_rank}/failed", "stopped by a signal")

@@ -16,10 +16,22 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from minisgl.core import MAX_LOGPROBS, SamplingParams
+from minisgl.grammar import JSON_OBJECT_SCHEMA, json_schema_grammar
 from minisgl.tokenizer.tokenize import FILL_CONTEXT, MAX_CHOICES
+
+from . import tools as tool_calls
 
 _INT32 = 2**31 - 1  # bounds keep every number encodable (msgpack) and meaningful downstream
 _SEED = 2**63 - 1 - MAX_CHOICES  # seed + choice index stays an int64
@@ -78,16 +90,16 @@ class _Request(_Body):
         return data
 
 
-# OpenAI fields that minisgl does not implement: refused by name unless absent or "off". Fields
-# that cannot change the output (`user`, `metadata`, `service_tier`, `safety_identifier`,
-# `prompt_cache_key`, `prompt_cache_options`, `prompt_cache_retention`, `parallel_tool_calls`:
-# no tools are accepted) are accepted and have no effect.
+# OpenAI fields that minisgl does not implement: refused by name unless absent or "off" (the tool
+# fields only on /v1/completions: chat supports them). Fields that cannot change the output (`user`,
+# `metadata`, `service_tier`, `safety_identifier`, `prompt_cache_key`, `prompt_cache_options`,
+# `prompt_cache_retention`, `parallel_tool_calls`: calls may always be parallel) are accepted and
+# have no effect.
 _NOT_IMPLEMENTED_OFF: dict[str, tuple[object, ...]] = {
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
     "audio": (None,),
     "modalities": (None, ["text"]),
     "prediction": (None,),
@@ -98,6 +110,8 @@ _NOT_IMPLEMENTED_OFF: dict[str, tuple[object, ...]] = {
     "store": (None, False),
     "suffix": (None, ""),
 }
+# Refused on /v1/completions only (chat supports the tool fields; suffix is a completions field).
+_COMPLETION_ONLY = ("tools", "tool_choice", "functions", "function_call", "suffix")
 _NO_EFFECT = (
     "user",
     "metadata",
@@ -130,10 +144,108 @@ class TextPart(_Body):
     text: str
 
 
+_FUNCTION_NAME = r"^[A-Za-z0-9_.\-]{1,64}$"
+
+
+def _grammar_of(schema: dict[str, Any] | bool) -> str:
+    try:
+        return json_schema_grammar(schema)
+    except ValueError as e:
+        raise ValueError(f"invalid JSON schema: {e}") from None
+
+
+class JsonSchemaSpec(_Body):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
+    name: Annotated[str, Field(pattern=_FUNCTION_NAME)]
+    description: str | None = None
+    json_schema: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None  # the schema is always enforced
+
+
+class ResponseFormat(_Body):
+    """`{"type": "text"}`, `{"type": "json_object"}` (any JSON object) or `{"type": "json_schema",
+    "json_schema": {"name", "schema", "strict"}}`; the JSON ones are enforced while sampling."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+    _grammar: str | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _compile(self) -> ResponseFormat:
+        if self.type == "json_schema":
+            if self.json_schema is None:
+                raise ValueError("json_schema is required with type json_schema")
+            schema = self.json_schema.json_schema
+            self._grammar = _grammar_of({} if schema is None else schema)
+        elif self.type == "json_object":
+            self._grammar = _grammar_of(JSON_OBJECT_SCHEMA)
+        return self
+
+    @property
+    def grammar(self) -> str | None:
+        return self._grammar
+
+
+class FunctionSpec(_Body):
+    name: Annotated[str, Field(pattern=_FUNCTION_NAME)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments (None: any object)
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            _grammar_of(v)
+        return v
+
+
+class ToolSpec(_Body):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class FunctionName(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class MessageFunctionCall(_Body):
+    name: str
+    arguments: str
+
+
+class MessageToolCall(_Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: MessageFunctionCall
+
+
 class ChatMessage(_Body):
     # Any role the chat template renders (it refuses the ones it does not know).
     role: Annotated[str, Field(min_length=1)]
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool's result: the call it answers
+    function_call: MessageFunctionCall | None = None  # the legacy form of one call
+
+    def as_dict(self) -> dict[str, Any]:
+        """The message as a chat template takes it (only the fields that are set)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        calls = list(self.tool_calls or [])
+        if self.function_call is not None:
+            calls.append(MessageToolCall(id="call_0", function=self.function_call))
+        if calls:
+            out["tool_calls"] = [c.model_dump() for c in calls]
+        for key in ("name", "tool_call_id"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
     def text(self) -> str:
         if self.content is None:
@@ -164,18 +276,14 @@ class SamplingRequest(_Request):
     repetition_penalty: Annotated[float, Field(gt=0.0)] | None = 1.0
     logit_bias: dict[str, Annotated[float, Field(ge=-_MAX_BIAS, le=_MAX_BIAS)]] | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0, le=_INT32)] = 0
+    response_format: ResponseFormat | None = None
     # These take any JSON value, and refuse it below unless absent or "off".
-    tools: Any = None
-    tool_choice: Any = None
-    functions: Any = None
-    function_call: Any = None
-    response_format: Any = None
     moderation: Any = None
     store: Any = None
 
-    _off = field_validator(*[f for f in _NOT_IMPLEMENTED_OFF if f != "suffix"], check_fields=False)(
-        _refuse_unless_off
-    )
+    _off = field_validator(
+        *[f for f in _NOT_IMPLEMENTED_OFF if f not in _COMPLETION_ONLY], check_fields=False
+    )(_refuse_unless_off)
 
     @field_validator("top_k")
     @classmethod
@@ -230,7 +338,13 @@ class SamplingRequest(_Request):
             min_tokens=self.min_tokens,
             logprobs=self.token_logprobs,
             prompt_logprobs=self.prompt_logprobs,
+            grammar=self.output_grammar,
         )
+
+    @property
+    def output_grammar(self) -> str | None:
+        """The grammar sampling keeps to (response_format's; chat: or the forced tool choice's)."""
+        return self.response_format.grammar if self.response_format is not None else None
 
     @property
     def token_logprobs(self) -> int | None:
@@ -248,6 +362,10 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    functions: list[FunctionSpec] | None = None  # the legacy form of tools
+    function_call: Literal["none", "auto"] | FunctionName | None = None  # ... and of tool_choice
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -261,14 +379,71 @@ class ChatCompletionRequest(SamplingRequest):
             raise ValueError("top_logprobs needs logprobs: true")
         if self.continue_final_message and self.add_generation_prompt:
             raise ValueError("continue_final_message needs add_generation_prompt: false")
+        self._check_tools()
         return self
+
+    def _check_tools(self) -> None:
+        if self.tools and self.functions:
+            raise ValueError("give tools or functions (the legacy form), not both")
+        names = [t.function.name for t in self.tool_list]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"tools: the function names must be unique, {dup[0]!r} is not")
+        legacy = self.tool_choice is None and (self.function_call is not None or bool(self.functions))
+        choice, field = self.tool_mode, "function_call" if legacy else "tool_choice"
+        explicit = self.tool_choice if self.tool_choice is not None else self.function_call
+        if explicit not in (None, "none") and not names:
+            raise ValueError(f"{field} needs {'functions' if field == 'function_call' else 'tools'}")
+        if choice not in ("none", "auto", "required") and choice not in names:
+            raise ValueError(f"{field}: no function named {choice!r} in the tools")
+        if self.response_format is not None and self.response_format.grammar and choice != "none":
+            raise ValueError("response_format json_object / json_schema cannot be combined with tools")
+        if choice == "required":
+            self._tool_grammar = tool_calls.required_grammar(self.tool_dicts)
+        elif choice not in ("none", "auto"):
+            [tool] = [t for t in self.tool_dicts if t["function"]["name"] == choice]
+            self._tool_grammar = tool_calls.named_grammar(tool)
+
+    _tool_grammar: str | None = PrivateAttr(None)
+
+    @property
+    def tool_list(self) -> list[ToolSpec]:
+        """The tools (legacy `functions` as tools)."""
+        if self.functions:
+            return [ToolSpec(type="function", function=f) for f in self.functions]
+        return list(self.tools or [])
+
+    @property
+    def tool_dicts(self) -> list[dict[str, Any]]:
+        return [t.model_dump(exclude_none=True) for t in self.tool_list]
+
+    @property
+    def legacy_functions(self) -> bool:
+        """The request used `functions`: the answer has `function_call` rather than `tool_calls`."""
+        return bool(self.functions)
+
+    @property
+    def tool_mode(self) -> str:
+        """ "none" (no tools, or tool_choice none), "auto", "required", or the forced function's name."""
+        if not self.tool_list:
+            return "none"
+        choice = self.tool_choice if self.tool_choice is not None else self.function_call
+        if choice is None:
+            return "auto"
+        if isinstance(choice, str):
+            return choice
+        return choice.function.name if isinstance(choice, NamedToolChoice) else choice.name
+
+    @property
+    def output_grammar(self) -> str | None:
+        return self._tool_grammar or super().output_grammar
 
     @property
     def token_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def conversation(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+    def conversation(self) -> list[dict[str, Any]]:
+        return [m.as_dict() for m in self.messages]
 
 
 TokenId = Annotated[StrictInt, Field(ge=-_INT32, le=_INT32)]  # the tokenizer checks the vocabulary
@@ -281,8 +456,12 @@ class CompletionRequest(SamplingRequest):
     logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     best_of: Annotated[StrictInt, Field(ge=1)] | None = None
     suffix: Any = None
+    tools: Any = None  # chat only
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
 
-    _suffix_off = field_validator("suffix")(_refuse_unless_off)
+    _suffix_off = field_validator(*_COMPLETION_ONLY)(_refuse_unless_off)
 
     @model_validator(mode="after")
     def _best_of(self) -> CompletionRequest:

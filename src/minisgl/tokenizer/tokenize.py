@@ -11,6 +11,7 @@ TokenizeMsg carries all `n` choices of a prompt: it is tokenized once and fanned
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ class ChatOptions:
 
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    tools: str = ""  # JSON list of tools for the template ("" for none)
 
 
 class TokenizeManager:
@@ -82,8 +84,13 @@ class TokenizeManager:
         if chat.continue_final_message and messages[-1].get("role") != "assistant":
             raise RequestRejected("continue_final_message needs the last message to be the assistant's")
         try:
+            tools = json.loads(chat.tools) if chat.tools else None
             text = render_chat(
-                self.tokenizer, messages, chat.add_generation_prompt, chat.continue_final_message
+                self.tokenizer,
+                [_template_message(m) for m in messages],
+                chat.add_generation_prompt,
+                chat.continue_final_message,
+                tools,
             )
         except Exception as e:  # a template may raise anything (e.g. jinja's "roles must alternate")
             raise RequestRejected(f"cannot apply the chat template: {e}") from None
@@ -107,7 +114,7 @@ class TokenizeManager:
         if not 1 <= msg.n <= MAX_CHOICES:
             raise RequestRejected(f"n must be in 1..{MAX_CHOICES}, got {msg.n}")
         params = msg.sampling_params
-        chat = ChatOptions(msg.add_generation_prompt, msg.continue_final_message)
+        chat = ChatOptions(msg.add_generation_prompt, msg.continue_final_message, msg.tools)
         ids = self.token_ids(msg.text, params.max_tokens, chat)
         room = self.limits.max_seq_len - len(ids)
         if params.max_tokens == FILL_CONTEXT and ids:
@@ -130,6 +137,23 @@ class TokenizeManager:
         if not msg.echo:
             return ""
         return msg.text if isinstance(msg.text, str) else self.tokenizer.decode(ids)
+
+
+def _template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A chat message off the wire as templates take it: "tool_calls" (JSON text there) as a list,
+    each call's arguments (JSON text in OpenAI's format) as an object."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, str):
+        return message
+    out = []
+    for call in json.loads(calls):
+        fn = dict(call.get("function") or {})
+        try:
+            fn["arguments"] = json.loads(fn.get("arguments", "{}"))
+        except (TypeError, ValueError):
+            pass  # not JSON: the template gets the text
+        out.append({**call, "function": fn})
+    return {**message, "tool_calls": out}
 
 
 def _choice(params: SamplingParams, index: int) -> SamplingParams:

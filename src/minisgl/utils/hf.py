@@ -39,13 +39,16 @@ def render_chat(
     messages: list[dict[str, Any]],
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """`messages` rendered with the model's chat template as text, ending with the assistant prompt
     (unless `add_generation_prompt` is False), or with the last message left open for the model to
-    continue (`continue_final_message`)."""
+    continue (`continue_final_message`); `tools` (OpenAI's tool specs) for templates that take them."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this tokenizer has no chat template")
-    extra = {"continue_final_message": True} if continue_final_message else {}
+    extra: dict[str, Any] = {"continue_final_message": True} if continue_final_message else {}
+    if tools:
+        extra["tools"] = tools
     return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
     )
