@@ -30,9 +30,9 @@ _PACK_BATCH_HINT = 64
 
 WeightKey = tuple[int, int, tuple[int, ...]]
 
-# Whether decode passes take minisgl's 8-wide streaming kernel (AVX2 hosts only); fixed per process, so a row's
-# result still never depends on its batch mates.
-SKINNY_DECODE = torch.backends.cpu.get_cpu_capability() == "AVX2"
+# Whether decode passes take minisgl's streaming kernel (8-wide on AVX2 hosts, 16 columns per vector on
+# AVX-512 hosts); fixed per process, so a row's result still never depends on its batch mates.
+SKINNY_DECODE = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
 def onednn_linear_available(weight: torch.Tensor) -> bool:
