@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minisgl.utils.ipc import IpcDirLease
+from minisgl.utils.profiling import maybe_profile
 
 logger = logging.getLogger("minisgl.child")
 
@@ -94,7 +95,8 @@ def child_main(lifeline: Lifeline, target: Callable[..., Any], *args: Any) -> No
     )
     watch.start()
     try:
-        target(*args)
+        with maybe_profile(getattr(target, "__name__", "child")):
+            target(*args)
     finally:
         if lease is not None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut this short

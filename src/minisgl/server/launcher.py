@@ -39,6 +39,7 @@ from minisgl.message import BaseFrontendMsg, BaseTokenizerMsg
 from minisgl.tokenizer.server import TokenizerWorkerConfig, run_tokenizer_worker
 from minisgl.utils.handshake import send_status
 from minisgl.utils.logger import init_logger
+from minisgl.utils.profiling import maybe_profile
 
 from .api_server import ServerState, create_app
 from .args import ServerArgs
@@ -397,7 +398,8 @@ def serve(args: ServerArgs) -> int:
         sock.close()
         return 2
     try:
-        return asyncio.run(launcher.run(sock))
+        with maybe_profile("launcher"):
+            return asyncio.run(launcher.run(sock))
     finally:
         launcher.shutdown()
         sock.close()
