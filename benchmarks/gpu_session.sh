@@ -76,10 +76,14 @@ for step in $steps; do
         for _ in $(seq 180); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:1919/health', timeout=2)" 2>/dev/null && break; sleep 1; done
         for c in ${SERVE_CONC:-1:64 256:1024}; do  # concurrency:requests
           set -- ${c/:/ }
+          # CPU use of each server process during the run (100 = one core busy)
+          python3 benchmarks/proc_cpu.py $spid --delay 5 --seconds 10 >> "$OUT/serve_cpu.log" 2>&1 &
           timeout 150 python3 -m minisgl bench serve --concurrency $1 --num-prompts $2 --prompts-file /tmp/prompts135.txt \
             --output-len 128 2>&1 | tail -12 | tee -a "$OUT/serve.log"
         done
         kill -INT $spid; wait $spid
-      done ;;
+      done
+      [ -n "${MINISGL_CPROFILE:-}" ] && python3 benchmarks/print_profiles.py "$MINISGL_CPROFILE" --top 30 > "$OUT/sprof.log" 2>&1
+      ;;
   esac
 done

@@ -127,7 +127,7 @@ def test_device_ops_equal_their_cpu_results() -> None:
     mask = torch.randint(-(2**31), 2**31 - 1, (2, (v + 31) // 32), dtype=torch.int32)
     on_cpu, on_gpu = logits[:2].clone(), logits[:2].cuda()
     apply_bitmask(on_cpu, mask)
-    apply_bitmask(on_gpu, mask)
+    apply_bitmask(on_gpu, mask.cuda())  # the engine moves each step's masks to the logits' device
     assert torch.equal(on_gpu.cpu(), on_cpu)
 
 
