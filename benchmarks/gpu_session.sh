@@ -77,7 +77,7 @@ for step in $steps; do
         for c in ${SERVE_CONC:-1:64 256:1024}; do  # concurrency:requests
           set -- ${c/:/ }
           # CPU use of each server process during the run (100 = one core busy)
-          python3 benchmarks/proc_cpu.py $spid --delay 5 --seconds 10 >> "$OUT/serve_cpu.log" 2>&1 &
+          python3 benchmarks/proc_cpu.py $spid --delay 2 --seconds 5 >> "$OUT/serve_cpu.log" 2>&1 &
           timeout 150 python3 -m minisgl bench serve --concurrency $1 --num-prompts $2 --prompts-file /tmp/prompts135.txt \
             --output-len 128 2>&1 | tail -12 | tee -a "$OUT/serve.log"
         done
