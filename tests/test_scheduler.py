@@ -226,3 +226,54 @@ def test_ready_info() -> None:
     info = Harness().info()
     assert info["max_seq_len"] == 128 and info["num_pages"] == 64 and info["page_size"] == 4
     assert info["vocab_size"] == VOCAB and info["eos_token_ids"] == []
+
+
+def _step_kinds(s: Harness, steps: int) -> list[str]:
+    """Run `steps` sync steps and say which kind each batch was."""
+    kinds: list[str] = []
+    real = s.engine.forward_batch
+
+    def spy(batch: Any) -> list[int]:
+        kinds.append("prefill" if not batch.is_decode else "decode")
+        return real(batch)
+
+    s.engine.forward_batch = spy  # type: ignore[method-assign]
+    for _ in range(steps):
+        s.sync_step()
+    s.engine.forward_batch = real  # type: ignore[method-assign]
+    return kinds
+
+
+def test_new_prompts_wait_while_others_decode_then_prefill_together() -> None:
+    """With a delay, prompts that arrive while 8 requests decode are held back (decode steps run)
+    until the oldest has waited the delay, then prefilled in one step; with 0 each goes at once."""
+    s = Harness(prefill_delay_ms=60_000.0, num_pages=256)
+    for uid in range(8):
+        s.submit(uid, [1, 2, 3], max_tokens=50, ignore_eos=True)
+    assert _step_kinds(s, 2) == ["prefill", "decode"]
+    s.submit(100, [4, 5], max_tokens=5, ignore_eos=True)
+    assert _step_kinds(s, 3) == ["decode"] * 3  # 1 waiting < a quarter of 8 running, delay not over
+    s.submit(101, [6, 7], max_tokens=5, ignore_eos=True)  # 2 waiting = a quarter of 8: due
+    assert _step_kinds(s, 2) == ["prefill", "decode"]
+    s.submit(102, [8], max_tokens=5, ignore_eos=True)
+    s.sync_step()  # takes the message (and decodes)
+    s.prefill.waiting[0].arrived -= 61.0  # the oldest has now waited past the delay
+    assert _step_kinds(s, 1) == ["prefill"]
+    s.run_until_idle()
+    assert all(len(s.tokens(u)) == 50 for u in range(8)) and all(
+        len(s.tokens(u)) == 5 for u in (100, 101, 102)
+    )
+
+    s = Harness(prefill_delay_ms=0.0, num_pages=256)
+    for uid in range(8):
+        s.submit(uid, [1, 2, 3], max_tokens=50, ignore_eos=True)
+    _step_kinds(s, 2)
+    s.submit(100, [4, 5], max_tokens=5, ignore_eos=True)
+    assert _step_kinds(s, 1) == ["prefill"]
+
+
+def test_prefill_delay_is_validated() -> None:
+    with pytest.raises(ValueError, match="prefill_delay_ms"):
+        Harness(prefill_delay_ms=-1.0)
+    with pytest.raises(ValueError, match="prefill_delay_ms"):
+        Harness(prefill_delay_ms=float("nan"))
