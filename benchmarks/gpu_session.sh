@@ -33,14 +33,14 @@ for step in $steps; do
           --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 2 2>&1 \
           | grep -v "it/s\]" | tail -12 | tee -a "$OUT/workload.log"
       done ;;
-    ab)  # decode at batch 1 and 8 (8B shapes): .ab/src (an earlier tree's, carried) against this tree, in turn
+    ab)  # decode at batch 1 and 8 (8B shapes; AB_ARGS: other bench flags): .ab/src (an earlier tree's, carried) against this tree, in turn
       for v in old new old new; do
         pp=$PYTHONPATH
         [ $v = old ] && pp=/tmp/site:$PWD/.ab/src
         echo "== $v" | tee -a "$OUT/ab.log"
         PYTHONPATH=$pp timeout 150 python3 -m minisgl bench offline --device cuda --model-config llama3-8b \
-          --batch-sizes 1,8 --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 2 --skip-hf \
-          --cuda-graph-max-bs 8 2>&1 | grep -E "^(---|minisgl|  decode|  roofline)" | tee -a "$OUT/ab.log"
+          --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 2 --skip-hf \
+          ${AB_ARGS:---batch-sizes 1,8 --cuda-graph-max-bs 8} 2>&1 | grep -E "^(---|minisgl|  prefill|  decode|  roofline)" | tee -a "$OUT/ab.log"
       done ;;
     splits)  # decode at batch 1 and 8 (8B shapes) by the most split-KV programs per (request, KV head)
       for sp in 16 8 4 2; do
