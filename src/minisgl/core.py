@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -232,7 +231,6 @@ class Req:
     cached_len: int = 0
     table_row: int = -1  # row in the page table while the request holds KV pages; -1 otherwise
     admit_seq: int = -1  # when it last got KV pages (the newest is retracted first when the pool is full)
-    arrived: float = field(default_factory=time.monotonic)  # when the scheduler took it
     generator: torch.Generator | None = None  # per-request RNG when sampling_params.seed is set
     # Overlap scheduling: tokens launched steps sampled for this request that the host has not taken
     # yet (at most 2, between launching a step and taking the previous one's tokens); the next step

@@ -28,10 +28,6 @@ class SchedulerConfig(EngineOptions):
     tp_info: DistributedInfo = field()
     dtype: torch.dtype = field()
     max_prefill_tokens: int = 4096
-    # While requests decode, new prompts wait up to this long to be prefilled together (sooner when
-    # they number a quarter of the running requests or fill the prefill budget): a prefill step stalls
-    # every running request, so one step per arrival would cost them most of their time. 0: at once.
-    prefill_delay_ms: float = 40.0
     overlap_schedule: bool | None = None  # launch step N+1 before waiting for step N; None: on a GPU
     cache_type: str = "radix"  # prefix cache: "radix" shares cached prefixes; "naive" caches nothing
     offline_mode: bool = False  # the offline LLM class: no sockets, the subclass does the IO
@@ -54,8 +50,6 @@ class SchedulerConfig(EngineOptions):
         super().__post_init__()
         if self.max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
-        if not self.prefill_delay_ms >= 0:  # NaN fails too
-            raise ValueError(f"prefill_delay_ms must be >= 0, got {self.prefill_delay_ms}")
         if self.cache_type not in CACHE_TYPES:
             raise ValueError(f"cache_type must be one of {CACHE_TYPES}, got {self.cache_type!r}")
         if self.dist_init_addr and not self.dist_init_addr.startswith("tcp://"):

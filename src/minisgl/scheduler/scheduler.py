@@ -38,7 +38,6 @@ Replies (lists of tokenizer-group messages, one `send_result` per step):
 from __future__ import annotations
 
 import logging
-import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -274,11 +273,7 @@ class Scheduler(SchedulerIOMixin):
     # -- scheduling -----------------------------------------------------------------------------------
     def _schedule(self) -> Batch | None:
         admit = not self._under_pressure or self._num_holding() == 0
-        batch = (
-            self.prefill.schedule(reserve_pages=len(self.decode), admit=admit)
-            if self._prefill_due()
-            else None
-        )
+        batch = self.prefill.schedule(reserve_pages=len(self.decode), admit=admit)
         if batch is not None:
             for r in batch.reqs:
                 if r.admit_seq < 0:
@@ -286,19 +281,6 @@ class Scheduler(SchedulerIOMixin):
                     self._admit_counter += 1
             return batch
         return self.decode.batch(self._grow_for_decode())
-
-    def _prefill_due(self) -> bool:
-        """Whether to run a prefill step now rather than decode (see SchedulerConfig.prefill_delay_ms):
-        at once when nothing decodes or a chunked prefill is under way, else when the waiting prompts
-        are a quarter of the running requests, fill the budget, or the oldest has waited long enough."""
-        waiting, delay = self.prefill.waiting, self.config.prefill_delay_ms
-        if delay <= 0 or not waiting or not self.decode or self.prefill.prefilling:
-            return True
-        if 4 * len(waiting) >= len(self.decode):
-            return True
-        if sum(len(r.token_ids) - r.cached_len for r in waiting) >= self.prefill.max_prefill_tokens:
-            return True
-        return (time.monotonic() - waiting[0].arrived) * 1e3 >= delay
 
     def _grow_for_decode(self) -> list[Req]:
         """Give every running request room for its next token, retracting the newest holders if needed.

@@ -29,7 +29,6 @@ class ServerArgs:
     num_tokenizer: int = 0
     max_running_requests: int | None = None
     max_prefill_tokens: int | None = None
-    prefill_delay_ms: float | None = None
     num_pages: int | None = None
     kv_cache_memory: str | None = None
     page_size: int | None = None
@@ -278,14 +277,6 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="prompt tokens per prefill step at most; a step is what an abort or a new request may "
         "wait for (default: 256 on the CPU, about half a second for the embedded model; 4096 on a GPU)",
-    )
-    g.add_argument(
-        "--prefill-delay-ms",
-        type=float,
-        metavar="MS",
-        help="while requests decode, new prompts wait up to this long to be prefilled in one step "
-        "(sooner when they are a quarter of the running requests or fill --max-prefill-tokens); "
-        "0: prefill each at once (default 40)",
     )
     g.add_argument(
         "--max-seq-len",

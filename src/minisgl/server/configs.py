@@ -80,7 +80,6 @@ def scheduler_config(args: ServerArgs, model_dir: Path, device: str) -> Schedule
         **_set_only(
             max_running_requests=args.max_running_requests,
             max_prefill_tokens=max_prefill_tokens,
-            prefill_delay_ms=args.prefill_delay_ms,
             num_pages=args.num_pages,
             kv_cache_memory=kv_cache_memory,
             page_size=args.page_size,
