@@ -185,18 +185,8 @@ class FunctionTool(_Body):
 
 
 class ToolChoiceFunction(_Body):
-    type: str
-    name: str | None = None
-
-    @model_validator(mode="after")
-    def _function(self) -> ToolChoiceFunction:
-        if self.type != "function":
-            raise ValueError(
-                f"type {self.type!r} is not supported (none, auto, required, or {{type: function, name}})"
-            )
-        if self.name is None:
-            raise ValueError("a function choice needs the function's name")
-        return self
+    type: Literal["function"]
+    name: str
 
 
 class TextFormat(_Body):
@@ -269,7 +259,21 @@ class ResponsesRequest(_Request):
     @field_validator("input", mode="before")
     @classmethod
     def _input_items(cls, v: object) -> object:
+        if not isinstance(v, (str, list)):
+            raise ValueError("the input must be a string or a list of items")
         return [_item(i, x) for i, x in enumerate(v)] if isinstance(v, list) else v
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _function_choice(cls, v: object) -> object:
+        if isinstance(v, dict) and v.get("type") != "function":
+            raise ValueError(
+                f"type {v.get('type')!r} is not supported (the choices are none, auto, required, or "
+                '{"type": "function", "name": a function\'s name}: built-in tools are not supported)'
+            )
+        if isinstance(v, dict) and not isinstance(v.get("name"), str):
+            raise ValueError("a function choice needs the function's name")
+        return v
 
     @field_validator("include")
     @classmethod
