@@ -370,7 +370,7 @@ def test_real_text_streamed_and_not(client) -> None:
     assert short.usage.output_tokens == 3
 
 
-def test_real_json_schema_and_named_tool(client) -> None:
+def test_real_json_schema(client) -> None:
     schema = {
         "type": "object",
         "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0}},
@@ -383,6 +383,9 @@ def test_real_json_schema_and_named_tool(client) -> None:
     )
     assert r.status == "completed", r.output_text
     jsonschema.validate(json.loads(r.output_text), schema)
+
+
+def test_real_named_tool_choice(client) -> None:
     choice = {"type": "function", "name": "get_weather"}
     r = client.responses.create(
         model="smol",
