@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -406,3 +407,13 @@ def test_real_tool_result_in_the_input_is_rendered(client) -> None:
     )
     short = client.responses.create(model="smol", input=HISTORY[:1], max_output_tokens=2, temperature=0)
     assert r.usage.input_tokens > short.usage.input_tokens + 20  # the tools, the call and the result
+
+
+def test_real_stream_disconnect_aborts(server: ServerProcess) -> None:
+    body = {"model": "smol", "input": "Tell me a long story.", "max_output_tokens": 400, "stream": True}
+    start = len(server.output())
+    with httpx.Client(timeout=60) as c, c.stream("POST", server.url + "/v1/responses", json=body) as r:
+        for line in r.iter_lines():
+            if line == "event: response.output_text.delta":
+                break  # leave with the request running: the connection closes here
+    server.wait_for_log(re.compile(r"aborted request \d+"), start, timeout=20)

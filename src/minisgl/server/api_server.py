@@ -1,5 +1,5 @@
-"""The HTTP API: OpenAI-compatible chat and text completions, the native `/generate`, health,
-models and Prometheus metrics.
+"""The HTTP API: OpenAI-compatible chat and text completions, OpenAI's Responses API (a chat request
+underneath), the native `/generate`, health, models and Prometheus metrics.
 
 Each route is a module-level function on `router`. What the routes share lives in a `ServerState`
 (health, model names, and the `FrontendManager` that talks to the workers) on `app.state.server`;
