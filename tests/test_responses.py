@@ -22,7 +22,9 @@ import pytest
 
 import test_api_app
 from minisgl.message import UserReply
-from minisgl.server.tools import ToolFormat
+from minisgl.server.frontend import Chunk
+from minisgl.server.responses_output import ResponseBuilder, response_usage
+from minisgl.server.tools import ToolFormat, ToolOutput
 from test_api_app import anyio_backend, assert_openai_error  # noqa: F401 (a fixture)
 from test_server import ServerProcess, openai_client, served
 
@@ -291,6 +293,23 @@ async def test_disconnect_aborts(api) -> None:
     assert not api.state.manager.streams and api.workers.aborted == [sent(api).uid]
 
 
+def test_builder_without_a_last_chunk_fails_and_keeps_what_it_had() -> None:
+    """A stream that ends without a finish reason (aborted): the held-back call is still written,
+    the status is failed with an error."""
+    builder = ResponseBuilder("smol", {}, ToolOutput("auto", "hermes"))
+    kinds = [e["type"] for e in builder.start()]
+    kinds += [
+        e["type"] for e in builder.feed(Chunk('hi <tool_call>{"name": "f", "arguments": {}}', None, 1, 9))
+    ]
+    events = builder.complete(response_usage(1, 9, 0))
+    kinds += [e["type"] for e in events]
+    assert kinds[-1] == "response.failed" and kinds.count("response.output_item.done") == 2
+    final = events[-1]["response"]
+    assert final["status"] == "failed" and final["error"]["code"] == "server_error"
+    assert [o["type"] for o in final["output"]] == ["message", "function_call"]
+    assert final["output"][1]["name"] == "f" and final["usage"]["total_tokens"] == 10
+
+
 REFUSED = [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"store": True}, "store"),
@@ -417,3 +436,18 @@ def test_real_stream_disconnect_aborts(server: ServerProcess) -> None:
             if line == "event: response.output_text.delta":
                 break  # leave with the request running: the connection closes here
     server.wait_for_log(re.compile(r"aborted request \d+"), start, timeout=20)
+
+
+def test_real_logprobs_of_the_output_text(client) -> None:
+    r = client.responses.create(
+        model="smol",
+        input="Name a color.",
+        max_output_tokens=5,
+        temperature=0,
+        top_logprobs=2,
+        include=["message.output_text.logprobs"],
+    )
+    lps = r.output[0].content[0].logprobs
+    assert len(lps) == r.usage.output_tokens and "".join(lp.token for lp in lps) == r.output_text
+    for lp in lps:  # greedy: each token is the most likely one
+        assert len(lp.top_logprobs) == 2 and abs(lp.logprob - lp.top_logprobs[0].logprob) < 1e-4

@@ -73,18 +73,12 @@ class ResponseBuilder:
 
     def feed(self, chunk: Chunk) -> list[JSONObject]:
         """The events of one chunk (its text, or its tool calls)."""
-        events: list[JSONObject] = []
-        for part in self._parts(chunk):
-            if "content" in part:
-                events += self._text(part["content"], chunk.logprobs if self.tools is None else [])
-            for call in part.get("tool_calls", []):
-                events += self._call(call)
-        return events
+        return self._apply(self._parts(chunk), chunk.logprobs if self.tools is None else [])
 
     def complete(self, usage: JSONObject) -> list[JSONObject]:
         """The last events: the open item done (an empty message if nothing was written), then
         response.completed, .incomplete or .failed."""
-        events = [] if self._finish_reason is not None else self._finish("abort")
+        events = [] if self._finish_reason is not None else self._apply(self._finish("abort"), [])
         if not self.output:
             events += self._open_message()
         events += self._close("incomplete" if self._finish_reason == "length" else "completed")
@@ -119,6 +113,15 @@ class ResponseBuilder:
         return out
 
     # ---- the output items -------------------------------------------------------------------------
+
+    def _apply(self, parts: list[JSONObject], logprobs: list[TokenLogprob]) -> list[JSONObject]:
+        events: list[JSONObject] = []
+        for part in parts:
+            if "content" in part:
+                events += self._text(part["content"], logprobs)
+            for call in part.get("tool_calls", []):
+                events += self._call(call)
+        return events
 
     def _parts(self, chunk: Chunk) -> list[JSONObject]:
         """The chunk as chat deltas: {"content"} and {"tool_calls"}."""
