@@ -51,6 +51,18 @@ MSGPACK_ANY = st.recursive(
 CHAT = {"model": "smol", "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 4}
 COMPLETION = {"model": "smol", "prompt": "once upon", "max_tokens": 4}
 GENERATE = {"prompt": "hello", "max_tokens": 4}
+RESPONSES = {"model": "smol", "input": "hi there", "max_output_tokens": 4}
+_ITEM = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "x"]),
+        "role": st.sampled_from(["user", "system", "assistant", "developer", "tool", ""]),
+        "content": st.one_of(TEXT, JSON_ANY),
+        "call_id": TEXT,
+        "name": TEXT,
+        "arguments": TEXT,
+        "output": st.one_of(TEXT, JSON_ANY),
+    }
+)
 _ROLES = st.sampled_from(["user", "system", "assistant", "developer", "tool", "wizard", ""])
 _PART = st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": TEXT})
 _SMALL = st.integers(-2, 6)
@@ -89,6 +101,18 @@ PLAUSIBLE = {  # per field: values of about the right type, often valid
     "response_format": st.sampled_from([None, {"type": "text"}, {"type": "json_object"}]),
     "echo": st.booleans(),
     "user": TEXT,
+    "input": st.one_of(TEXT, st.lists(_ITEM, max_size=3), JSON_ANY),
+    "instructions": st.one_of(st.none(), TEXT),
+    "max_output_tokens": st.one_of(st.none(), st.integers(-1, 20)),
+    "text": st.one_of(
+        st.none(),
+        st.fixed_dictionaries({"format": st.sampled_from([{"type": "text"}, {"type": "json_object"}, {}])}),
+        JSON_ANY,
+    ),
+    "include": st.one_of(
+        st.none(), st.lists(st.sampled_from(["message.output_text.logprobs", "x"]), max_size=2)
+    ),
+    "top_logprobs": st.one_of(st.none(), _SMALL),
 }
 FIELDS = sorted(PLAUSIBLE)
 JUNK = st.one_of(
@@ -99,7 +123,12 @@ JUNK = st.one_of(
 )
 
 
-_BASES = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETION, "/generate": GENERATE}
+_BASES = {
+    "/v1/chat/completions": CHAT,
+    "/v1/completions": COMPLETION,
+    "/v1/responses": RESPONSES,
+    "/generate": GENERATE,
+}
 
 
 @st.composite
@@ -145,13 +174,23 @@ def is_openai_error(status: int, body: bytes) -> bool:
     return isinstance(err, dict) and set(err) == {"message", "type", "param", "code"} and bool(err["message"])
 
 
+_RESPONSES_END = (
+    b"event: response.completed\n",
+    b"event: response.incomplete\n",
+    b"event: response.failed\n",
+    b"event: error\n",
+)
+
+
 def check_http_response(status: int, headers: Any, body: bytes) -> None:
-    """Every response to anything is a 2xx or an OpenAI-shaped 4xx; a stream ends with [DONE]."""
+    """Every response to anything is a 2xx or an OpenAI-shaped 4xx; a stream ends with [DONE] (the
+    Responses API's with its last event)."""
     assert status < 500, (status, body[:500])
     if status >= 400:
         assert is_openai_error(status, body), (status, body[:500])
     elif headers.get("content-type", "").startswith("text/event-stream"):
-        assert body.endswith(b"data: [DONE]\n\n"), body[-300:]
+        last = body[body.rstrip(b"\n").rfind(b"\n\n") + 2 :]
+        assert body.endswith(b"data: [DONE]\n\n") or last.startswith(_RESPONSES_END), body[-300:]
     else:
         json.loads(body)
 

@@ -1,5 +1,5 @@
-"""The HTTP API: OpenAI-compatible chat and text completions, the native `/generate`, health,
-models and Prometheus metrics.
+"""The HTTP API: OpenAI-compatible chat and text completions, OpenAI's Responses API (a chat request
+underneath), the native `/generate`, health, models and Prometheus metrics.
 
 Each route is a module-level function on `router`. What the routes share lives in a `ServerState`
 (health, model names, and the `FrontendManager` that talks to the workers) on `app.state.server`;
@@ -46,6 +46,8 @@ from .frontend import (
 )
 from .logprobs_format import ChatLogprobs, CompletionLogprobs
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest, SamplingRequest
+from .responses_output import ResponseBuilder, response_usage
+from .responses_request import ResponsesRequest
 from .tools import ToolFormat, ToolOutput
 
 logger = logging.getLogger("minisgl.server")
@@ -610,18 +612,34 @@ def _events(body: SamplingRequest, rid: str, obj: str, name: str) -> _ChunkEvent
     return _ChunkEvents(rid, obj, name, body.include_usage, body.continuous_usage)
 
 
+async def _open_chat(
+    state: ServerState, request: Request, body: ChatCompletionRequest
+) -> list[RequestStream]:
+    """The streams of a chat request (its `n` choices): the conversation and the tools in effect
+    rendered by the chat template, sampled with the request's parameters."""
+    mode = body.tool_mode
+    messages, tools_json = state.tools.prompt(body.conversation(), body.tool_dicts if mode != "none" else [])
+    options = PromptOptions(body.add_generation_prompt, body.continue_final_message, tools=tools_json)
+    params = body.sampling_params()
+    return await _open_all(state, request, [messages], params, body.stop_list, body.n, options)
+
+
+def _tool_outputs(state: ServerState, body: ChatCompletionRequest, n: int) -> list[ToolOutput] | None:
+    """What tells each choice's text from its tool calls; None when no tools are in effect."""
+    return (
+        None
+        if body.tool_mode == "none"
+        else [ToolOutput(body.tool_mode, state.tools.parser) for _ in range(n)]
+    )
+
+
 @router.post("/v1/chat/completions")
 async def chat(body: ChatCompletionRequest, request: Request, state: State) -> Response:
     _check_ready(state, body.model)
-    mode = body.tool_mode
-    messages, tools_json = state.tools.prompt(body.conversation(), body.tool_dicts if mode != "none" else [])
-    prompts: list[TokenizerPrompt] = [messages]
-    options = PromptOptions(body.add_generation_prompt, body.continue_final_message, tools=tools_json)
-    params = body.sampling_params()
-    streams = await _open_all(state, request, prompts, params, body.stop_list, body.n, options)
+    streams = await _open_chat(state, request, body)
     rid, name = f"chatcmpl-{uuid.uuid4().hex}", body.model or state.model_name
-    logprobs = [ChatLogprobs() for _ in streams] if params.logprobs is not None else None
-    tools = [ToolOutput(mode, state.tools.parser) for _ in streams] if mode != "none" else None
+    logprobs = [ChatLogprobs() for _ in streams] if body.token_logprobs is not None else None
+    tools = _tool_outputs(state, body, len(streams))
     legacy = body.legacy_functions
     if body.stream:
         events = _events(body, rid, "chat.completion.chunk", name)
@@ -642,6 +660,47 @@ async def chat(body: ChatCompletionRequest, request: Request, state: State) -> R
             }
         )
     return _completion_response(rid, "chat.completion", name, choices, _usage(streams, body.n))
+
+
+@router.post("/v1/responses")
+async def responses(body: ResponsesRequest, request: Request, state: State) -> Response:
+    """OpenAI's Responses API, on the chat path (see responses_request.py, responses_output.py)."""
+    _check_ready(state, body.model)
+    chat = body.chat
+    [stream] = await _open_chat(state, request, chat)
+    name = body.model or state.model_name
+    tools = _tool_outputs(state, chat, 1)
+    builder = ResponseBuilder(name, body.echo(), tools[0] if tools else None, body.logprobs)
+    if body.stream:
+        return _StreamResponse(_response_events(builder, stream), lambda: state.manager.release(stream))
+    [done] = await _finish_all(request, state.manager, [stream])
+    for chunk in done.chunks:
+        builder.feed(chunk)
+    builder.complete(_response_usage(stream))
+    return JSONResponse(builder.response())
+
+
+def _response_usage(stream: RequestStream) -> JSONObject:
+    return response_usage(stream.prompt_tokens, stream.completion_tokens, stream.cached_tokens)
+
+
+async def _response_events(builder: ResponseBuilder, stream: RequestStream) -> AsyncIterator[bytes]:
+    for event in builder.start():
+        yield _named_sse(event)
+    try:
+        async for chunk in stream.chunks():
+            for event in builder.feed(chunk):
+                yield _named_sse(event)
+    except RequestError as e:
+        yield _named_sse(builder.error(e.message, e.status))
+        return
+    for event in builder.complete(_response_usage(stream)):
+        yield _named_sse(event)
+
+
+def _named_sse(event: JSONObject) -> bytes:
+    """An event of the Responses API: its type also on an `event:` line, and no [DONE] after."""
+    return f"event: {event['type']}\n".encode() + _sse(event)
 
 
 @router.post("/v1/completions")

@@ -126,11 +126,20 @@ _NO_EFFECT = (
 _MAX_BIAS = 100.0
 
 
-def _refuse_unless_off(value: object, info: ValidationInfo) -> object:
-    off = _NOT_IMPLEMENTED_OFF[info.field_name or ""]
-    if not any(value == o and type(value) is type(o) for o in off):
-        raise ValueError(f"{info.field_name} is not supported by this server")
-    return value
+def refuse_unless_off(table: dict[str, tuple[object, ...]]) -> Any:
+    """A field validator that refuses a field of `table` unless its value is one of its "off" values
+    (same type too: `0` is not `False`)."""
+
+    def check(value: object, info: ValidationInfo) -> object:
+        off = table[info.field_name or ""]
+        if not any(value == o and type(value) is type(o) for o in off):
+            raise ValueError(f"{info.field_name} is not supported by this server")
+        return value
+
+    return check
+
+
+_refuse_unless_off = refuse_unless_off(_NOT_IMPLEMENTED_OFF)
 
 
 class StreamOptions(_Body):
