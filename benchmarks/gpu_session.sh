@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine session: install the carried wheels, run the GPU tests, profile, benchmark.
 # Run from the project root on the device machine (logs under $OUT):
-#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [wprof] [bs256] [serve]
+#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [pprof] [wprof] [bs256] [serve]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -15,7 +15,7 @@ for step in $steps; do
     tests)
       timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py tests/test_attention.py \
         tests/test_engine_backends.py tests/test_engine.py tests/test_cuda_graph_gpu.py tests/test_engine_gpu.py \
-        tests/test_models_gpu.py tests/test_overlap.py 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
+        tests/test_models_gpu.py tests/test_overlap.py tests/test_features_gpu.py 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
     profile)
       for cfg in "llama3-8b 1" "smollm2-135m 1"; do
         set -- $cfg
@@ -33,14 +33,14 @@ for step in $steps; do
           --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 2 2>&1 \
           | grep -v "it/s\]" | tail -12 | tee -a "$OUT/workload.log"
       done ;;
-    ab)  # decode at batch 1 and 8 (8B shapes): .ab/src (an earlier tree's, carried) against this tree, in turn
+    ab)  # decode at batch 1 and 8 (8B shapes; AB_ARGS: other bench flags): .ab/src (an earlier tree's, carried) against this tree, in turn
       for v in old new old new; do
         pp=$PYTHONPATH
         [ $v = old ] && pp=/tmp/site:$PWD/.ab/src
         echo "== $v" | tee -a "$OUT/ab.log"
         PYTHONPATH=$pp timeout 150 python3 -m minisgl bench offline --device cuda --model-config llama3-8b \
-          --batch-sizes 1,8 --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 2 --skip-hf \
-          --cuda-graph-max-bs 8 2>&1 | grep -E "^(---|minisgl|  decode|  roofline)" | tee -a "$OUT/ab.log"
+          --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 2 --skip-hf \
+          ${AB_ARGS:---batch-sizes 1,8 --cuda-graph-max-bs 8} 2>&1 | grep -E "^(---|minisgl|  prefill|  decode|  roofline)" | tee -a "$OUT/ab.log"
       done ;;
     splits)  # decode at batch 1 and 8 (8B shapes) by the most split-KV programs per (request, KV head)
       for sp in 16 8 4 2; do
@@ -49,6 +49,10 @@ for step in $steps; do
           --batch-sizes 1,8 --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 2 --skip-hf \
           --cuda-graph-max-bs 8 2>&1 | grep -E "^(---|minisgl|  decode)" | tee -a "$OUT/splits.log"
       done ;;
+    linear)  # the ways of calling cuBLAS for a decode projection (8B shapes), under CUDA graphs
+      timeout 200 python3 benchmarks/bench_linear.py --rows 1,8 2>&1 | tee "$OUT/linear.log" ;;
+    pprof)  # host time of eager prefill steps, by function and by op (135M shapes)
+      timeout 200 python3 benchmarks/profile_prefill.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tee "$OUT/pprof.log" ;;
     wprof)  # where the throughput workload's time goes (135M shapes)
       timeout 200 python3 benchmarks/profile_workload.py --model-config smollm2-135m --out "$OUT" 2>&1 \
         | grep -v "it/s\]" | tail -60 | tee "$OUT/wprof.log" ;;
@@ -72,10 +76,14 @@ for step in $steps; do
         for _ in $(seq 180); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:1919/health', timeout=2)" 2>/dev/null && break; sleep 1; done
         for c in ${SERVE_CONC:-1:64 256:1024}; do  # concurrency:requests
           set -- ${c/:/ }
+          # CPU use of each server process during the run (100 = one core busy)
+          python3 benchmarks/proc_cpu.py $spid --delay 2 --seconds 5 >> "$OUT/serve_cpu.log" 2>&1 &
           timeout 150 python3 -m minisgl bench serve --concurrency $1 --num-prompts $2 --prompts-file /tmp/prompts135.txt \
             --output-len 128 2>&1 | tail -12 | tee -a "$OUT/serve.log"
         done
         kill -INT $spid; wait $spid
-      done ;;
+      done
+      [ -n "${MINISGL_CPROFILE:-}" ] && python3 benchmarks/print_profiles.py "$MINISGL_CPROFILE" --top 30 > "$OUT/sprof.log" 2>&1
+      ;;
   esac
 done

@@ -78,12 +78,20 @@ def _reference(model: TinyModel, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt) :]
 
 
-def _run(engine: Engine | DummyEngine, prompts: list[list[int]], n: int, chunk: int) -> list[list[int]]:
-    """A minimal scheduler: chunked prefill of every prompt together, then batched decode."""
+def _run(
+    engine: Engine | DummyEngine,
+    prompts: list[list[int]],
+    n: int,
+    chunk: int,
+    params: list[SamplingParams] | None = None,
+) -> list[list[int]]:
+    """A minimal scheduler: chunked prefill of every prompt together, then batched decode (greedy
+    unless `params` gives each prompt its own)."""
     table = engine.page_table
+    params = params or [SamplingParams(max_tokens=n) for _ in prompts]
     reqs = [
-        Req(uid=i, token_ids=list(p), sampling_params=SamplingParams(max_tokens=n))
-        for i, p in enumerate(prompts)
+        Req(uid=i, token_ids=list(p), sampling_params=sp)
+        for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
     ]
     for r in reqs:
         r.table_row = table.alloc_row(r.uid)

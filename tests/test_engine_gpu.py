@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -22,6 +24,8 @@ def test_cuda_engine_float32_matches_dense_cpu_reference() -> None:
         model, cfg, EngineOptions(device="cuda", page_size=4, num_pages=64, max_running_requests=8)
     )
     assert engine.pool.k[0].device.type == "cuda"
+    if "OMP_NUM_THREADS" not in os.environ:  # the host only prepares metadata: one CPU thread
+        assert torch.get_num_threads() == 1
     assert _run(engine, prompts, 6, chunk=5) == expected  # chunked prefill, decode copy, batched
     assert _run(engine, prompts, 6, chunk=100) == expected
 

@@ -70,6 +70,20 @@ def test_integrity_check_catches_a_leaked_page_and_a_dead_owner() -> None:
         t.check_integrity(set())
 
 
+def test_integrity_check_catches_a_free_page_in_use_and_a_share_the_cache_lost() -> None:
+    a = PageAllocator(6)
+    t = PageTable(a, page_size=2, max_rows=2, max_seq_len=8)
+    row = t.alloc_row(7)
+    t.reserve(row, 4)  # pages 0 and 1
+    a.free([1])  # freed behind the row's back: free but still owned
+    with pytest.raises(KVIntegrityError, match="page 1 is free but owned by 1 request"):
+        t.check_integrity({7})
+    b = PageTable(PageAllocator(6), page_size=2, max_rows=2, max_seq_len=8)
+    b.alloc_row(8, shared_pages=[0])  # a shared prefix page the cache no longer holds
+    with pytest.raises(KVIntegrityError, match="row 0 shares page 0, which the prefix cache does not hold"):
+        b.check_integrity({8}, cached_pages=[])
+
+
 def test_pool_store_and_padding_page() -> None:
     pool = KVPool(
         num_layers=2, num_pages=3, page_size=4, num_kv_heads=2, head_dim=8, dtype=torch.float32, device="cpu"

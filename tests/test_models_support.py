@@ -109,3 +109,21 @@ def save_tiny_tokenizer(out: Path, vocab: int) -> None:
     fast.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     fast.chat_template += "{% if add_generation_prompt %}assistant: {% endif %}"
     fast.save_pretrained(str(out))
+
+
+def save_byte_tokenizer(out: Path, vocab: int) -> None:
+    """A byte-level BPE tokenizer without merges (ids 0-255 the bytes in GPT-2's byte-to-character
+    table, 256 </s>, 257 <s>, then fillers up to `vocab`): the kind grammar libraries read (llguidance
+    cannot read the character-level tokenizer's decoder). Pair it with eos_token_id=256."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    table = {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
+    tokens = [table[b] for b in range(256)] + ["</s>", "<s>"]
+    tokens += [f"<extra_{i}>" for i in range(vocab - len(tokens))]
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>").save_pretrained(str(out))

@@ -6,6 +6,8 @@ return the same pages on every rank (a sorted free list, lowest page first; no s
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class OutOfPagesError(RuntimeError):
     """Asked for more pages than are free (the scheduler checks `num_free` first)."""
@@ -46,3 +48,7 @@ class PageAllocator:
 
     def is_free(self, page: int) -> bool:
         return bool(self._is_free[page])
+
+    def free_mask(self) -> np.ndarray:
+        """(num_pages,) bool, True where the page is free (a copy)."""
+        return np.frombuffer(self._is_free, dtype=np.uint8).astype(bool)

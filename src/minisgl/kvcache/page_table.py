@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from .allocator import PageAllocator
@@ -103,30 +104,25 @@ class PageTable:
         Raises KVIntegrityError naming what is wrong (a leak is a bug: it would shrink the pool forever).
         """
         n = self.allocator.num_pages
-        owners = [0] * n
-        cached = bytearray(n)
-        for p in cached_pages:
-            cached[p] += 1
+        cached = _counts(cached_pages, n)
         problems = []
+        owned: list[int] = []
         for row, pages in enumerate(self.row_pages):
             if pages and self.row_owner[row] is None:
                 raise KVIntegrityError(f"free page-table row {row} still holds pages {pages[:8]}")
             shared = self.row_shared[row]
             problems += [f"row {row} shares page {p}, which the prefix cache does not hold"
                          for p in pages[:shared] if not cached[p]]  # fmt: skip
-            for p in pages[shared:]:
-                owners[p] += 1
-        for p in range(n):
-            free = self.allocator.is_free(p)
-            holders = owners[p] + cached[p]
-            if free and holders:
-                problems.append(
-                    f"page {p} is free but owned by {owners[p]} request(s) and {cached[p]} cache node(s)"
-                )
-            elif not free and holders != 1:
-                problems.append(
-                    f"page {p} is allocated but owned by {owners[p]} request(s) and {cached[p]} cache node(s)"
-                )
+            owned += pages[shared:]
+        # Per page in numpy: a GPU pool has hundreds of thousands of pages, checked at every idle moment
+        owners = _counts(owned, n)
+        holders = owners + cached
+        free = self.allocator.free_mask()
+        for p in np.flatnonzero((free & (holders > 0)) | (~free & (holders != 1))).tolist():
+            state = "free" if free[p] else "allocated"
+            problems.append(
+                f"page {p} is {state} but owned by {int(owners[p])} request(s) and {int(cached[p])} cache node(s)"
+            )
         if live_uids is not None:
             for row, uid in enumerate(self.row_owner):
                 if uid is not None and uid not in live_uids:
@@ -135,3 +131,8 @@ class PageTable:
             msg = f"KV cache integrity check failed ({len(problems)} problems): " + "; ".join(problems[:8])
             logger.error(msg)
             raise KVIntegrityError(msg)
+
+
+def _counts(pages: Sequence[int], n: int) -> np.ndarray:
+    """How many times each of the pages 0..n-1 appears in `pages`, (n,) int64."""
+    return np.bincount(np.fromiter(pages, dtype=np.int64, count=len(pages)), minlength=n)[:n]

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from minisgl.utils.ipc import IpcDirLease
+from minisgl.utils.profiling import maybe_profile
 from minisgl.utils.signals import raise_exit
 
 logger = logging.getLogger("minisgl.child")
@@ -90,7 +91,8 @@ def child_main(lifeline: Lifeline, target: Callable[..., object], *args: object)
     )
     watch.start()
     try:
-        target(*args)
+        with maybe_profile(getattr(target, "__name__", "child")):
+            target(*args)
     finally:
         if lease is not None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut this short

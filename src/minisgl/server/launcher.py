@@ -40,6 +40,7 @@ from minisgl.message import BaseFrontendMsg, BaseTokenizerMsg
 from minisgl.tokenizer.server import Role, TokenizerWorkerConfig, run_tokenizer_worker
 from minisgl.utils.handshake import send_status
 from minisgl.utils.logger import init_logger
+from minisgl.utils.profiling import maybe_profile
 from minisgl.utils.signals import raise_exit
 
 from .api_server import ServerState, create_app
@@ -397,7 +398,8 @@ def serve(args: ServerArgs) -> int:
         sock.close()
         return 2
     try:
-        return asyncio.run(launcher.run(sock))
+        with maybe_profile("launcher"):
+            return asyncio.run(launcher.run(sock))
     finally:
         launcher.shutdown()
         sock.close()
