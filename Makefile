@@ -44,10 +44,8 @@ clean:
 # short by MUTATE_TIMEOUT goes on where it stopped (`rm -rf mutants` to start over).
 MUTANTS ?= 'minisgl.engine.sampler.*' 'minisgl.tokenizer.stop.*' 'minisgl.server.protocol.*' \
 	'minisgl.tokenizer.tokenize.x__choice*' 'minisgl.server.frontend.xǁRequestStreamǁnext_chunk*' \
-	'minisgl.message.utils.x__check_*' 'minisgl.message.utils.x__exact*' \
-	'minisgl.message.utils.x__union_check*' 'minisgl.message.utils.x__list_check*' \
-	'minisgl.message.utils.xǁ_Compilerǁcheck_for*' 'minisgl.message.utils.xǁ_Compilerǁ_members_check*' \
-	'minisgl.message.utils.xǁ_Compilerǁ_compile_class*' 'minisgl.message.utils.xǁMessageGroupǁdecode*'
+	'minisgl.message.codec.x__why*' 'minisgl.message.codec.x__explain*' 'minisgl.message.codec.x__checked*' \
+	'minisgl.message.codec.xǁMessageGroupǁdecode*' 'minisgl.message.codec.xǁMessageGroupǁfrom_bytes*'
 MUTATE_TIMEOUT ?= 1800
 mutate: $(STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,11 +32,53 @@ def fuzz_report():
     return record
 
 
+# Logs of test servers kept because a test of the module that started them failed.
+KEPT_LOGS: list[Path] = []
+_MODULE_FAILED = pytest.StashKey[bool]()
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if FUZZ_COUNTS:
         terminalreporter.section("fuzz counts")
         for name, count in FUZZ_COUNTS.items():
             terminalreporter.write_line(f"{count:>8,}  {name}")
+    if KEPT_LOGS:
+        terminalreporter.section("logs of the test servers of failed modules")
+        for path in KEPT_LOGS:
+            terminalreporter.write_line(str(path))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
+    report = yield
+    module = item.getparent(pytest.Module)
+    if report.failed and module is not None:
+        module.stash[_MODULE_FAILED] = True
+    return report
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _server_files(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Once a module is over (its server fixtures stopped), removes the ipc roots and logs of the
+    servers it started (tests/test_server.py's `SERVER_FILES`); the logs stay when a test failed."""
+    files = _registry()
+    first = len(files)
+    yield
+    made, files[first:] = files[first:], []
+    failed = request.node.stash.get(_MODULE_FAILED, False)
+    for root, log in made:
+        shutil.rmtree(root, ignore_errors=True)
+        if failed and log.exists():
+            KEPT_LOGS.append(log)
+        else:
+            log.unlink(missing_ok=True)
+
+
+def _registry() -> list[tuple[Path, Path]]:
+    # Read through sys.modules: a module that starts servers imports test_server before its tests
+    # run, and one that does not needs nothing removed.
+    module = sys.modules.get("test_server")
+    return module.SERVER_FILES if module is not None else []
 
 
 @pytest.fixture

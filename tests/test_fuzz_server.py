@@ -36,7 +36,6 @@ def server() -> Iterator[ServerProcess]:
         yield srv
     finally:
         srv.stop()
-        srv.cleanup()
 
 
 def assert_serving(srv: ServerProcess) -> None:

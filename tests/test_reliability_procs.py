@@ -152,7 +152,6 @@ def test_kill9_of_the_launcher_under_load_leaves_no_process_and_no_ipc_dir() -> 
         assert "exiting now" not in srv.output(), srv.output()  # each stopped cleanly, none cut short
     finally:
         srv.stop()
-        srv.cleanup()
 
 
 @pytest.mark.parametrize("victim", ["scheduler", "tokenizer-0", "detokenizer"])
@@ -174,7 +173,6 @@ def test_kill9_of_a_child_under_load_ends_streams_and_stops_the_server(victim: s
         assert "did not stop" not in out, out  # the others stopped on SIGTERM, none had to be killed
     finally:
         srv.stop()
-        srv.cleanup()
 
 
 # ---- SIGTERM / SIGINT ------------------------------------------------------------------------------
@@ -232,7 +230,6 @@ def test_signal_to_the_launcher_drains_under_load(sig: int) -> None:
         assert "did not stop" not in srv.output(), srv.output()
     finally:
         srv.stop()
-        srv.cleanup()
 
 
 def test_sigterm_to_the_process_group_under_load_exits_0() -> None:
@@ -255,7 +252,6 @@ def test_sigterm_to_the_process_group_under_load_exits_0() -> None:
         assert srv.leftovers() == []
     finally:
         srv.stop()
-        srv.cleanup()
 
 
 # ---- overload ----------------------------------------------------------------------------------------
@@ -276,4 +272,3 @@ def test_overload_without_a_queue_limit_serves_everyone() -> None:
         assert srv.stop() == 0 and srv.leftovers() == []
     finally:
         srv.stop()
-        srv.cleanup()

@@ -9,14 +9,12 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from test_server import ServerProcess, free_port
+from test_server import ServerProcess, free_port, server_files
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -25,8 +23,7 @@ class Node1:
     """`minisgl serve --node-rank 1 ...` in the background (no HTTP), its output in a file."""
 
     def __init__(self, *args: str) -> None:
-        self.ipc_root = Path(tempfile.mkdtemp(prefix="msgl-n", dir="/tmp"))
-        self.log_path = self.ipc_root.with_suffix(".log")
+        self.ipc_root, self.log_path = server_files("msgl-n")
         with open(self.log_path, "wb") as log:
             env = {**os.environ, "MINISGL_IPC_ROOT": str(self.ipc_root)}
             cmd = [sys.executable, "-m", "minisgl", "serve", "--node-rank", "1", *args]

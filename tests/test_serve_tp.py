@@ -38,7 +38,6 @@ def reference() -> list[str]:
         return [greedy(srv, p) for p in PROMPTS]
     finally:
         srv.stop()
-        srv.cleanup()
 
 
 def test_tp3_greedy_equals_tp1_and_a_dead_rank_aborts_streams(reference: list[str]) -> None:
@@ -60,4 +59,3 @@ def test_tp3_greedy_equals_tp1_and_a_dead_rank_aborts_streams(reference: list[st
         assert "scheduler rank 1 was killed by signal 9; shutting the server down" in srv.output()
     finally:
         srv.stop()
-        srv.cleanup()

@@ -2,14 +2,14 @@
 (chat, completions, streaming, n=2, stop, usage), every client error, and a disconnect that aborts
 the request and frees its KV pages (read from the scheduler's "scheduler idle" log line).
 
-`ServerProcess` is shared with tests/test_server_lifecycle.py."""
+`ServerProcess` is shared with the other real-server tests; conftest.py removes the files of every
+server a module started (`SERVER_FILES`) once the module is over."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +30,18 @@ pytestmark = pytest.mark.timeout(240)
 _IDLE = re.compile(r"scheduler idle: .*pages free (\d+)/(\d+), cached (\d+)")
 
 
+# (ipc root, log file) of every test server started in this session, in order: conftest.py's
+# `_server_files` removes a module's when the module is over (keeping the logs if a test failed).
+SERVER_FILES: list[tuple[Path, Path]] = []
+
+
+def server_files(prefix: str) -> tuple[Path, Path]:
+    """A new private ipc root under /tmp (short: sun_path holds 104-108 bytes) and a log path beside it."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    SERVER_FILES.append((root, root.with_suffix(".log")))
+    return SERVER_FILES[-1]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -42,17 +54,17 @@ class ServerProcess:
     def __init__(self, *args: str, startup_timeout: float = 180.0, new_session: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.ipc_root = Path(tempfile.mkdtemp(prefix="msgl-t", dir="/tmp"))
-        self.log_path = self.ipc_root.with_suffix(".log")
+        self.ipc_root, self.log_path = server_files("msgl-t")
         self.log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
         env = {**os.environ, "MINISGL_IPC_ROOT": str(self.ipc_root)}
         cmd = [sys.executable, "-m", "minisgl", "serve", "--port", str(self.port), *args]
         self.proc = subprocess.Popen(
             cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=new_session
         )
+        self.children: list[psutil.Process] = []
+        self.orphans: list[str] | None = None
         self.wait_healthy(startup_timeout)
         self.children = psutil.Process(self.proc.pid).children(recursive=True)
-        self.orphans: list[str] | None = None
 
     def wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -111,19 +123,14 @@ class ServerProcess:
         files = [str(p) for p in self.ipc_root.iterdir()] if self.ipc_root.exists() else []
         return self.orphans + files
 
-    def cleanup(self) -> None:
-        shutil.rmtree(self.ipc_root, ignore_errors=True)
-        self.log_path.unlink(missing_ok=True)
-
 
 def served(*args: str) -> Iterator[ServerProcess]:
-    """A module fixture's body: a real server with these flags, stopped and cleaned up afterwards."""
+    """A module fixture's body: a real server with these flags, stopped afterwards."""
     srv = ServerProcess(*args)
     try:
         yield srv
     finally:
         srv.stop()
-        srv.cleanup()
 
 
 def openai_client(srv: ServerProcess) -> Any:

@@ -59,7 +59,6 @@ def pool_server():
         yield srv
     finally:
         srv.stop()
-        srv.cleanup()
 
 
 def test_tokenizer_pool(pool_server) -> None:
@@ -199,7 +198,6 @@ def test_killed_worker_makes_health_503_and_server_exit() -> None:
         assert srv.leftovers() == []
     finally:
         srv.stop()
-        srv.cleanup()
 
 
 def test_two_tensor_parallel_ranks_serve_and_stop_cleanly() -> None:
@@ -245,4 +243,3 @@ def test_two_tensor_parallel_ranks_serve_and_stop_cleanly() -> None:
             assert f"scheduler rank {rank}: stopping" in srv.output(), srv.output()
     finally:
         srv.stop()
-        srv.cleanup()

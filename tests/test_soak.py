@@ -178,4 +178,3 @@ def test_soak_mixed_traffic_with_aborts() -> None:
         assert "did not stop" not in srv.output()
     finally:
         srv.stop()
-        srv.cleanup()

@@ -39,7 +39,6 @@ def server():
         yield srv
     finally:
         srv.stop()
-        srv.cleanup()
 
 
 async def first_token_s(url: str) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -190,10 +190,9 @@ class AttentionBackendProto:
 
 @dataclass
 class Context:
-    """What a forward pass may consult: the attention backend and the batch being run."""
+    """What a forward pass may consult: the attention backend (prepared for the batch being run)."""
 
     attn_backend: AttentionBackendProto
-    batch: Any = None  # the engine's batch (reqs, positions, KV slots, attention metadata)
 
 
 _GLOBAL_CTX: Context | None = None

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.core import AttentionBackendProto
+from minisgl.kvcache import KVPool
 
 
 @dataclass
@@ -37,6 +38,13 @@ class AttentionBackend(AttentionBackendProto, ABC):
     # Whether decode steps can be captured in a CUDA graph: `prepare` then only rewrites buffers
     # whose addresses never change, and `forward` launches the same kernels for the same batch size.
     supports_cuda_graph = False
+
+    def __init__(self, pool: KVPool, num_q_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        if num_q_heads % num_kv_heads:
+            raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+        self.pool = pool
+        self.num_q_heads, self.num_kv_heads, self.head_dim = num_q_heads, num_kv_heads, head_dim
+        self.device = pool.k[0].device
 
     @abstractmethod
     def prepare(self, inp: AttnInput) -> None:

@@ -61,14 +61,8 @@ class TorchAttentionBackend(AttentionBackend):
     decode_copy_budget = 512 << 20  # bytes; larger decode batches gather from the pool every layer
 
     def __init__(self, pool: KVPool, num_q_heads: int, num_kv_heads: int, head_dim: int) -> None:
-        if num_q_heads % num_kv_heads:
-            raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
-        self.pool = pool
-        self.num_q_heads = num_q_heads
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
+        super().__init__(pool, num_q_heads, num_kv_heads, head_dim)
         self.group = num_q_heads // num_kv_heads
-        self.device = pool.k[0].device
         self.dtype = pool.k[0].dtype
         self.meta: _Meta | None = None
         self._copy: _DecodeCopy | None = None

@@ -50,12 +50,8 @@ class TritonAttentionBackend(AttentionBackend):
         max_batch_size: int,
         max_pages_per_row: int,
     ) -> None:
-        if num_q_heads % num_kv_heads:
-            raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
-        self.pool = pool
-        self.num_q_heads, self.num_kv_heads, self.head_dim = num_q_heads, num_kv_heads, head_dim
+        super().__init__(pool, num_q_heads, num_kv_heads, head_dim)
         self.scale = head_dim**-0.5
-        self.device = pool.k[0].device
         self.max_batch_size = max_batch_size
         props = torch.cuda.get_device_properties(self.device) if self.device.type == "cuda" else None
         self.num_sms = props.multi_processor_count if props is not None else 8

@@ -22,8 +22,8 @@ __all__ = ["BACKENDS", "REFERENCE_OPS", "OpsUser", "TorchOps", "bind_ops", "crea
 BACKENDS = ("auto", "torch", "cpu", "cuda")
 
 
-def create_ops(name: str, device: torch.device | str, dtype: torch.dtype) -> TorchOps:
-    """The ops backend `name` for this device and dtype; `auto` picks the fastest one available."""
+def create_ops(name: str, device: torch.device | str) -> TorchOps:
+    """The ops backend `name` for this device; `auto` picks the fastest one available."""
     device = torch.device(device)
     if name == "auto":
         name = _auto(device)

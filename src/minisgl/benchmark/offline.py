@@ -26,12 +26,17 @@ import random
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
 
 from .offline_args import add_arguments
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from minisgl.llm import LLM
 
 __all__ = ["add_arguments", "main", "run_offline_bench"]
 
@@ -55,7 +60,7 @@ def output_lengths(num_prompts: int, min_len: int, max_len: int, seed: int) -> l
 
 
 def _time_minisgl(
-    llm: Any, prompts: list[list[int]], output_lens: list[int]
+    llm: LLM, prompts: list[list[int]], output_lens: list[int]
 ) -> tuple[float, float, list[list[int]], dict[str, float]]:
     """Wall-clock and CPU seconds (all threads of this process) of one run, the tokens, and the
     engine's per-phase counters for this run (empty when the engine keeps none)."""
@@ -74,7 +79,7 @@ def _time_minisgl(
 
 
 def _time_hf(
-    hf: Any, prompts: list[list[int]], output_len: int, pad_id: int, device: str
+    hf: PreTrainedModel, prompts: list[list[int]], output_len: int, pad_id: int, device: str
 ) -> tuple[float, float, list[list[int]]]:
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)  # left padding
@@ -95,7 +100,7 @@ def _time_hf(
     return dt, cpu, out[:, width:].tolist()
 
 
-def _matmul_params(model: Any) -> tuple[int, int]:
+def _matmul_params(model: PreTrainedModel) -> tuple[int, int]:
     """(weights of the decoder layers' matmuls, weights of the LM head): 2 flops per weight per row."""
     layers = sum(
         p.numel() for n, p in model.named_parameters() if n.startswith("model.layers.") and p.dim() == 2
@@ -103,7 +108,7 @@ def _matmul_params(model: Any) -> tuple[int, int]:
     return layers, model.lm_head.weight.numel()
 
 
-def _decode_weight_bytes(model: Any) -> int:
+def _decode_weight_bytes(model: PreTrainedModel) -> int:
     """Bytes of weights a decode step reads: every parameter once, except the embedding table (a
     lookup reads B rows) unless the LM head shares it."""
     seen: set[int] = set()
@@ -136,8 +141,8 @@ def copy_bandwidth(device: str, nbytes: int = 2 << 30) -> float:
 
 @dataclasses.dataclass
 class _Models:
-    llm: Any
-    hf: Any | None
+    llm: LLM
+    hf: PreTrainedModel | None
     pad_id: int
     model_dir: Path
     label: str

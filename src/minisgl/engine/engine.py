@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import psutil
 import torch
@@ -32,6 +32,9 @@ from .logprobs import LogprobTensors
 from .options import EngineOptions
 from .penalties import apply_penalties
 from .sampler import Sampler
+
+if TYPE_CHECKING:
+    from minisgl.models import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +152,7 @@ def _limit_host_threads(device: torch.device) -> None:
 
 
 class Engine:
-    def __init__(self, model: torch.nn.Module, model_config: Any, options: EngineOptions) -> None:
+    def __init__(self, model: torch.nn.Module, model_config: ModelConfig, options: EngineOptions) -> None:
         self.options = options
         self.model = model
         self.model_config = model_config
@@ -179,7 +182,7 @@ class Engine:
         self.page_table = PageTable(
             PageAllocator(self.num_pages), self.page_size, options.max_running_requests, self.max_seq_len
         )
-        self.ops = create_ops(options.ops_backend, self.device, self.dtype)
+        self.ops = create_ops(options.ops_backend, self.device)
         bind_ops(model, self.ops)
         _limit_host_threads(self.device)
         self.attn_backend = create_attention_backend(
@@ -422,7 +425,7 @@ class Engine:
         ids = input_ids.to(dev, non_blocking=True)
         if pending is not None:
             ids.index_copy_(0, *pending)
-        set_global_ctx(Context(attn_backend=self.attn_backend, batch=batch))
+        set_global_ctx(Context(attn_backend=self.attn_backend))
         try:
             hidden = self.model.forward(ids, positions.to(dev, non_blocking=True))  # (T, H)
             extra = self._flat_rows(batch, prompt_rows)

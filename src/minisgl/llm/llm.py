@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minisgl.engine.options import resolve_device, resolve_dtype
 from minisgl.message import BaseBackendMsg, BaseTokenizerMsg
 from minisgl.scheduler.scheduler import Scheduler
 
 from .api import OfflineAPI, Prompts
+
+if TYPE_CHECKING:
+    from .ranks import MultiRankLLM
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +29,7 @@ class LLM(OfflineAPI, Scheduler):
     max_running_requests, max_prefill_tokens, max_seq_len, seed, engine, dummy_weights,
     cache_type="radix"|"naive", ...). tp > 1 gives a `MultiRankLLM` (N processes, same API)."""
 
-    def __new__(cls, model: str | None = None, **options: Any) -> Any:
+    def __new__(cls, model: str | None = None, **options: Any) -> LLM | MultiRankLLM:
         tp = options.get("tp", 1)
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise ValueError(f"tp must be an int >= 1, got {tp!r}")
@@ -81,7 +84,7 @@ class LLM(OfflineAPI, Scheduler):
         """Kept as it was: an interrupted `generate` leaves its requests to run on at the next call."""
 
 
-def check_options(options: dict[str, Any]) -> None:
+def check_options(options: dict[str, object]) -> None:
     """ValueError for an option that is not a SchedulerConfig field."""
     from minisgl.scheduler.config import SchedulerConfig
 

@@ -148,7 +148,12 @@ class MultiRankLLM(OfflineAPI):
         self._finalizer()
 
 
-def _stop(group: ProcessGroup, queues: list[Any], store: HostedStore, config: SchedulerConfig) -> None:
+def _stop(
+    group: ProcessGroup,
+    queues: list[ZmqPushQueue | ZmqPullQueue],
+    store: HostedStore,
+    config: SchedulerConfig,
+) -> None:
     """Everything `close()` and the finalizer release; refers to no MultiRankLLM (a finalizer must not)."""
     for q in queues:
         q.stop()

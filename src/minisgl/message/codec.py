@@ -15,7 +15,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, NoReturn, Union
 
 import msgspec
 import torch
@@ -195,7 +195,7 @@ class _Mirrors:
     def _union(self, tp: type) -> Any:
         return self.members if tp is self.group.root else Union[self.struct[tp], _Never]  # noqa: UP007
 
-    def _not_member(self, obj: Any) -> Any:
+    def _not_member(self, obj: object) -> NoReturn:
         raise TypeError(f"{type(obj).__name__} is not a registered {self.group.name} message")
 
 

@@ -177,7 +177,7 @@ def _read_json(path: Path, required: bool) -> dict[str, Any]:
     return data
 
 
-def _merge_ids(base: list[int], *more: Any) -> list[int]:
+def _merge_ids(base: list[int], *more: object) -> list[int]:
     """Union of ids (ints or lists of ints, None ignored), sorted."""
     ids = set(base)
     for value in more:

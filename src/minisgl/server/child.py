@@ -28,10 +28,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from minisgl.utils.ipc import IpcDirLease
 from minisgl.utils.profiling import maybe_profile
+from minisgl.utils.signals import raise_exit
 
 logger = logging.getLogger("minisgl.child")
 
@@ -59,10 +59,6 @@ def _set_pdeathsig() -> bool:
         return False
 
 
-def _raise_exit(signum: int, _frame: Any) -> None:
-    raise SystemExit(0)
-
-
 def _watch_parent(lifeline: Lifeline, lease: IpcDirLease | None, kernel_signals: bool) -> None:
     """Wait for the launcher's death; then stop this process (see the module docstring)."""
     while os.getppid() == lifeline.parent_pid:
@@ -77,11 +73,11 @@ def _watch_parent(lifeline: Lifeline, lease: IpcDirLease | None, kernel_signals:
     os._exit(1)
 
 
-def child_main(lifeline: Lifeline, target: Callable[..., Any], *args: Any) -> None:
+def child_main(lifeline: Lifeline, target: Callable[..., object], *args: object) -> None:
     from minisgl.utils.logger import init_logger
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _raise_exit)
+    signal.signal(signal.SIGTERM, raise_exit)
     init_logger("minisgl")  # one stderr handler for the minisgl tree, level from MINISGL_LOG_LEVEL
     try:
         lease = IpcDirLease(lifeline.ipc_dir) if lifeline.ipc_dir else None

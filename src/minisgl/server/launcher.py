@@ -33,13 +33,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from minisgl.message import BaseFrontendMsg, BaseTokenizerMsg
-from minisgl.tokenizer.server import TokenizerWorkerConfig, run_tokenizer_worker
+from minisgl.tokenizer.server import Role, TokenizerWorkerConfig, run_tokenizer_worker
 from minisgl.utils.handshake import send_status
 from minisgl.utils.logger import init_logger
 from minisgl.utils.profiling import maybe_profile
+from minisgl.utils.signals import raise_exit
 
 from .api_server import ServerState, create_app
 from .args import ServerArgs
@@ -50,6 +52,8 @@ from .router import ReplicaRouter
 from .tools import ToolFormat
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from minisgl.distributed import HostedStore
 
     from .nodes import NodeLink, TcpPlan
@@ -107,7 +111,7 @@ class Launcher:
         detok = [c.zmq_detokenizer_addr for c in rank0s.values()]
         detok += [self.plan.detokenizer] if remote and self.plan is not None else []
 
-        def config(role: str, index: int = 0) -> TokenizerWorkerConfig:
+        def config(role: Role, index: int = 0) -> TokenizerWorkerConfig:
             backends = [
                 remote[r][index] if r in remote else rank0s[r].zmq_backend_addr for r in range(self.args.dp)
             ]
@@ -253,7 +257,7 @@ class Launcher:
         )
 
     async def _supervise(
-        self, state: ServerState, manager: FrontendManager, server: Any, serve_task: asyncio.Task
+        self, state: ServerState, manager: FrontendManager, server: uvicorn.Server, serve_task: asyncio.Task
     ) -> None:
         while not serve_task.done():
             if self.stop_requested:
@@ -300,7 +304,7 @@ class Launcher:
         """True when waiting is pointless: a second signal, or a child is gone (it cannot answer)."""
         return self.abort_now or self.group.first_dead() is not None
 
-    def request_stop(self, signum: int) -> None:
+    def request_stop(self) -> None:
         """A signal handler (main thread): the first SIGTERM/SIGINT drains, a second aborts now."""
         if self.stop_requested:
             self.abort_now = True
@@ -309,7 +313,7 @@ class Launcher:
     def _install_signal_handlers(self) -> None:
         """For the moments uvicorn's capture (see `_uvicorn_server`) is not in place."""
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda signum, _frame: self.request_stop(signum))
+            signal.signal(sig, lambda _signum, _frame: self.request_stop())
 
     def shutdown(self) -> None:
         if self.link is not None:  # tell the other nodes, and give them a moment to read it
@@ -327,14 +331,14 @@ class Launcher:
 _LAST_BYTES_S = 2.0  # after the drain, how long handlers get to write their last events
 
 
-def _uvicorn_server(config: Any, on_signal: Callable[[int], None]) -> Any:
+def _uvicorn_server(config: uvicorn.Config, on_signal: Callable[[], None]) -> uvicorn.Server:
     """A uvicorn server whose SIGINT/SIGTERM handler calls `on_signal` instead of stopping at once
     (uvicorn's own handler would cut every stream and answer waiting requests with a plain 500)."""
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            on_signal(sig)
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:  # noqa: ARG002
+            on_signal()
 
     return DrainingServer(config)
 
@@ -365,14 +369,10 @@ def _configure_logging(level: str) -> None:
     init_logger("minisgl").setLevel(level.upper())
 
 
-def _stop_before_serving(signum: int, _frame: Any) -> None:
-    raise SystemExit(0)  # nothing is running yet that needs draining
-
-
 def serve(args: ServerArgs) -> int:
     """Run a server until it is stopped; return the process exit code."""
     for sig in (signal.SIGINT, signal.SIGTERM):  # until the launcher installs its own
-        signal.signal(sig, _stop_before_serving)
+        signal.signal(sig, raise_exit)  # nothing is running yet that needs draining
     _configure_logging(args.log_level)
     from minisgl.models import resolve_model_path
 

@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from types import FrameType
 
 from .args import ServerArgs
 from .processes import ProcessGroup, StartupError
@@ -86,7 +86,7 @@ class NodeRunner:
 def run_node(args: ServerArgs, model_dir: Path) -> int:
     runner: NodeRunner | None = None
 
-    def on_signal(signum: int, _frame: Any) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         if runner is not None:
             runner.stop_signal = True
 

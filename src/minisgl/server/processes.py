@@ -58,7 +58,7 @@ class ProcessGroup:
         self.children: list[Child] = []
         self.lifeline = Lifeline(os.getpid(), ipc_dir, grace_s=parent_death_grace_s)
 
-    def spawn(self, name: str, target: Callable[..., Any], *args: Any) -> Child:
+    def spawn(self, name: str, target: Callable[..., object], *args: object) -> Child:
         parent_end, child_end = self.ctx.Pipe(duplex=True)
         proc = self.ctx.Process(
             target=child_main, args=(self.lifeline, target, *args, child_end), name=name, daemon=False

@@ -21,11 +21,14 @@ sequence, so the number of U+FFFD may differ from the full decode. Valid text is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from minisgl.message import DetokenizeMsg, ErrorMsg, UserReply
 
 from .token_bytes import token_bytes_fn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _REPLACEMENT = "\ufffd"
 
@@ -36,7 +39,7 @@ class Decoder(Protocol):
     def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
-def fast_decoder(tokenizer: Any) -> Decoder:
+def fast_decoder(tokenizer: PreTrainedTokenizerBase) -> Decoder:
     """The Rust tokenizer behind a Hugging Face fast tokenizer when its `decode` gives the same text
     (no Python-side clean-up of spaces): about 4x less time per call. Else the tokenizer itself."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -84,7 +87,7 @@ class DetokenizeManager:
     Each reply carries the request's completion token count so far, so the API server knows the
     usage at any point (also when it stops a request early on a stop string)."""
 
-    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool = True) -> None:
         self.tokenizer = fast_decoder(tokenizer)
         self.token_bytes = token_bytes_fn(tokenizer)
         self.skip_special_tokens = skip_special_tokens

@@ -22,7 +22,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Normalizers whose output, measured on the whole text, is never longer than on the pieces the
 # tokenizer actually normalizes (the text between special tokens): per-character mappings, Unicode
@@ -60,7 +63,7 @@ class LengthBound:
         return -(-len(data) // self.max_token_bytes)
 
     @classmethod
-    def of(cls, tokenizer: Any) -> LengthBound | None:
+    def of(cls, tokenizer: PreTrainedTokenizerBase) -> LengthBound | None:
         """The bound for a transformers fast tokenizer, or None where it cannot be proven."""
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:

@@ -29,8 +29,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import zmq
 
@@ -52,6 +51,7 @@ from minisgl.message import (
 from minisgl.utils.batch import one_or_batch, unbatch
 from minisgl.utils.handshake import recv_status, send_status
 from minisgl.utils.logger import init_logger
+from minisgl.utils.signals import raise_exit
 
 from .detokenize import DetokenizeManager
 from .tokenize import MAX_CHOICES, ModelLimits, RequestRejected, TokenizeManager
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
 logger = init_logger("minisgl.tokenizer")
 
-ROLES = ("tokenizer", "detokenizer", "both")
+Role = Literal["tokenizer", "detokenizer", "both"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class TokenizerWorkerConfig:
     """Where one worker reads and writes. All addresses are connected to, never bound."""
 
     model_path: str
-    role: str
+    role: Role
     tokenizer_addr: str  # API server -> tokenizers (PUSH binds there)
     detokenizer_addr: str  # scheduler rank 0 -> detokenizer (PUSH binds there)
     backend_addr: str  # -> scheduler rank 0 (PULL binds there)
@@ -281,13 +281,9 @@ def _binds(addr: str) -> bool:
     return addr.startswith("tcp://")
 
 
-def _raise_exit(signum: int, _frame: FrameType | None) -> None:
-    raise SystemExit(0)
-
-
 def run_tokenizer_worker(config: TokenizerWorkerConfig, conn: Connection) -> None:
     """Process entry of one tokenizer / detokenizer worker (see the module docstring)."""
-    signal.signal(signal.SIGTERM, _raise_exit)
+    signal.signal(signal.SIGTERM, raise_exit)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the launcher decides
     worker: TokenizerWorker | None = None
     try:

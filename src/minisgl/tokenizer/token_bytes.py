@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _BYTE_FALLBACK_LEN = len("<0x00>")
 
@@ -30,7 +33,7 @@ def _byte_level_alphabet() -> dict[str, int]:
     return out
 
 
-def _decoder_types(tokenizer: Any) -> set[str]:
+def _decoder_types(tokenizer: PreTrainedTokenizerBase) -> set[str]:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return set()
@@ -47,7 +50,7 @@ def _decoder_types(tokenizer: Any) -> set[str]:
     return found
 
 
-def token_bytes_fn(tokenizer: Any) -> Callable[[int], bytes]:
+def token_bytes_fn(tokenizer: PreTrainedTokenizerBase) -> Callable[[int], bytes]:
     """id -> the token's bytes (memoized), for `tokenizer` (a Hugging Face tokenizer)."""
     kinds = _decoder_types(tokenizer)
     special = set(getattr(tokenizer, "all_special_ids", []) or [])

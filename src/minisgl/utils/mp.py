@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import msgpack
 import zmq
@@ -67,19 +67,19 @@ def check_addr(addr: str) -> str:
     return addr
 
 
-def _packer(encoder: Any) -> Callable[[Any], bytes]:
+def _packer(encoder: Callable[[T], dict]) -> Callable[[T], bytes]:
     group = group_of(encoder)
     if group is not None:
         return group.to_bytes
     return lambda obj: msgpack.packb(encoder(obj), use_bin_type=True)
 
 
-def _unpacker(decoder: Any) -> Callable[[bytes], Any]:
+def _unpacker(decoder: Callable[[dict], T]) -> Callable[[bytes], T]:
     group = group_of(decoder)
     if group is not None:
         return group.from_bytes
 
-    def decode(raw: bytes) -> Any:
+    def decode(raw: bytes) -> T:
         try:
             data = msgpack.unpackb(raw, raw=False)
         except Exception as e:
