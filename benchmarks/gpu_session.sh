@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine session: install the carried wheels, run the GPU tests, profile, benchmark.
 # Run from the project root on the device machine (logs under $OUT):
-#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [pprof] [wprof] [bs256] [serve]
+#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [pprof] [wprof] [bs256] [serve] [tp]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -56,6 +56,17 @@ for step in $steps; do
     wprof)  # where the throughput workload's time goes (135M shapes)
       timeout 200 python3 benchmarks/profile_workload.py --model-config smollm2-135m --out "$OUT" 2>&1 \
         | grep -v "it/s\]" | tail -60 | tee "$OUT/wprof.log" ;;
+    tp)  # on nvidia-h200-x2: 8B shapes at TP=1 then TP=2, transformers' greedy tokens on the same random
+      # weights in each run (decode at batch 1 and 64), then the throughput workload; NCCL logits test
+      timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_models_tp.py -k nccl 2>&1 | tail -3 | tee "$OUT/tp.log"
+      for tp in 1 2; do
+        timeout 200 python3 -m minisgl bench offline --device cuda --model-config llama3-8b --batch-sizes 1,64 --tp $tp \
+          --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 1 --kv-cache-memory 40 2>&1 \
+          | grep -v "it/s\]" | tail -16 | tee -a "$OUT/tp.log"
+        timeout 150 python3 -m minisgl bench offline --device cuda --model-config llama3-8b --num-prompts 256 --skip-hf \
+          --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 2 --tp $tp 2>&1 \
+          | grep -v "it/s\]" | tail -6 | tee -a "$OUT/tp.log"
+      done ;;
     bs256)  # input 256 / output 256 at batch 256 against transformers
       for cfg in ${BS256_CFGS:-smollm2-135m llama3-8b}; do  # 8B: transformers' generate needs ~40 GiB of the GPU
         timeout 240 python3 -m minisgl bench offline --device cuda --model-config $cfg --batch-sizes 256 --kv-cache-memory 40 \

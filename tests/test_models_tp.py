@@ -138,3 +138,25 @@ def test_shard_shapes_without_collectives(model_dirs: list[Path]) -> None:
     full, _ = load_model(model_dirs[0], torch.float32, "cpu", progress=False)
     q_rows = full.model.layers[0].self_attn.qkv_proj.weight[2 * cfg.head_dim : 4 * cfg.head_dim]
     assert torch.equal(attn.qkv_proj.weight[: 2 * cfg.head_dim], q_rows)  # heads 2, 3 of 4
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_dummy_weights_are_one_model_at_every_tp_size(model_dirs: list[Path], case: int) -> None:
+    """Random weights are drawn per checkpoint tensor and sharded: rank 1 of 2 holds its shard of the
+    TP=1 model (so TP=2 can be checked against TP=1 without a checkpoint)."""
+    full, cfg = load_model(model_dirs[case], torch.float32, "cpu", dummy=True, progress=False)
+    part, _ = load_model(
+        model_dirs[case], torch.float32, "cpu", tp_info=DistributedInfo(1, 2), dummy=True, progress=False
+    )
+    d, hq = cfg.head_dim, cfg.num_heads
+    fa, pa = full.model.layers[1].self_attn, part.model.layers[1].self_attn
+    assert torch.equal(pa.qkv_proj.weight[: hq // 2 * d], fa.qkv_proj.weight[hq // 2 * d : hq * d])
+    inter = cfg.intermediate_size // 2
+    assert torch.equal(
+        part.model.layers[1].mlp.down_proj.weight, full.model.layers[1].mlp.down_proj.weight[:, inter:]
+    )
+    assert torch.equal(part.model.embed_tokens.weight, full.model.embed_tokens.weight)
+    rows = cfg.vocab_size - 66  # rank 1's vocab rows of the LM head, 66 to the end (then padding)
+    assert torch.equal(part.lm_head.weight[:rows], full.lm_head.weight[66:])
+    assert torch.equal(part.lm_head.weight[rows:], torch.zeros_like(part.lm_head.weight[rows:]))
+    assert fa.qkv_proj.weight.std() > 0.01

@@ -67,8 +67,10 @@ def _time_minisgl(
     from minisgl.core import SamplingParams
 
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in output_lens]
-    llm.cache.flush()  # every repeat starts cold: the prefix cache would skip the prompts' prefill
-    stats = getattr(llm.engine, "stats", None)
+    cache = getattr(llm, "cache", None)  # None with tp > 1: those ranks run without a prefix cache
+    if cache is not None:
+        cache.flush()  # every repeat starts cold: the prefix cache would skip the prompts' prefill
+    stats = getattr(getattr(llm, "engine", None), "stats", None)
     before = dataclasses.asdict(stats) if stats is not None else {}
     t0, c0 = time.perf_counter(), time.process_time()
     outs = llm.generate(prompts, params)
@@ -180,12 +182,22 @@ def _load(
         str(model_dir), device=device, dtype=dtype, dummy_weights=model_config is not None, **llm_options
     )
     if hf is not None and model_config is not None:
-        from minisgl.models.weights import load_tensors
-
-        m = llm.engine.model
-        load_tensors(hf.state_dict(), m.weight_slots(), m.checkpoint_ignored())
+        _fill_hf_like_dummy(hf)
     pad = llm.tokenizer.pad_token_id
     return _Models(llm, hf, pad if pad is not None else 0, model_dir, label)
+
+
+@torch.no_grad()
+def _fill_hf_like_dummy(hf: PreTrainedModel) -> None:
+    """Give transformers' model the random weights minisgl draws for the same checkpoint names
+    (`dummy_tensor`), whatever minisgl's tensor-parallel size."""
+    from minisgl.models.loader import dummy_tensor
+
+    tied = bool(getattr(hf.config, "tie_word_embeddings", False))
+    for name, p in hf.state_dict().items():
+        if name.endswith("rotary_emb.inv_freq") or (tied and name == "lm_head.weight"):
+            continue
+        p.copy_(dummy_tensor(name, tuple(p.shape), p.dtype, p.device))
 
 
 def _bench_one(
@@ -220,7 +232,7 @@ def _bench_one(
         "minisgl_cpu_s": cpu_m,
         "minisgl_tok_s": total / best_m,
     }
-    model = getattr(ms.llm.engine, "model", None)
+    model = getattr(getattr(ms.llm, "engine", None), "model", None)
     if phases and model is not None and hasattr(model, "lm_head"):
         layer_w, head_w = _matmul_params(model)
         bytes_per_w = model.lm_head.weight.element_size()
@@ -327,7 +339,8 @@ def run_offline_bench(
         "threads": torch.get_num_threads(),
         "copy_bandwidth": bandwidth,
         "matmul_rate": flops,
-        "overlap": ms.llm.overlap,
+        "overlap": getattr(ms.llm, "overlap", None),
+        "tp": llm_options.get("tp", 1),
         "runs": runs,
     }
 
@@ -337,15 +350,17 @@ def print_report(res: dict[str, Any]) -> None:
         f"machine: {res['device_name'] or platform.machine()} ({res['device']}), torch threads {res['threads']}"
     )
     if res["copy_bandwidth"]:
+        overlap = {True: "on", False: "off", None: "as the ranks choose"}[res["overlap"]]
         print(
             f"measured here: device copy {res['copy_bandwidth'] / 1e12:.2f} TB/s (read + write), "
-            f"bf16 matmul {res['matmul_rate'] / 1e12:.0f} TFLOP/s; overlap scheduling {'on' if res['overlap'] else 'off'}"
+            f"bf16 matmul {res['matmul_rate'] / 1e12:.0f} TFLOP/s; overlap scheduling {overlap}"
         )
     lo, hi = res["input_len_range"]
     olo, ohi = res["output_len_range"]
     outs = f"{olo}" if olo == ohi else f"uniform random in [{olo}, {ohi}]"
+    tp = f", tensor-parallel over {res['tp']} ranks" if res["tp"] > 1 else ""
     print(
-        f"model: {res['model']}, {res['dtype']}; input lengths uniform random in [{lo}, {hi}], output "
+        f"model: {res['model']}, {res['dtype']}{tp}; input lengths uniform random in [{lo}, {hi}], output "
         f"lengths {outs} (greedy, ignore EOS); transformers (equal output lengths only): the same "
         "prompts left-padded in one generate call"
     )
@@ -374,7 +389,12 @@ def print_report(res: dict[str, Any]) -> None:
                 f"transformers : {run['hf_tok_s']:9.1f} output tok/s  ({run['hf_s']:.2f} s wall, "
                 f"{run['hf_cpu_s']:.2f} s CPU)"
             )
-            print(f"ratio        : {run['ratio']:.2f}x wall-clock; {run['cpu_ratio']:.2f}x in CPU time")
+            cpu = (
+                f"; {run['cpu_ratio']:.2f}x in CPU time"
+                if res["tp"] == 1
+                else " (ranks' CPU time not counted)"
+            )
+            print(f"ratio        : {run['ratio']:.2f}x wall-clock{cpu}")
             print(f"identical outputs: {run['same_outputs']}/{run['num_prompts']} prompts")
 
 
@@ -412,6 +432,11 @@ def main(ns: argparse.Namespace) -> int:
     )
     if ns.disable_overlap:
         extra["overlap_schedule"] = False
+    if ns.tp < 1:
+        print("minisgl bench offline: --tp must be >= 1")
+        return 2
+    if ns.tp > 1:
+        extra.update(tp=ns.tp, cache_type="naive")
     if ns.kv_cache_memory is not None:
         extra["kv_cache_memory"] = int(ns.kv_cache_memory * (1 << 30))
     res = run_offline_bench(

@@ -46,6 +46,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("--disable-overlap", action="store_true", help="as for `minisgl serve`")
     ap.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="tensor-parallel ranks (processes; one GPU each on CUDA); with N > 1 the prefix cache is "
+        "off (every repeat starts cold) and the per-phase figures are not printed",
+    )
+    ap.add_argument(
         "--kv-cache-memory",
         type=float,
         default=None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -13,7 +14,7 @@ from torch import nn
 from minisgl.distributed import DistributedInfo
 from minisgl.models.config import ModelConfig
 from minisgl.models.llama import LlamaForCausalLM
-from minisgl.models.weights import load_checkpoint
+from minisgl.models.weights import load_checkpoint, load_generated
 
 logger = logging.getLogger(__name__)
 
@@ -55,29 +56,24 @@ def load_model(
 
 
 @torch.no_grad()
+def dummy_tensor(
+    name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int = 0
+) -> torch.Tensor:
+    """The random value of checkpoint tensor `name`: N(0, 0.02) for matrices, 1 for norms, 0 for
+    biases, drawn from a generator seeded by the name (the same on every rank and every run)."""
+    if name.endswith("norm.weight"):
+        return torch.ones(shape, dtype=dtype, device=device)
+    if name.endswith("bias"):
+        return torch.zeros(shape, dtype=dtype, device=device)
+    gen = torch.Generator(device=device).manual_seed(seed + zlib.crc32(name.encode()))
+    return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=gen)
+
+
 def fill_dummy_weights(model: LlamaForCausalLM, seed: int = 0) -> None:
-    """Numerically sane random weights: N(0, 0.02) matrices, norms 1, biases 0.
-
-    Every rank uses the same seed and creates parameters in the same order, so replicated tensors
-    (embedding, norms) agree across ranks."""
-    gen = torch.Generator(device=model.model.embed_tokens.weight.device).manual_seed(seed)
-    seen: set[int] = set()
-    for name, p in model.named_parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        if name.endswith("norm.weight"):
-            p.fill_(1.0)
-        elif name.endswith("bias"):
-            p.zero_()
-        else:
-            p.normal_(0.0, 0.02, generator=gen)
-    if model.config.tie_word_embeddings and model.tp.size > 1:
-        _copy_tied_head(model)
-
-
-def _copy_tied_head(model: LlamaForCausalLM) -> None:
-    """The vocab shard of the (tied) embedding that this rank's LM head holds."""
-    slot = model.weight_slots()["model.embed_tokens.weight"][-1]
-    model.lm_head.weight.zero_()
-    slot.copy_in(model.model.embed_tokens.weight.narrow(0, slot.start, slot.length))
+    """Random weights (`dummy_tensor`): each checkpoint tensor drawn whole and sharded as from a
+    checkpoint, so every tensor-parallel size holds the same model (TP=2 can be checked against TP=1,
+    and transformers given the same weights, without a checkpoint)."""
+    like = model.model.embed_tokens.weight
+    load_generated(
+        model.weight_slots(), lambda name, shape: dummy_tensor(name, shape, like.dtype, like.device, seed)
+    )

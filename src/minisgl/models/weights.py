@@ -7,7 +7,7 @@ tensor-parallel rank keeps. The loader then reads only that part (`safe_open(...
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,6 +120,15 @@ def _load_one(f: Path, name: str, sl: Any, targets: list[WeightSlot]) -> None:
                 f"{f}: tensor {name!r} has shape {list(shape)}, the model expects {list(slot.full_shape)}"
             )
         slot.copy_in(slot.read(sl))
+
+
+def load_generated(
+    slots: dict[str, list[WeightSlot]], make: Callable[[str, tuple[int, ...]], torch.Tensor]
+) -> None:
+    """Fill every slot from whole tensors made one at a time by `make(name, shape in the checkpoint)`
+    (random weights), each rank keeping its shard as from a checkpoint."""
+    for name, targets in slots.items():
+        _load_one(Path("generated"), name, make(name, targets[0].full_shape), targets)
 
 
 def load_tensors(
