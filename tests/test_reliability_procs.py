@@ -154,7 +154,14 @@ def test_kill9_of_the_launcher_under_load_leaves_no_process_and_no_ipc_dir() -> 
         srv.stop()
 
 
-@pytest.mark.parametrize("victim", ["scheduler", "tokenizer-0", "detokenizer"])
+@pytest.mark.parametrize(  # the workers' kills take the same path as the scheduler's: `make test-slow`
+    "victim",
+    [
+        "scheduler",
+        pytest.param("tokenizer-0", marks=pytest.mark.slow),
+        pytest.param("detokenizer", marks=pytest.mark.slow),
+    ],
+)
 def test_kill9_of_a_child_under_load_ends_streams_and_stops_the_server(victim: str) -> None:
     srv = ServerProcess(*SERVER_ARGS, "--num-tokenizer", "1")
     try:
@@ -188,7 +195,9 @@ def wait_health_stopping(url: str, timeout: float = 10.0) -> dict:
     raise AssertionError("/health never said 503")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(  # SIGINT drains through the same handler: `make test-slow`
+    "sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)], ids=["SIGTERM", "SIGINT"]
+)
 def test_signal_to_the_launcher_drains_under_load(sig: int) -> None:
     """What docker stop, systemd (to the main pid) and Ctrl-C do: the launcher drains. A short
     request finishes normally, the long ones end with "abort" at --shutdown-timeout (streams with

@@ -47,11 +47,17 @@ def _dense_attention(
     return torch.einsum("hnl,lhd->nhd", s.softmax(-1), v)
 
 
+DECODE_SHAPES = [(8, 2, 64, 16), (9, 3, 64, 4), (4, 4, 128, 1), (6, 1, 40, 8)]  # hq, hkv, d, page size
+DECODE_CASES = [
+    *[(*shape, splits) for splits in (1, 3) for shape in DECODE_SHAPES],
+    (*DECODE_SHAPES[0], 16),  # more splits than its rows have pages
+    # the rest at 16 splits are slow under the interpreter: `make test-slow`
+    *[pytest.param(*shape, 16, marks=pytest.mark.slow) for shape in DECODE_SHAPES[1:]],
+]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(
-    ("hq", "hkv", "d", "ps"), [(8, 2, 64, 16), (9, 3, 64, 4), (4, 4, 128, 1), (6, 1, 40, 8)]
-)
-@pytest.mark.parametrize("splits", [1, 3, 16])
+@pytest.mark.parametrize(("hq", "hkv", "d", "ps", "splits"), DECODE_CASES)
 def test_decode_attention_matches_dense(
     dtype: torch.dtype, hq: int, hkv: int, d: int, ps: int, splits: int
 ) -> None:
