@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine session: install the carried wheels, run the GPU tests, profile, benchmark.
 # Run from the project root on the device machine (logs under $OUT):
-#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [pprof] [wprof] [bs256] [serve] [tp]
+#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [pprof] [wprof] [bs256] [serve] [tp] [dp]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -66,6 +66,19 @@ for step in $steps; do
         timeout 150 python3 -m minisgl bench offline --device cuda --model-config llama3-8b --num-prompts 256 --skip-hf \
           --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 2 --tp $tp 2>&1 \
           | grep -v "it/s\]" | tail -6 | tee -a "$OUT/tp.log"
+      done ;;
+    dp)  # on nvidia-h200-x2: minisgl serve with 8B shapes, --dp 2 (a replica per GPU) against one replica;
+      # 512 requests of 400 random in-vocabulary words, output 256, concurrency 256
+      python3 -c "from pathlib import Path; from minisgl.benchmark.presets import preset_config, write_model_dir; write_model_dir(preset_config('llama3-8b'), Path('/tmp/m8b'))"
+      python3 -c "import random; r = random.Random(0); print('\n'.join(' '.join(f'<{r.randrange(300, 128000)}>' for _ in range(400)) for _ in range(600)))" > /tmp/prompts8b.txt
+      for dp in 1 2; do
+        echo "== minisgl serve --dp $dp" | tee -a "$OUT/dp.log"
+        python3 -m minisgl serve --model /tmp/m8b --dummy-weights --device cuda --dp $dp >> "$OUT/dp_server.log" 2>&1 &
+        spid=$!
+        for _ in $(seq 240); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:1919/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+        timeout 200 python3 -m minisgl bench serve --concurrency 256 --num-prompts 512 --prompts-file /tmp/prompts8b.txt \
+          --output-len 256 2>&1 | tail -12 | tee -a "$OUT/dp.log"
+        kill -INT $spid; wait $spid
       done ;;
     bs256)  # input 256 / output 256 at batch 256 against transformers
       for cfg in ${BS256_CFGS:-smollm2-135m llama3-8b}; do  # 8B: transformers' generate needs ~40 GiB of the GPU
