@@ -83,7 +83,7 @@ for step in $steps; do
     bs256)  # input 256 / output 256 at batch 256 against transformers
       for cfg in ${BS256_CFGS:-smollm2-135m llama3-8b}; do  # 8B: transformers' generate needs ~40 GiB of the GPU
         timeout 240 python3 -m minisgl bench offline --device cuda --model-config $cfg --batch-sizes 256 --kv-cache-memory 40 \
-          --min-input-len 256 --max-input-len 256 --output-len 256 --repeats ${BS256_REPEATS:-1} 2>&1 | grep -v "it/s\]" | tail -14 \
+          --min-input-len 256 --max-input-len 256 --output-len 256 --repeats ${BS256_REPEATS:-2} 2>&1 | grep -v "it/s\]" | tail -14 \
           | tee -a "$OUT/bs256.log"
       done ;;
     serve)  # minisgl serve with 135M shapes (random weights), bench serve at concurrency 1 and 256; prompts
