@@ -51,12 +51,18 @@ def free_port() -> int:
 class ServerProcess:
     """`python -m minisgl serve ...` in the background, its stderr in a file, its ipc root private."""
 
-    def __init__(self, *args: str, startup_timeout: float = 180.0, new_session: bool = False) -> None:
+    def __init__(
+        self,
+        *args: str,
+        startup_timeout: float = 180.0,
+        new_session: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ipc_root, self.log_path = server_files("msgl-t")
         self.log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
-        env = {**os.environ, "MINISGL_IPC_ROOT": str(self.ipc_root)}
+        env = {**os.environ, **(env or {}), "MINISGL_IPC_ROOT": str(self.ipc_root)}
         cmd = [sys.executable, "-m", "minisgl", "serve", "--port", str(self.port), *args]
         self.proc = subprocess.Popen(
             cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=new_session

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import pstats
 import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -200,11 +202,13 @@ def test_killed_worker_makes_health_503_and_server_exit() -> None:
         srv.stop()
 
 
-def test_two_tensor_parallel_ranks_serve_and_stop_cleanly() -> None:
+def test_two_tensor_parallel_ranks_serve_and_stop_cleanly(tmp_path: Path) -> None:
     """--tp 2 (gloo on the CPU, dummy engine): both scheduler ranks start, rank 0 forwards every
     request to rank 1, replies come back, both ranks end up with the same KV pool and prefix cache
-    (their idle lines agree), and SIGTERM stops both ranks without a kill."""
-    srv = ServerProcess("--engine", "dummy", "--tp", "2")
+    (their idle lines agree), and SIGTERM stops both ranks without a kill. With MINISGL_CPROFILE each
+    process leaves its cProfile dump when it stops."""
+    profiles = tmp_path / "prof"
+    srv = ServerProcess("--engine", "dummy", "--tp", "2", env={"MINISGL_CPROFILE": str(profiles)})
     try:
         for rank in (0, 1):
             assert f"scheduler rank {rank} ready" in srv.output(), srv.output()
@@ -241,5 +245,10 @@ def test_two_tensor_parallel_ranks_serve_and_stop_cleanly() -> None:
         assert "did not stop" not in srv.output(), srv.output()
         for rank in (0, 1):
             assert f"scheduler rank {rank}: stopping" in srv.output(), srv.output()
+        dumps = {p.name.rsplit("-", 1)[0]: p for p in profiles.glob("*.prof")}
+        assert len(list(profiles.glob("run_scheduler-*.prof"))) == 2, sorted(profiles.iterdir())
+        assert {"launcher", "run_scheduler", "run_tokenizer_worker"} <= set(dumps), sorted(dumps)
+        functions = {fn for _, _, fn in pstats.Stats(str(dumps["run_scheduler"])).stats}  # type: ignore[attr-defined]
+        assert "run_forever" in functions
     finally:
         srv.stop()
