@@ -147,7 +147,10 @@ def _limit_host_threads(device: torch.device) -> None:
     torch's thread pool (a thread per core, spinning between ops) costs far more than it gives: the
     scheduler process was seen keeping 9 cores of an H200 host busy while serving at concurrency 256.
     One thread, unless the user chose a number with OMP_NUM_THREADS."""
-    if device.type != "cpu" and "OMP_NUM_THREADS" not in os.environ:
+    if device.type != "cpu" and "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() != 1:
+        logger.info(
+            "torch CPU threads %d -> 1 for this process (OMP_NUM_THREADS chooses)", torch.get_num_threads()
+        )
         torch.set_num_threads(1)
 
 
