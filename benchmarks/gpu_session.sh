@@ -9,6 +9,12 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
+wait_healthy() {  # until the server on the default port answers /health, at most $1 seconds
+  for _ in $(seq "$1"); do
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:1919/health', timeout=2)" 2>/dev/null && return
+    sleep 1
+  done
+}
 steps=${*:-tests profile bench}
 for step in $steps; do
   case $step in
@@ -75,7 +81,7 @@ for step in $steps; do
         echo "== minisgl serve --dp $dp" | tee -a "$OUT/dp.log"
         python3 -m minisgl serve --model /tmp/m8b --dummy-weights --device cuda --dp $dp >> "$OUT/dp_server.log" 2>&1 &
         spid=$!
-        for _ in $(seq 240); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:1919/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+        wait_healthy 240
         timeout 200 python3 -m minisgl bench serve --concurrency 256 --num-prompts 512 --prompts-file /tmp/prompts8b.txt \
           --output-len 256 2>&1 | tail -12 | tee -a "$OUT/dp.log"
         kill -INT $spid; wait $spid
@@ -97,7 +103,7 @@ for step in $steps; do
         echo "== minisgl serve $extra" | tee -a "$OUT/serve.log"
         python3 -m minisgl serve --model /tmp/m135 --dummy-weights --device cuda $extra >> "$OUT/serve_server.log" 2>&1 &
         spid=$!
-        for _ in $(seq 180); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:1919/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+        wait_healthy 180
         for c in ${SERVE_CONC:-1:64 256:1024}; do  # concurrency:requests
           set -- ${c/:/ }
           # CPU use of each server process during the run (100 = one core busy)

@@ -72,6 +72,11 @@ class ContentPart(_Body):
 Content = str | list[ContentPart]
 
 
+def _present(fields: JSONObject) -> JSONObject:
+    """The fields that are set (None: left out of the chat request)."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def _text(content: Content) -> str:
     return content if isinstance(content, str) else "".join(p.text or "" for p in content)
 
@@ -175,7 +180,7 @@ class FunctionTool(_Body):
             "parameters": self.parameters,
             "strict": self.strict,
         }
-        return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
+        return {"type": "function", "function": _present(fn)}
 
     def echo(self) -> JSONObject:
         return {
@@ -208,7 +213,7 @@ class TextFormat(_Body):
             "schema": self.json_schema,
             "strict": self.strict,
         }
-        return {"type": "json_schema", "json_schema": {k: v for k, v in spec.items() if v is not None}}
+        return {"type": "json_schema", "json_schema": _present(spec)}
 
 
 class TextConfig(_Body):
@@ -316,7 +321,7 @@ class ResponsesRequest(_Request):
         }
         if self.logprobs:
             body.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
-        return {k: v for k, v in body.items() if v is not None}
+        return _present(body)
 
     @property
     def chat(self) -> ChatCompletionRequest:
