@@ -1,13 +1,16 @@
 """Decode-step projections on the GPU, each replayed from a CUDA graph as a decode step runs it: the
 ways of calling cuBLAS for one projection (with the residual add in the epilogue, plain, through
-cuBLASLt) and the kernels each launches, for a model's shapes at a few row counts.
+cuBLASLt) and the kernels each launches, for a model's shapes at a few row counts. `--sweep` times
+minisgl's Triton GEMV (kernels/triton/gemv.py) in each launch shape of SWEEP against cuBLAS instead:
+the projections with a residual add (o, down) against `addmm_`, the others against `linear`.
 
-    python benchmarks/bench_linear.py [--rows 1,8] [--model-config llama3-8b]
+    python benchmarks/bench_linear.py [--rows 1,8] [--model-config llama3-8b] [--sweep]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable
 
 import torch
@@ -16,15 +19,28 @@ from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench_cudagraph
 
 from minisgl.benchmark.presets import preset_config
+from minisgl.kernels.triton.gemv import GemvConfig, gemv
+
+# (block_n, block_k, num_warps, num_stages)
+SWEEP = [
+    (16, 128, 4, 6), (16, 256, 4, 4), (16, 512, 4, 3), (16, 512, 4, 4), (16, 512, 8, 4), (16, 1024, 4, 3),
+    (16, 1024, 8, 3), (32, 256, 4, 4), (32, 512, 4, 4), (32, 512, 8, 3), (32, 512, 8, 4), (32, 1024, 8, 3),
+]  # fmt: skip
 
 
 def shapes(preset: str) -> dict[str, tuple[int, int]]:
-    """(N, K) of the preset's projections: fused qkv, o, fused gate/up, down."""
+    """(N, K) of the preset's projections: fused qkv, o, fused gate/up, down, the LM head."""
     c = preset_config(preset)
     h, d = c["hidden_size"], c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
     qkv = (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * d
     i = c["intermediate_size"]
-    return {"qkv": (qkv, h), "o": (h, c["num_attention_heads"] * d), "gate_up": (2 * i, h), "down": (h, i)}
+    return {
+        "qkv": (qkv, h),
+        "o": (h, c["num_attention_heads"] * d),
+        "gate_up": (2 * i, h),
+        "down": (h, i),
+        "lm_head": (c["vocab_size"], h),
+    }
 
 
 def kernels(fn: Callable[[], object]) -> str:
@@ -52,11 +68,52 @@ def variants(w: torch.Tensor, m: int) -> dict[str, Callable[[], object]]:
     }
 
 
+def _project(x: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None, config: GemvConfig | None) -> object:
+    """One projection: cuBLAS (config None; `addmm_` into res, or `linear`) or the Triton GEMV."""
+    if config is None:
+        return F.linear(x, w) if res is None else res.addmm_(x, w.t())
+    return gemv(x, w, None, res, config)
+
+
+def sweep(preset: str, rows: list[int]) -> None:
+    """The Triton GEMV in every launch shape of SWEEP against cuBLAS, per projection and row count."""
+    print(f"== {preset}: Triton GEMV launch shapes (block_n, block_k, warps, stages) against cuBLAS")
+    for name, (n, k) in shapes(preset).items():
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+        gb = n * k * w.dtype.itemsize / 1e9
+        for m in rows:
+            x = torch.randn(m, k, device="cuda", dtype=w.dtype)
+            res = torch.randn(m, n, device="cuda", dtype=w.dtype) if name in ("o", "down") else None
+            res0 = None if res is None else res.clone()  # the timed calls keep adding into res
+            ref = x.float() @ w.float().t() + (0 if res0 is None else res0.float())
+            us = {}
+            for cfg in [None, *SWEEP]:
+                config = None if cfg is None else GemvConfig(*cfg)
+                fn = functools.partial(_project, x, w, res, config)
+                us[cfg] = do_bench_cudagraph(fn, rep=30, return_mode="median") * 1e3
+            base = us.pop(None)
+            ranked = sorted((t, cfg) for cfg, t in us.items())
+            best_us, best = ranked[0]
+            out = _project(x, w, None if res0 is None else res0.clone(), GemvConfig(*best))
+            err = float((out.float() - ref).abs().max())  # type: ignore[union-attr]
+            top = "  ".join(f"{c}:{t:.1f}" for t, c in ranked[:4])
+            print(
+                f"{name:8} rows {m:3d} cuBLAS {base:6.1f} us ({gb / base * 1e6:4.0f} GB/s)  gemv best "
+                f"{best_us:6.1f} us ({gb / best_us * 1e6:4.0f} GB/s) {best} max err {err:.3g}  "
+                f"ratio {base / best_us:.3f}  | {top}"
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1,8")
     ap.add_argument("--model-config", default="llama3-8b")
+    ap.add_argument("--sweep", action="store_true", help="time the Triton GEMV's launch shapes instead")
     ns = ap.parse_args()
+    if ns.sweep:
+        for preset in ns.model_config.split(","):
+            sweep(preset, [int(r) for r in ns.rows.split(",")])
+        return
     for lib in ("cublas", "cublaslt"):
         torch.backends.cuda.preferred_blas_library(lib)
         print(f"== {ns.model_config}, preferred BLAS {lib}")

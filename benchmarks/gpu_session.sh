@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine session: install the carried wheels, run the GPU tests, profile, benchmark.
 # Run from the project root on the device machine (logs under $OUT):
-#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [pprof] [wprof] [bs256] [serve] [tp] [dp]
+#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [gemv] [pprof] [wprof] [bs256] [serve] [tp] [dp]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -57,6 +57,9 @@ for step in $steps; do
       done ;;
     linear)  # the ways of calling cuBLAS for a decode projection (8B shapes), under CUDA graphs
       timeout 200 python3 benchmarks/bench_linear.py --rows 1,8 2>&1 | tee "$OUT/linear.log" ;;
+    gemv)  # the Triton GEMV's launch shapes against cuBLAS for the decode projections, under CUDA graphs
+      timeout 400 python3 benchmarks/bench_linear.py --sweep --model-config llama3-8b,smollm2-135m --rows ${GEMV_ROWS:-1,4,8,16} 2>&1 \
+        | tee "$OUT/gemv.log" ;;
     pprof)  # host time of eager prefill steps, by function and by op (135M shapes)
       timeout 200 python3 benchmarks/profile_prefill.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tee "$OUT/pprof.log" ;;
     wprof)  # where the throughput workload's time goes (135M shapes)

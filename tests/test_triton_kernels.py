@@ -257,3 +257,62 @@ def test_silu_and_mul_matches_reference(dtype: torch.dtype, shape: tuple[int, in
         pytest.skip("large shapes only on the GPU (the interpreter is slow)")
     gate_up = (torch.randn(*shape) * 4).to(dtype).to(DEV)
     assert _rel(silu_and_mul(gate_up), REFERENCE_OPS.silu_and_mul(gate_up.clone())) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("m", "n", "k"), [(1, 40, 64), (3, 33, 100), (8, 96, 576), (16, 17, 200), (0, 8, 16)]
+)
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_matches_linear(dtype: torch.dtype, m: int, n: int, k: int, bias: bool) -> None:
+    """Ragged rows, columns and a K that no block divides; the residual form adds in place."""
+    from minisgl.kernels.triton.gemv import GemvConfig, gemv
+
+    gen = torch.Generator().manual_seed(m * 1000 + n)
+    x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen) * k**-0.5
+    b = torch.randn(n, generator=gen) if bias else None
+    res = torch.randn(m, n, generator=gen)
+    x, w, res = x.to(dtype).to(DEV), w.to(dtype).to(DEV), res.to(dtype).to(DEV)
+    b = None if b is None else b.to(dtype).to(DEV)
+    want = REFERENCE_OPS.linear(x, w, b)
+    for config in (GemvConfig(block_n=16, block_k=32), GemvConfig(block_n=32, block_k=64)):
+        out = gemv(x, w, b, config=config)
+        assert out.shape == (m, n)
+        into = res.clone()
+        assert gemv(x, w, b, into, config) is into
+        if m:
+            assert _rel(out, want) < TOL[dtype] and _rel(into, res + want) < TOL[dtype]
+
+
+def test_gemv_refuses_what_it_cannot_take() -> None:
+    from minisgl.kernels.triton.gemv import gemv
+
+    w = torch.randn(8, 16, device=DEV)
+    with pytest.raises(ValueError, match="gemv"):
+        gemv(torch.randn(17, 16, device=DEV), w)  # more rows than one tile
+    with pytest.raises(ValueError, match="gemv"):
+        gemv(torch.randn(16, 2, device=DEV).t(), w)  # strided in K
+    with pytest.raises(ValueError, match="residual"):
+        gemv(torch.randn(2, 16, device=DEV), w, residual=torch.zeros(2, 9, device=DEV))
+
+
+def test_cuda_ops_take_the_gemv_for_few_rows_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to GEMV_MAX_ROWS rows of a half-precision projection go to the GEMV (the residual add as
+    its epilogue); more rows, and float32, go to cuBLAS; both agree with the reference."""
+    from minisgl.backends import cuda
+    from minisgl.kernels.triton.gemv import gemv
+
+    monkeypatch.setattr(cuda, "GEMV_MIN_WEIGHT", 0)  # the test's weight is small
+    ops, dt = cuda.CudaOps(), torch.float16
+    w = (torch.randn(48, 64) * 0.125).to(dt).to(DEV)
+    for m in (1, cuda.GEMV_MAX_ROWS, cuda.GEMV_MAX_ROWS + 1):
+        x, res = torch.randn(m, 64).to(dt).to(DEV), torch.randn(m, 48).to(dt).to(DEV)
+        config = cuda.gemv_config(x, w)
+        assert (config is not None) == (m <= cuda.GEMV_MAX_ROWS)
+        assert cuda.gemv_config(x.float(), w.float()) is None
+        out, added = ops.linear(x, w, None), ops.linear_add_(x, w, None, res.clone())
+        if config is not None:
+            assert torch.equal(out, gemv(x, w, config=config))
+            assert torch.equal(added, gemv(x, w, None, res.clone(), config))
+        want = REFERENCE_OPS.linear(x.float(), w.float(), None)
+        assert _rel(out, want) < TOL[dt] and _rel(added, res.float() + want) < TOL[dt]

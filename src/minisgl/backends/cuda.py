@@ -1,23 +1,43 @@
 """The CUDA backend: Triton kernels for the element-wise work of a layer (RMSNorm, RoPE + q/k/v split,
-SiLU x up) and cuBLAS for the matmuls, with the residual add after a projection in the GEMM's
-epilogue (`addmm_`, beta = 1). In bf16/fp16 the Triton kernels round once where the reference rounds
-after each op, and the epilogue adds the unrounded product, so results agree within that dtype's
-tolerance.
+SiLU x up); the projections of a few rows (decode batches) in minisgl's Triton GEMV, the others in
+cuBLAS with the residual add after a projection in the GEMM's epilogue (`addmm_`, beta = 1). In
+bf16/fp16 the Triton kernels round once where the reference rounds after each op, and the epilogue
+adds the unrounded product, so results agree within that dtype's tolerance.
 
-A hand-written Triton matmul for decode batches, with the norm, SiLU x up and residual add fused in,
-lost to cuBLAS on an H200 with Llama-3.1-8B shapes (README, "GPU"): cuBLAS keeps every matmul."""
+A Triton matmul for decode batches with the norm and SiLU x up fused in as prologues lost to cuBLAS
+(README, "GPU"): the GEMV takes only the residual add, as its epilogue."""
 
 from __future__ import annotations
 
 import torch
 
 from minisgl.kernels.triton import elementwise as tk
+from minisgl.kernels.triton.gemv import GemvConfig, gemv
 
 from .torch_ops import TorchOps
+
+GEMV_MAX_ROWS = 8  # decode batches of up to this many rows take the GEMV
+GEMV_MIN_WEIGHT = 1 << 22  # elements: smaller projections are launch-bound either way
+GEMV_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def gemv_config(x: torch.Tensor, weight: torch.Tensor) -> GemvConfig | None:
+    """The GEMV's launch shape for this projection, or None where cuBLAS takes it."""
+    if x.dim() != 2 or x.shape[0] > GEMV_MAX_ROWS or weight.numel() < GEMV_MIN_WEIGHT:
+        return None
+    if x.dtype not in GEMV_DTYPES or weight.dtype != x.dtype or x.stride(1) != 1 or weight.stride(1) != 1:
+        return None
+    return GemvConfig()
 
 
 class CudaOps(TorchOps):
     name = "cuda"
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        config = gemv_config(x, weight)
+        if config is None:
+            return super().linear(x, weight, bias)
+        return gemv(x, weight, bias, config=config)
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if x.dim() in (2, 3) and x.stride(-1) == 1:
@@ -34,6 +54,9 @@ class CudaOps(TorchOps):
     ) -> torch.Tensor:
         if gated:
             x = self.silu_and_mul(x)
+        config = gemv_config(x, weight)
+        if config is not None and residual.is_contiguous():
+            return gemv(x, weight, bias, residual, config)
         residual.addmm_(x, weight.t())  # one cuBLAS call: the add is the GEMM's epilogue (beta = 1)
         return residual if bias is None else residual.add_(bias)
 
