@@ -4,7 +4,7 @@ cuBLASLt) and the kernels each launches, for a model's shapes at a few row count
 minisgl's Triton GEMV (kernels/triton/gemv.py) in each launch shape of SWEEP against cuBLAS instead:
 the projections with a residual add (o, down) against `addmm_`, the others against `linear`.
 
-    python benchmarks/bench_linear.py [--rows 1,8] [--model-config llama3-8b] [--sweep]
+    python benchmarks/bench_linear.py [--rows 1,8] [--model-config llama3-8b] [--sweep [--only qkv,o,down]]
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from minisgl.kernels.triton.gemv import GemvConfig, gemv
 
 # (block_n, block_k, num_warps, num_stages)
 SWEEP = [
-    (16, 128, 4, 6), (16, 256, 4, 4), (16, 512, 4, 3), (16, 512, 4, 4), (16, 512, 8, 4), (16, 1024, 4, 3),
-    (16, 1024, 8, 3), (32, 256, 4, 4), (32, 512, 4, 4), (32, 512, 8, 3), (32, 512, 8, 4), (32, 1024, 8, 3),
+    (16, 128, 4, 6), (16, 256, 4, 4), (16, 512, 4, 3), (32, 128, 4, 6), (32, 256, 4, 3), (32, 256, 4, 4),
+    (32, 256, 2, 4), (32, 512, 4, 4), (32, 512, 4, 5), (64, 128, 4, 4), (64, 256, 4, 4), (64, 256, 8, 4),
+    (64, 512, 8, 3), (128, 128, 8, 4),
 ]  # fmt: skip
 
 
@@ -75,10 +76,12 @@ def _project(x: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None, config:
     return gemv(x, w, None, res, config)
 
 
-def sweep(preset: str, rows: list[int]) -> None:
+def sweep(preset: str, rows: list[int], only: list[str]) -> None:
     """The Triton GEMV in every launch shape of SWEEP against cuBLAS, per projection and row count."""
     print(f"== {preset}: Triton GEMV launch shapes (block_n, block_k, warps, stages) against cuBLAS")
     for name, (n, k) in shapes(preset).items():
+        if only and name not in only:
+            continue
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
         gb = n * k * w.dtype.itemsize / 1e9
         for m in rows:
@@ -109,10 +112,11 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8")
     ap.add_argument("--model-config", default="llama3-8b")
     ap.add_argument("--sweep", action="store_true", help="time the Triton GEMV's launch shapes instead")
+    ap.add_argument("--only", default="", help="with --sweep: these projections only (e.g. qkv,o,down)")
     ns = ap.parse_args()
     if ns.sweep:
         for preset in ns.model_config.split(","):
-            sweep(preset, [int(r) for r in ns.rows.split(",")])
+            sweep(preset, [int(r) for r in ns.rows.split(",")], [p for p in ns.only.split(",") if p])
         return
     for lib in ("cublas", "cublaslt"):
         torch.backends.cuda.preferred_blas_library(lib)

@@ -58,7 +58,8 @@ for step in $steps; do
     linear)  # the ways of calling cuBLAS for a decode projection (8B shapes), under CUDA graphs
       timeout 200 python3 benchmarks/bench_linear.py --rows 1,8 2>&1 | tee "$OUT/linear.log" ;;
     gemv)  # the Triton GEMV's launch shapes against cuBLAS for the decode projections, under CUDA graphs
-      timeout 400 python3 benchmarks/bench_linear.py --sweep --model-config llama3-8b,smollm2-135m --rows ${GEMV_ROWS:-1,4,8,16} 2>&1 \
+      timeout 400 python3 benchmarks/bench_linear.py --sweep --model-config llama3-8b,smollm2-135m --rows ${GEMV_ROWS:-1,4,8,16} \
+        --only "${GEMV_ONLY:-}" 2>&1 \
         | tee "$OUT/gemv.log" ;;
     pprof)  # host time of eager prefill steps, by function and by op (135M shapes)
       timeout 200 python3 benchmarks/profile_prefill.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tee "$OUT/pprof.log" ;;
