@@ -296,13 +296,13 @@ def test_gemv_refuses_what_it_cannot_take() -> None:
         gemv(torch.randn(2, 16, device=DEV), w, residual=torch.zeros(2, 9, device=DEV))
 
 
-def test_cuda_ops_take_the_gemv_for_few_rows_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Up to GEMV_MAX_ROWS rows of a half-precision projection go to the GEMV (the residual add as
-    its epilogue); more rows, and float32, go to cuBLAS; both agree with the reference."""
+def test_cuda_ops_take_the_gemv_for_few_rows_only() -> None:
+    """Up to GEMV_MAX_ROWS rows of a half-precision projection with N <= 2K go to the GEMV (the
+    residual add as its epilogue); more rows, float32 and wide projections go to cuBLAS; both agree
+    with the reference."""
     from minisgl.backends import cuda
     from minisgl.kernels.triton.gemv import gemv
 
-    monkeypatch.setattr(cuda, "GEMV_MIN_WEIGHT", 0)  # the test's weight is small
     ops, dt = cuda.CudaOps(), torch.float16
     w = (torch.randn(48, 64) * 0.125).to(dt).to(DEV)
     for m in (1, cuda.GEMV_MAX_ROWS, cuda.GEMV_MAX_ROWS + 1):
@@ -310,6 +310,7 @@ def test_cuda_ops_take_the_gemv_for_few_rows_only(monkeypatch: pytest.MonkeyPatc
         config = cuda.gemv_config(x, w)
         assert (config is not None) == (m <= cuda.GEMV_MAX_ROWS)
         assert cuda.gemv_config(x.float(), w.float()) is None
+        assert cuda.gemv_config(x, torch.empty(129, 64, dtype=dt, device=DEV)) is None  # N > 2K
         out, added = ops.linear(x, w, None), ops.linear_add_(x, w, None, res.clone())
         if config is not None:
             assert torch.equal(out, gemv(x, w, config=config))

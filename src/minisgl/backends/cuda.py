@@ -16,18 +16,25 @@ from minisgl.kernels.triton.gemv import GemvConfig, gemv
 
 from .torch_ops import TorchOps
 
-GEMV_MAX_ROWS = 8  # decode batches of up to this many rows take the GEMV
-GEMV_MIN_WEIGHT = 1 << 22  # elements: smaller projections are launch-bound either way
+GEMV_MAX_ROWS = 16  # decode batches of up to this many rows take the GEMV (one tensor-core tile)
 GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def gemv_config(x: torch.Tensor, weight: torch.Tensor) -> GemvConfig | None:
-    """The GEMV's launch shape for this projection, or None where cuBLAS takes it."""
-    if x.dim() != 2 or x.shape[0] > GEMV_MAX_ROWS or weight.numel() < GEMV_MIN_WEIGHT:
+    """The GEMV's launch shape for this projection, or None where cuBLAS takes it.
+
+    Measured on an H200 under CUDA graphs (`benchmarks/bench_linear.py --sweep`, README "GPU"): the
+    GEMV wins where N <= 2K (qkv, o and down, where cuBLAS splits K or leaves SMs idle; o of
+    Llama-3.1-8B 7.8 vs 10.4 us), cuBLAS where N is wide (gate/up, the LM head). The launch shapes
+    are the sweep's best for the 8B and 135M shapes."""
+    if x.dim() != 2 or x.shape[0] > GEMV_MAX_ROWS or x.dtype not in GEMV_DTYPES or weight.dtype != x.dtype:
         return None
-    if x.dtype not in GEMV_DTYPES or weight.dtype != x.dtype or x.stride(1) != 1 or weight.stride(1) != 1:
+    n, k = weight.shape
+    if n > 2 * k or x.stride(1) != 1 or weight.stride(1) != 1:
         return None
-    return GemvConfig()
+    if n * k < 1 << 22:  # small projections: short rows, more programs
+        return GemvConfig(16, 512, 4, 3) if k >= 1024 else GemvConfig(16, 128, 4, 6)
+    return GemvConfig(32, 512, 4, 4) if k >= 8192 else GemvConfig(32, 256, 2, 4)
 
 
 class CudaOps(TorchOps):
