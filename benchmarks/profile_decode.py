@@ -1,8 +1,9 @@
 """Where a decode step's time goes on the GPU (random weights of a preset's shapes).
 
 Prints: the decode step time through the scheduler (CUDA graphs on), the GPU time of the bare graph
-replay (so the difference is host time per step), and a torch.profiler table of one eager step (CPU
-time per op, CUDA time per kernel, kernel launches per step).
+replay (so the difference is host time per step), the kernels of that replay (torch.profiler over
+10 replays: GPU time per kernel per step), and a torch.profiler table of one eager prefill and
+decode steps (CPU time per op, CUDA time per kernel, kernel launches).
 
     python benchmarks/profile_decode.py --model-config llama3-8b --batch-size 1 [--out DIR]
 """
@@ -64,6 +65,13 @@ def main() -> None:
             f"({ns.batch_size * 1e3 / step_ms:.0f} tok/s), graph replay alone {replay:.3f} ms on the GPU, "
             f"host share {step_ms - replay:.3f} ms; generate wall {wall:.2f} s"
         )
+        graph = llm.engine.graphs.graphs[llm.engine.graphs.padded_size(ns.batch_size)]
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                graph.replay()
+            torch.cuda.synchronize()
+        print("kernels of one graph replay (the last decode step's batch), GPU time over 10 replays:")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
         graphs, llm.engine.graphs = llm.engine.graphs, None  # one eager step for the profile
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             llm.generate(prompts, SamplingParams(max_tokens=5, ignore_eos=True))
