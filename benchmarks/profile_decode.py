@@ -45,11 +45,12 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--kv-cache-gib", type=int, default=8)
     ap.add_argument("--out", default=None, help="directory for the profiler table")
     ns = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir(preset_config(ns.model_config), Path(tmp) / "m")
-        llm = LLM(str(model_dir), device="cuda", dummy_weights=True, kv_cache_memory=8 << 30)
+        llm = LLM(str(model_dir), device="cuda", dummy_weights=True, kv_cache_memory=ns.kv_cache_gib << 30)
         prompts = make_workload(ns.batch_size, ns.input_len, ns.input_len, llm.vocab_size, 0)
         params = SamplingParams(max_tokens=ns.output_len, ignore_eos=True)
         llm.generate(prompts, params)  # warm-up
