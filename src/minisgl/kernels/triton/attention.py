@@ -254,6 +254,7 @@ def decode_attention(
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     done: torch.Tensor | None = None,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    launch: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """q (B, Hq, D) (unit stride in D, D even); k/v_cache (S, Hkv, D) contiguous; page_table (>= B, P)
     int32 (unit stride in P); seq_lens (B,) int32 (0: an empty row, output 0) -> (B, Hq, D) in q's dtype.
@@ -265,7 +266,8 @@ def decode_attention(
     (a CUDA graph's), else one is allocated.
     rope: (cos, sin), each (B, D/2) or (B, 1, D/2) with unit stride in D/2: q and the new k are given
     before RoPE and the kernel rotates them (rotate-half, rounded once to q's dtype, as
-    `elementwise.rope_qkv` does), so q/k/v may be views of the fused projection's output."""
+    `elementwise.rope_qkv` does), so q/k/v may be views of the fused projection's output.
+    launch: (BLOCK_N, num_warps, num_stages), for benchmarks; default (64 or 32 by D, 4, 2)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     if hq % hkv or k_cache.shape[2] != d or d % 2 or q.stride(2) != 1 or page_table.stride(1) != 1:
@@ -276,7 +278,7 @@ def decode_attention(
     if bsz == 0:
         return out
     block_d = max(16, triton.next_power_of_2(d))  # tl.dot needs dimensions >= 16
-    block_n = 64 if block_d <= 128 else 32
+    block_n, warps, stages = launch or (64 if block_d <= 128 else 32, 4, 2)
     ieee = q.dtype == torch.float32
     if new_kv is not None:
         k_new, v_new, slots = new_kv
@@ -306,8 +308,8 @@ def decode_attention(
         page_table.stride(0), cos.stride(0), sm_scale,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d,
         BLOCK_HALF=max(16, triton.next_power_of_2(d // 2)), PS=page_size, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, ROPE=rope is not None, IEEE=ieee, num_warps=4,
-        num_stages=2,
+        NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, ROPE=rope is not None, IEEE=ieee,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
 

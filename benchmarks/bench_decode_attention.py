@@ -1,0 +1,63 @@
+"""The decode attention kernel alone on the GPU, under CUDA graphs: a batch of requests over a paged
+KV pool with scattered pages (Llama-3.1-8B's heads by default), by launch shape (BLOCK_N, warps,
+stages) and split count, with the KV bytes it reads per second.
+
+    python benchmarks/bench_decode_attention.py [--batch 256] [--context 416] [--splits 1,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+import torch
+from triton.testing import do_bench_cudagraph
+
+from minisgl.kernels.triton.attention import decode_attention
+
+LAUNCHES = [
+    (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 2), (64, 8, 3), (32, 4, 3), (32, 4, 4), (32, 2, 4),
+    (128, 4, 2), (128, 8, 2), (128, 8, 3), (16, 2, 4),
+]  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--context", type=int, default=416)
+    ap.add_argument("--heads", default="32,8,128", help="query heads, KV heads, head dim")
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--splits", default="1,2")
+    ns = ap.parse_args()
+    hq, hkv, d = (int(v) for v in ns.heads.split(","))
+    b, ps = ns.batch, ns.page_size
+    pages_per_req = -(-ns.context // ps)
+    num_pages = b * pages_per_req * 2
+    gen = torch.Generator().manual_seed(0)
+    page_table = torch.randperm(num_pages, generator=gen)[: b * pages_per_req].view(b, pages_per_req)
+    page_table = page_table.int().cuda()
+    k_cache = torch.randn(num_pages * ps, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
+    seq_lens = torch.full((b,), ns.context, dtype=torch.int32, device="cuda")
+    kv_gb = b * ns.context * hkv * d * 2 * 2 / 1e9
+    print(f"batch {b}, context {ns.context}, heads {hq}/{hkv}x{d}, page {ps}: {kv_gb:.3f} GB of K/V per call")
+    ref = None
+    for splits in (int(s) for s in ns.splits.split(",")):
+        done = torch.zeros(b * hkv, dtype=torch.int32, device="cuda")
+        for launch in LAUNCHES:
+            fn = functools.partial(
+                decode_attention, q, k_cache, v_cache, page_table, seq_lens, ps, d**-0.5, splits,
+                done=done, launch=launch,
+            )  # fmt: skip
+            out = fn()
+            ref = out if ref is None else ref
+            err = float((out.float() - ref.float()).abs().max())
+            us = do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+            print(
+                f"splits {splits} launch {launch}: {us:7.1f} us  {kv_gb / us * 1e6:5.0f} GB/s  max diff {err:.2g}"
+            )
+
+
+if __name__ == "__main__":
+    main()
