@@ -1,8 +1,9 @@
 """The decode attention kernel alone on the GPU, under CUDA graphs: a batch of requests over a paged
 KV pool with scattered pages (Llama-3.1-8B's heads by default), by launch shape (BLOCK_N, warps,
-stages) and split count, with the KV bytes it reads per second.
+stages) and split count, with the KV bytes it reads per second. `--new` runs it as a decode step
+does: q, k and v are views of the fused projection, rotated and stored by the kernel.
 
-    python benchmarks/bench_decode_attention.py [--batch 256] [--context 416] [--splits 1,2]
+    python benchmarks/bench_decode_attention.py [--batch 256] [--context 416] [--splits 1,2] [--new]
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from triton.testing import do_bench_cudagraph
 from minisgl.kernels.triton.attention import decode_attention
 
 LAUNCHES = [
-    (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 2), (64, 8, 3), (32, 4, 3), (32, 4, 4), (32, 2, 4),
-    (128, 4, 2), (128, 8, 2), (128, 8, 3), (16, 2, 4),
+    (64, 4, 2), (64, 4, 3), (64, 8, 2), (32, 4, 3), (32, 4, 4), (32, 2, 4), (128, 4, 2), (16, 2, 4),
 ]  # fmt: skip
 
 
@@ -28,6 +28,7 @@ def main() -> None:
     ap.add_argument("--heads", default="32,8,128", help="query heads, KV heads, head dim")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--splits", default="1,2")
+    ap.add_argument("--new", action="store_true", help="the new token's K/V and RoPE in the kernel")
     ns = ap.parse_args()
     hq, hkv, d = (int(v) for v in ns.heads.split(","))
     b, ps = ns.batch, ns.page_size
@@ -38,17 +39,28 @@ def main() -> None:
     page_table = page_table.int().cuda()
     k_cache = torch.randn(num_pages * ps, hkv, d, device="cuda", dtype=torch.bfloat16)
     v_cache = torch.randn_like(k_cache)
-    q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
+    qkv = torch.randn(b, (hq + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
+    q = qkv[:, : hq * d].view(b, hq, d)
+    extra: dict[str, object] = {}
+    if ns.new:
+        last = ns.context - 1
+        slots = (page_table[:, last // ps] * ps + last % ps).int()
+        angles = torch.rand(b, d // 2, device="cuda") * 6
+        k_new = qkv[:, hq * d : (hq + hkv) * d].view(b, hkv, d)
+        v_new = qkv[:, (hq + hkv) * d :].view(b, hkv, d)
+        extra = {"new_kv": (k_new, v_new, slots), "rope": (angles.cos().bfloat16(), angles.sin().bfloat16())}
     seq_lens = torch.full((b,), ns.context, dtype=torch.int32, device="cuda")
     kv_gb = b * ns.context * hkv * d * 2 * 2 / 1e9
-    print(f"batch {b}, context {ns.context}, heads {hq}/{hkv}x{d}, page {ps}: {kv_gb:.3f} GB of K/V per call")
+    print(
+        f"{'new K/V and RoPE in the kernel, ' if ns.new else ''}batch {b}, context {ns.context}, heads {hq}/{hkv}x{d}, page {ps}: {kv_gb:.3f} GB of K/V per call"
+    )
     ref = None
     for splits in (int(s) for s in ns.splits.split(",")):
         done = torch.zeros(b * hkv, dtype=torch.int32, device="cuda")
         for launch in LAUNCHES:
             fn = functools.partial(
                 decode_attention, q, k_cache, v_cache, page_table, seq_lens, ps, d**-0.5, splits,
-                done=done, launch=launch,
+                done=done, launch=launch, **extra,
             )  # fmt: skip
             out = fn()
             ref = out if ref is None else ref

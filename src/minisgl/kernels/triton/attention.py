@@ -162,29 +162,37 @@ def _decode_kernel(
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     pt_row = PageTable + b.to(tl.int64) * stride_pt
-    for n0 in range(start, end, BLOCK_N):
+    # With HAS_NEW the newest position comes from the inputs (its slot is being written): the loop
+    # reads the pool up to it, and the split that holds it folds it in after the loop.
+    cached_end = tl.minimum(end, seq_len - 1) if HAS_NEW else end
+    for n0 in range(start, cached_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
-        n_mask = pos < end
+        n_mask = pos < cached_end
         page = tl.load(pt_row + pos // PS, mask=n_mask, other=0).to(tl.int64)
         slot_off = (page * PS + pos % PS)[:, None] * stride_cs + kvh * stride_ch  # (BLOCK_N, 1)
         k_mask = n_mask[:, None] & j_mask[None, :]
         k1 = tl.load(KCache + slot_off + offs_j[None, :], mask=k_mask, other=0.0)  # (BLOCK_N, BLOCK_HALF)
         k2 = tl.load(KCache + slot_off + HALF + offs_j[None, :], mask=k_mask, other=0.0)
-        v_ptr = VCache + slot_off + offs_d[None, :]
-        if HAS_NEW:  # the newest position comes from the inputs (its slot is being written)
-            is_new = (pos == seq_len - 1)[:, None]
-            k1 = tl.where(is_new, kn1[None, :], k1)
-            k2 = tl.where(is_new, kn2[None, :], k2)
-            v_ptr = tl.where(is_new, v_new[None, :], v_ptr)
         s = (_dot(q1, tl.trans(k1), IEEE) + _dot(q2, tl.trans(k2), IEEE)) * sm_scale  # (BLOCK_H, BLOCK_N)
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        v = tl.load(VCache + slot_off + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
         m_i = m_new
+    if HAS_NEW:
+        if (start <= seq_len - 1) & (seq_len - 1 < end):
+            s_new = tl.sum(q1.to(tl.float32) * kn1.to(tl.float32)[None, :], 1)
+            s_new = (s_new + tl.sum(q2.to(tl.float32) * kn2.to(tl.float32)[None, :], 1)) * sm_scale
+            m_new = tl.maximum(m_i, s_new)  # (BLOCK_H,)
+            alpha = tl.exp(m_i - m_new)
+            p_new = tl.exp(s_new - m_new)
+            l_i = l_i * alpha + p_new
+            vn = tl.load(v_new, mask=d_mask, other=0.0).to(tl.float32)
+            acc = acc * alpha[:, None] + p_new[:, None] * vn[None, :]
+            m_i = m_new
 
     has = end > start
     safe_l = tl.where(l_i > 0, l_i, 1.0)
