@@ -23,10 +23,10 @@ GEMV_DTYPES = (torch.bfloat16, torch.float16)
 def gemv_config(x: torch.Tensor, weight: torch.Tensor) -> GemvConfig | None:
     """The GEMV's launch shape for this projection, or None where cuBLAS takes it.
 
-    Measured on an H200 under CUDA graphs (`benchmarks/bench_linear.py --sweep`, README "GPU"): the
-    GEMV wins where N <= 2K (qkv, o and down, where cuBLAS splits K or leaves SMs idle; o of
-    Llama-3.1-8B 7.8 vs 10.4 us), cuBLAS where N is wide (gate/up, the LM head). The launch shapes
-    are the sweep's best for the 8B and 135M shapes."""
+    Measured on an H200 under CUDA graphs, weights streamed from HBM (`benchmarks/bench_linear.py
+    --sweep`, README "GPU"): the GEMV wins where N <= 2K (qkv, o and down, where cuBLAS splits K or
+    leaves SMs idle; o of Llama-3.1-8B 10.9 vs 13.5 us), cuBLAS holds its own where N is wide (gate/up,
+    the LM head). The launch shapes are the sweep's best for the 8B and 135M shapes."""
     if x.dim() != 2 or x.shape[0] > GEMV_MAX_ROWS or x.dtype not in GEMV_DTYPES or weight.dtype != x.dtype:
         return None
     n, k = weight.shape
