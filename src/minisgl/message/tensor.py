@@ -10,16 +10,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 import torch
 
-# The closed set of dtypes on the wire: name -> (torch dtype, numpy dtype used to copy the bytes).
-# numpy has no bfloat16, so its bytes go through int16 and are re-viewed as bfloat16.
 _NAMES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
-DTYPES: dict[str, tuple[torch.dtype, np.dtype]] = {
-    f"torch.{n}": (getattr(torch, n), np.dtype("int16" if n == "bfloat16" else n)) for n in _NAMES
-}
-_NAME_OF: dict[torch.dtype, str] = {t: name for name, (t, _) in DTYPES.items()}
+DTYPES: dict[str, torch.dtype] = {f"torch.{n}": getattr(torch, n) for n in _NAMES}  # the closed set
+_NAME_OF: dict[torch.dtype, str] = {t: name for name, t in DTYPES.items()}
 MAX_DIMS = 64
 
 
@@ -44,7 +39,7 @@ def tensor_to_map(t: torch.Tensor) -> dict[str, Any]:
 
 
 def decode_tensor(wire: object) -> torch.Tensor:
-    """A wire map (plain msgpack data) -> a fresh CPU tensor that owns a copy of the bytes.
+    """A wire map (plain msgpack data) -> a CPU tensor over its own, writable copy of the bytes.
 
     Raises TensorFormatError naming the problem."""
     if wire.__class__ is not dict or wire.get("__type__") != "Tensor":
@@ -60,25 +55,23 @@ def decode_tensor(wire: object) -> torch.Tensor:
         raise TensorFormatError(f"'dtype' must be a str, got {type(dtype).__name__}")
     if dtype not in DTYPES:
         raise TensorFormatError(f"unsupported tensor dtype {dtype[:40]!r} (supported: {', '.join(DTYPES)})")
-    torch_dtype, np_dtype = DTYPES[dtype]
-    size = len(buffer)
+    torch_dtype, size = DTYPES[dtype], len(buffer)
+    shape = wire.get("shape")
     if "shape" not in wire:  # 1-D
-        if size % np_dtype.itemsize:
+        if size % torch_dtype.itemsize:
             raise TensorFormatError(f"buffer of {size} bytes is not a whole number of {dtype} elements")
-        arr = np.frombuffer(buffer, dtype=np_dtype)
-    else:
-        shape = wire["shape"]
-        if shape.__class__ is not list:
-            raise TensorFormatError(f"'shape' must be a list of ints, got {type(shape).__name__}")
-        if len(shape) > MAX_DIMS:
-            raise TensorFormatError(f"'shape' has {len(shape)} dimensions (at most {MAX_DIMS})")
-        if any(d.__class__ is not int or d < 0 for d in shape):
-            raise TensorFormatError(f"'shape' must hold non-negative ints, got {shape!r:.80}")
-        if (need := np_dtype.itemsize * math.prod(shape)) != size:
-            raise TensorFormatError(f"buffer holds {size} bytes but shape {shape} of {dtype} needs {need}")
+    elif shape.__class__ is not list:
+        raise TensorFormatError(f"'shape' must be a list of ints, got {type(shape).__name__}")
+    elif len(shape) > MAX_DIMS:
+        raise TensorFormatError(f"'shape' has {len(shape)} dimensions (at most {MAX_DIMS})")
+    elif any(d.__class__ is not int or d < 0 for d in shape):
+        raise TensorFormatError(f"'shape' must hold non-negative ints, got {shape!r:.80}")
+    elif (need := torch_dtype.itemsize * math.prod(shape)) != size:
+        raise TensorFormatError(f"buffer holds {size} bytes but shape {shape} of {dtype} needs {need}")
+    if size == 0:  # (torch.frombuffer takes no empty buffer)
         try:
-            arr = np.frombuffer(buffer, dtype=np_dtype).reshape(shape)
-        except ValueError as e:  # an empty tensor with a dimension numpy cannot hold
-            raise TensorFormatError(f"shape {shape!r:.80}: {e}") from None
-    out = torch.from_numpy(arr.copy())  # its own, writable memory
-    return out.view(torch.bfloat16) if torch_dtype is torch.bfloat16 else out
+            return torch.empty([0] if shape is None else shape, dtype=torch_dtype)
+        except (RuntimeError, TypeError) as e:  # dimensions too large for torch, around a zero
+            raise TensorFormatError(f"shape {shape!r:.80}: {str(e).splitlines()[0]:.80}") from None
+    out = torch.frombuffer(bytearray(buffer), dtype=torch_dtype)
+    return out if shape is None else out.view(shape)
