@@ -175,12 +175,12 @@ class MessageGroup:
                 return f": unknown {self.name} message type {name!r:.60} (known: {known})"
         if name != cls.__name__:
             return f": expected __type__ {cls.__name__!r}, got {name!r:.60}"
-        fields, hints = _fields(cls), typing.get_type_hints(cls)
+        fields, hints = msgspec.structs.fields(self.codec.mirror[cls]), typing.get_type_hints(cls)
         extra = [repr(k)[:40] for k in d if k != "__type__" and k not in {f.name for f in fields}]
         if extra:
             return f": unexpected field(s) {', '.join(extra[:5])}"
         for f in fields:
-            if f.name not in d and f.default is MISSING and f.default_factory is MISSING:
+            if f.name not in d and f.required:
                 return f": missing required field {f.name!r}"
             if f.name in d and (fault := self._why(hints[f.name], d[f.name])):
                 return f".{f.name}{fault}"
@@ -200,8 +200,8 @@ class _Codec:
         to_wire, from_wire = {}, {}
         for cls, mirror in self.mirror.items():  # now that all exist: a field may hold any of them
             hints, outs, ins = typing.get_type_hints(cls), {}, {}
-            for f in _fields(cls):
-                mirror.__annotations__[f.name], outs[f.name], ins[f.name] = self._field(hints[f.name])
+            for name in mirror.__struct_fields__:
+                mirror.__annotations__[name], outs[name], ins[name] = self._field(hints[name])
             to_wire[cls], from_wire[mirror] = (mirror, outs, False), (cls, ins, _bare(cls))
         self.to_wire_one, self.to_wire = _compile(to_wire, dict(self.env))
         self.from_wire_one, self.from_wire = _compile(from_wire, dict(self.env))
@@ -227,7 +227,7 @@ class _Codec:
             self.env[key := f"check{len(self.env)}"] = functools.partial(self.group.checked, tp)
             return Any, None, key
 
-    def _not_member(self, obj: object) -> NoReturn:  # (decoding, msgspec makes only known structs)
+    def _not_member(self, obj: object) -> NoReturn:  # (never when decoding: msgspec makes known structs)
         raise TypeError(f"{type(obj).__name__} is not a registered {self.group.name} message")
 
 
@@ -262,17 +262,13 @@ def _bare(cls: type) -> bool:
 def _mirror(cls: type) -> type:
     """The mirror struct of a dataclass, its field types still to be set (`_Codec.__init__`)."""
     specs = []
-    for f in _fields(cls):
+    for f in [f for f in dataclasses.fields(cls) if f.init]:  # an init=False field is not sent
         default = msgspec.NODEFAULT if f.default is MISSING else f.default
         factory = msgspec.NODEFAULT if f.default_factory is MISSING else f.default_factory
         specs.append((f.name, Any, msgspec.field(default=default, default_factory=factory)))
     return msgspec.defstruct(
         cls.__name__, specs, tag_field="__type__", tag=cls.__name__, forbid_unknown_fields=True, gc=False
     )
-
-
-def _fields(cls: type) -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(cls) if f.init]
 
 
 def _is_plain(tp: Any) -> bool:
