@@ -44,8 +44,9 @@ clean:
 # short by MUTATE_TIMEOUT goes on where it stopped (`rm -rf mutants` to start over).
 MUTANTS ?= 'minisgl.engine.sampler.*' 'minisgl.tokenizer.stop.*' 'minisgl.server.protocol.*' \
 	'minisgl.tokenizer.tokenize.x__choice*' 'minisgl.server.frontend.xǁRequestStreamǁnext_chunk*' \
-	'minisgl.message.codec.x__why*' 'minisgl.message.codec.x__explain*' 'minisgl.message.codec.x__checked*' \
-	'minisgl.message.codec.xǁMessageGroupǁdecode*' 'minisgl.message.codec.xǁMessageGroupǁfrom_bytes*'
+	'minisgl.message.codec.xǁMessageGroupǁ_why*' 'minisgl.message.codec.xǁMessageGroupǁexplain*' \
+	'minisgl.message.codec.xǁMessageGroupǁchecked*' 'minisgl.message.codec.xǁMessageGroupǁdecode*' \
+	'minisgl.message.codec.xǁMessageGroupǁfrom_bytes*'
 MUTATE_TIMEOUT ?= 1800
 mutate: $(STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"

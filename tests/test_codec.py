@@ -405,6 +405,12 @@ BAD: list[tuple[str, Any, Any, str]] = [
         r"non-negative ints",
     ),
     (
+        "tensor empty, too big for numpy",
+        BaseBackendMsg,
+        user_dict(input_ids={**T_OK, "buffer": b"", "shape": [0, 2**63]}),
+        r"UserMsg\.input_ids: shape \[0, 9223372036854775808\]",
+    ),
+    (
         "tensor shape None",
         BaseBackendMsg,
         user_dict(input_ids={**T_OK, "shape": None}),
@@ -661,7 +667,7 @@ def test_msgspec_and_the_error_walk_agree(name: str, over: dict, drop: list) -> 
     for key in drop:
         data.pop(key, None)
     raw = msgpack.packb(data, use_bin_type=True)
-    fault = codec._explain(BaseBackendMsg._group, msgpack.unpackb(raw, raw=False))
+    fault = BaseBackendMsg._group.explain(raw)
     try:
         msg = BaseBackendMsg.from_bytes(raw)
     except MessageDecodeError as e:

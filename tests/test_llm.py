@@ -186,6 +186,23 @@ def test_bad_inputs_raise_clear_errors_and_lose_nothing(
     assert llm.generate("Hi", SamplingParams(max_tokens=2))[0]["token_ids"]  # still works
 
 
+def test_the_offline_path_checks_a_request_once(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """generate() checks every request before it queues any; the in-process scheduler then trusts them."""
+    import minisgl.llm.api as api
+    import minisgl.scheduler.scheduler as scheduler
+
+    checked, real = [], api.check_request
+
+    def counting(token_ids: list[int], *rest: object) -> None:
+        checked.append(list(token_ids))
+        real(token_ids, *rest)
+
+    monkeypatch.setattr(api, "check_request", counting)
+    monkeypatch.setattr(scheduler, "check_request", counting)
+    assert llm.generate([[5, 6, 7]], SamplingParams(max_tokens=1))[0]["token_ids"]
+    assert checked == [[5, 6, 7]]
+
+
 def test_unknown_option_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown LLM option"):
         LLM(device="cpu", max_prefil_tokens=5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from minisgl.kernels import check_device, device_kernels
 from minisgl.kvcache import KVPool
 
 from .base import AttentionBackend, AttnInput
@@ -29,18 +30,9 @@ def resolve_attention_backend(name: str, device: torch.device) -> str:
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {name!r} (choose from {', '.join(ATTENTION_BACKENDS)})")
     if name == "auto":
-        if device.type == "cpu":
-            return "cpu"
-        from minisgl.kernels.triton import triton_available
-
-        return "triton" if device.type == "cuda" and triton_available() else "torch"
-    if name == "cpu" and device.type != "cpu":
-        raise ValueError(f"the cpu attention backend runs on the CPU, not on {device}")
-    if name == "triton" and device.type != "cuda":
-        from minisgl.kernels.triton import interpreting
-
-        if not interpreting():  # Triton's CPU interpreter runs the kernels on CPU tensors (tests)
-            raise ValueError(f"the triton attention backend runs on a CUDA device, not on {device}")
+        return device_kernels(device)  # each backend is named after its kernels
+    if name != "torch":
+        check_device(name, device, f"{name} attention backend")
     return name
 
 

@@ -15,45 +15,34 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minisgl.kernels import check_device, device_kernels
+
 from .torch_ops import REFERENCE_OPS, OpsUser, TorchOps
 
 __all__ = ["BACKENDS", "REFERENCE_OPS", "OpsUser", "TorchOps", "bind_ops", "create_ops"]
 
 BACKENDS = ("auto", "torch", "cpu", "cuda")
+_ON_KERNELS = {"cpu": "cpu", "triton": "cuda", "torch": "torch"}  # the ops backend on each kind
 
 
 def create_ops(name: str, device: torch.device | str) -> TorchOps:
     """The ops backend `name` for this device; `auto` picks the fastest one available."""
     device = torch.device(device)
     if name == "auto":
-        name = _auto(device)
+        name = _ON_KERNELS[device_kernels(device)]
     if name == "torch":
         return TorchOps()
     if name == "cpu":
-        if device.type != "cpu":
-            raise ValueError(f"the cpu ops backend runs on the CPU, not on {device}")
+        check_device("cpu", device, "cpu ops backend")
         from .cpu import CpuOps
 
         return CpuOps()
     if name == "cuda":
-        from minisgl.kernels.triton import interpreting
-
-        if device.type != "cuda" and not interpreting():  # the interpreter runs on CPU tensors (tests)
-            raise ValueError(f"the cuda ops backend runs on a CUDA device, not on {device}")
+        check_device("triton", device, "cuda ops backend")
         from .cuda import CudaOps
 
         return CudaOps()
     raise ValueError(f"unknown ops backend {name!r} (choose from {', '.join(BACKENDS)})")
-
-
-def _auto(device: torch.device) -> str:
-    if device.type == "cpu":
-        return "cpu"
-    if device.type == "cuda":
-        from minisgl.kernels.triton import triton_available
-
-        return "cuda" if triton_available() else "torch"
-    return "torch"
 
 
 def bind_ops(model: nn.Module, ops: TorchOps) -> None:

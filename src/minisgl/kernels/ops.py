@@ -35,6 +35,12 @@ def _check(t: torch.Tensor, name: str, dtype: torch.dtype = torch.float32) -> in
     return t.data_ptr()
 
 
+def _check_scratch(rc: int, kernel: str) -> None:
+    """The kernels that allocate scratch memory return nonzero when they could not."""
+    if rc != 0:
+        raise MemoryError(f"{kernel}: out of scratch memory")
+
+
 def decode_attention(
     q: torch.Tensor,
     k_pool: torch.Tensor,
@@ -71,8 +77,7 @@ def decode_attention(
         scale,
         out.data_ptr(),
     )
-    if rc != 0:
-        raise MemoryError("decode_attention: out of scratch memory")
+    _check_scratch(rc, "decode_attention")
     return out
 
 
@@ -101,8 +106,7 @@ def prefill_attention(
         scale,
         out.data_ptr(),
     )
-    if rc != 0:
-        raise MemoryError("prefill_attention: out of scratch memory")
+    _check_scratch(rc, "prefill_attention")
     return out
 
 
@@ -204,6 +208,5 @@ def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
         None if bias is None else _check(bias, "bias"),
         y.data_ptr(),
     )
-    if rc != 0:
-        raise MemoryError("packed_matmul: out of scratch memory")
+    _check_scratch(rc, "packed_matmul")
     return y

@@ -16,6 +16,8 @@ from minisgl.scheduler.scheduler import Scheduler
 from .api import OfflineAPI, Prompts
 
 if TYPE_CHECKING:
+    from minisgl.core import SamplingParams
+
     from .ranks import MultiRankLLM
 
 logger = logging.getLogger(__name__)
@@ -82,6 +84,10 @@ class LLM(OfflineAPI, Scheduler):
 
     def _abandon(self, uids: list[int]) -> None:
         """Kept as it was: an interrupted `generate` leaves its requests to run on at the next call."""
+
+    def _check_request(self, token_ids: list[int], params: SamplingParams) -> None:
+        """Nothing: `generate` checked every request before it queued any, and the inbox has no
+        other source, so the scheduler does not check them a second time."""
 
 
 def check_options(options: dict[str, object]) -> None:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl.core import Batch, Req, RequestRejected, TokenLogprobs, check_request
+from minisgl.core import Batch, Req, RequestRejected, SamplingParams, TokenLogprobs, check_request
 from minisgl.engine import DummyEngine, Engine, create_engine
 from minisgl.engine.engine import StepLogprobLists, StepOutput
 from minisgl.grammar import Grammar, GrammarError
@@ -230,7 +230,7 @@ class Scheduler(SchedulerIOMixin):
             if self._is_live(uid):
                 raise RequestRejected(f"request id {uid} is already in use")
             token_ids = _token_list(msg.input_ids)
-            check_request(token_ids, msg.sampling_params, self.vocab_size, self.max_seq_len)
+            self._check_request(token_ids, msg.sampling_params)
             grammar = self._compile_grammar(msg.sampling_params.grammar)
         except RequestRejected as e:
             error = str(e)
@@ -242,6 +242,10 @@ class Scheduler(SchedulerIOMixin):
             return
         logger.info("scheduler: rejected request %d: %s", uid, error)
         self._replies.append(ErrorMsg(uid, error))
+
+    def _check_request(self, token_ids: list[int], params: SamplingParams) -> None:
+        """RequestRejected if the request cannot run on this model (the offline LLM's checked already)."""
+        check_request(token_ids, params, self.vocab_size, self.max_seq_len)
 
     def _compile_grammar(self, grammar: str | None) -> Grammar | None:
         """The request's matcher (structured output); RequestRejected if its grammar does not compile."""
