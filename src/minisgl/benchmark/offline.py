@@ -1,8 +1,8 @@
 """Offline throughput: minisgl's LLM vs transformers' batched `generate` on the same workload, same run.
 
 N prompts of random lengths (uniform in [min, max], seeded) of random token ids, greedy, exactly
-`output_len` new tokens each (ignore_eos / min_new_tokens); transformers gets the batch left-padded
-in one `generate` call. Both engines run alternately `repeats` times and each keeps its best run (on
+`output_len` new tokens each (EOS neither stops nor is banned: minisgl's ignore_eos, transformers
+without an eos_token_id); transformers gets the batch left-padded in one `generate` call. Both engines run alternately `repeats` times and each keeps its best run (on
 a shared machine other processes only ever add time). Prints output tokens/s of both, the ratio, and
 minisgl's prefill and decode phases (time, achieved matmul rate, weight bandwidth); on a GPU also the
 decode step's bandwidth floor (weights + KV read per step over a device copy's bandwidth measured in
@@ -94,7 +94,7 @@ def _time_hf(
             attention_mask=mask,
             do_sample=False,
             max_new_tokens=output_len,
-            min_new_tokens=output_len,
+            eos_token_id=None,  # as minisgl's ignore_eos: EOS neither stops nor is banned (min_new_tokens bans it)
             pad_token_id=pad_id,
         )
     _sync(device)
