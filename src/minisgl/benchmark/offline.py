@@ -2,8 +2,9 @@
 
 N prompts of random lengths (uniform in [min, max], seeded) of random token ids, greedy, exactly
 `output_len` new tokens each (EOS neither stops nor is banned: minisgl's ignore_eos, transformers
-without an eos_token_id); transformers gets the batch left-padded in one `generate` call. Both engines run alternately `repeats` times and each keeps its best run (on
-a shared machine other processes only ever add time). Prints output tokens/s of both, the ratio, and
+without an eos_token_id); transformers gets the batch left-padded in one `generate` call. Both engines
+run alternately `repeats` times and each keeps its best run (on a shared machine other processes only
+ever add time). Prints output tokens/s of both, the ratio, and
 minisgl's prefill and decode phases (time, achieved matmul rate, weight bandwidth); on a GPU also the
 decode step's bandwidth floor (weights + KV read per step over a device copy's bandwidth measured in
 the same run) and the fraction of it reached.
