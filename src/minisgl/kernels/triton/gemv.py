@@ -43,17 +43,18 @@ def _gemv_kernel(
     stride_ym,
     HAS_BIAS: tl.constexpr,
     ADD_RES: tl.constexpr,
+    BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, 16)
+    offs_m = tl.arange(0, BLOCK_M)
     n_mask = offs_n < n
     m_mask = offs_m < m
-    x_rows = X + offs_m[:, None].to(tl.int64) * stride_xm  # (16, 1)
+    x_rows = X + offs_m[:, None].to(tl.int64) * stride_xm  # (BLOCK_M, 1)
     w_rows = W + offs_n[:, None].to(tl.int64) * stride_wn  # (BLOCK_N, 1)
-    acc = tl.zeros([16, BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, k, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k
@@ -62,7 +63,7 @@ def _gemv_kernel(
         if IEEE:  # float32 weights: full-precision dots (the tests' dtype)
             acc += tl.dot(x, tl.trans(w), input_precision="ieee")
         else:
-            acc += tl.dot(x, tl.trans(w))  # (16, BLOCK_K) @ (BLOCK_K, BLOCK_N)
+            acc += tl.dot(x, tl.trans(w))  # (BLOCK_M, BLOCK_K) @ (BLOCK_K, BLOCK_N)
     if HAS_BIAS:
         acc += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     y = acc.to(Y.dtype.element_ty)  # rounded once, as the reference rounds the projection
@@ -96,7 +97,7 @@ def gemv(
         x, weight, weight if bias is None else bias, out, m, n, k,
         x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, ADD_RES=residual is not None,
-        BLOCK_N=config.block_n, BLOCK_K=block_k, IEEE=ieee,
+        BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=block_k, IEEE=ieee,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return out
