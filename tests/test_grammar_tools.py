@@ -9,7 +9,14 @@ import json
 import pytest
 import torch
 
-from minisgl.grammar import GrammarCompiler, GrammarError, apply_bitmask, json_schema_grammar, lark_grammar
+from minisgl.grammar import (
+    GRAMMAR_REFUSED,
+    GrammarCompiler,
+    GrammarError,
+    apply_bitmask,
+    json_schema_grammar,
+    lark_grammar,
+)
 from minisgl.server.tools import (
     ToolFormat,
     ToolOutput,
@@ -126,7 +133,7 @@ def test_the_llm_keeps_to_the_grammar_beside_free_requests() -> None:
     # a grammar that does not compile is refused, and the LLM goes on
     bad = SamplingParams(max_tokens=2, grammar='{"grammars": [{"lark_grammar": "start: nope"}]}')
     [out] = llm.generate(["x"], bad)
-    assert out["finish_reason"] == "error" and "grammar does not compile" in out["error"]
+    assert out["finish_reason"] == "error" and out["error"].startswith(GRAMMAR_REFUSED)
     assert llm.generate(["x"], SamplingParams(temperature=0, max_tokens=2))[0]["token_ids"]
 
 
@@ -232,7 +239,7 @@ def test_auto_stream_sends_content_and_holds_calls() -> None:
 
 
 def test_named_stream_sends_the_name_then_the_arguments() -> None:
-    out = ToolOutput("f")
+    out = ToolOutput("function", function="f")
     deltas, reason = _stream(out, ['{"a"', ": 1}"])
     assert deltas[0]["tool_calls"][0]["function"] == {"name": "f", "arguments": ""}
     args = "".join(d["tool_calls"][0]["function"].get("arguments", "") for d in deltas)
@@ -240,7 +247,7 @@ def test_named_stream_sends_the_name_then_the_arguments() -> None:
     assert [(c.name, c.arguments, c.id) for c in out.calls] == [
         ("f", '{"a": 1}', deltas[0]["tool_calls"][0]["id"])
     ]
-    _, reason = _stream(ToolOutput("f"), ['{"a"'], "length")
+    _, reason = _stream(ToolOutput("function", function="f"), ['{"a"'], "length")
     assert reason == "length"
 
 

@@ -32,7 +32,12 @@ Replies (lists of tokenizer-group messages, one `send_result` per step):
 - `DetokenizeMsg(uid, token, finished, finish_reason)` per new token; finish_reason "stop" (an EOS id
   unless ignore_eos, or a stop token), "length" (max_tokens), "" while running;
 - on abort: `DetokenizeMsg(uid, next_token=-1, finished=True, finish_reason="abort")` (-1: no token);
-- on rejection (bad or too long input): `ErrorMsg(uid, why)`.
+- on rejection (bad or too long input, a grammar that does not compile): `ErrorMsg(uid, why)`;
+- a request whose grammar fails while sampling (llguidance's limits): `ErrorMsg(uid, why)` too, which
+  ends it with finish_reason "error" after the tokens sent so far.
+
+Structured output: a request with a grammar waits in `GrammarWait` while its grammar compiles on
+the compiler's threads (`grammar_wait.py`), then joins the prefill queue; the step never compiles.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ import torch
 from minisgl.core import Batch, Req, RequestRejected, SamplingParams, TokenLogprobs, check_request
 from minisgl.engine import DummyEngine, Engine, create_engine
 from minisgl.engine.engine import StepLogprobLists, StepOutput
-from minisgl.grammar import Grammar, GrammarError
+from minisgl.grammar import GRAMMAR_REFUSED
 from minisgl.kvcache import create_prefix_cache
 from minisgl.message import (
     AbortBackendMsg,
@@ -62,6 +67,7 @@ from minisgl.message import (
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .grammar_wait import GrammarWait
 from .io import SchedulerIOMixin
 from .prefill import PrefillManager
 
@@ -70,6 +76,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+_GRAMMAR_POLL_S = 0.005  # how long an idle step waits for a grammar compile before looking again
 _REMEMBERED_UIDS = 4096  # aborts for not-yet-seen uids, and recently finished uids, kept this long
 
 
@@ -103,6 +110,10 @@ class Scheduler(SchedulerIOMixin):
         self._in_flight: tuple[Batch, StepOutput] | None = None  # overlap: the step launched last
         self._reported_load = (0, 0)  # (running, waiting) as last sent in a LoadMsg
         super().__init__(config, tp_cpu_group)
+        self.grammar_wait: GrammarWait | None = None  # None: the engine has no grammars (dummy)
+        if isinstance(self.engine, Engine):
+            group = tp_cpu_group if config.tp_info.size > 1 else None
+            self.grammar_wait = GrammarWait(self.engine.grammars, tp_group=group)
 
     # -- public ---------------------------------------------------------------------------------------
     def info(self) -> dict[str, int | str | list[int]]:
@@ -139,6 +150,8 @@ class Scheduler(SchedulerIOMixin):
                 tokens, logprobs = self.engine.forward_batch(batch), None
             self._on_launch(batch)
             self._on_result(batch, tokens, logprobs)
+        else:
+            self._wait_for_grammars()
         self._send_replies()
 
     def overlap_step(self) -> None:
@@ -154,8 +167,16 @@ class Scheduler(SchedulerIOMixin):
         if self._in_flight is not None:
             done, out = self._in_flight
             self._on_result(done, out.tolist(), out.logprobs())
+        elif launched is None:
+            self._wait_for_grammars()
         self._in_flight = launched
         self._send_replies()
+
+    def _wait_for_grammars(self) -> None:
+        """Nothing ran this step: if requests wait for their grammars, give the compiles a moment
+        rather than spin (messages are taken again right after)."""
+        if self.grammar_wait is not None:
+            self.grammar_wait.pause(_GRAMMAR_POLL_S)
 
     def _take_messages(self, blocking: bool) -> None:
         for msg in self.receive_msg(blocking=blocking):
@@ -170,8 +191,11 @@ class Scheduler(SchedulerIOMixin):
 
     def load(self) -> tuple[int, int]:
         """(running, waiting): requests prefilling or decoding, and requests waiting for pages."""
-        waiting = len(self.prefill.waiting)
-        return len(self.decode) + len(self.prefill) - waiting, waiting
+        waiting = len(self.prefill.waiting) + self._num_compiling()
+        return len(self.decode) + len(self.prefill) - len(self.prefill.waiting), waiting
+
+    def _num_compiling(self) -> int:
+        return len(self.grammar_wait) if self.grammar_wait is not None else 0
 
     def _report_load(self) -> None:
         """A LoadMsg rides with this step's replies when the counts changed (the --dp router's input;
@@ -182,7 +206,7 @@ class Scheduler(SchedulerIOMixin):
             self._replies.append(LoadMsg(self.config.replica, *load))
 
     def has_work(self) -> bool:
-        return len(self.prefill) > 0 or len(self.decode) > 0
+        return len(self.prefill) > 0 or len(self.decode) > 0 or self._num_compiling() > 0
 
     def run_when_idle(self) -> None:
         """Called before blocking for messages: log the idle state once and check the KV pool."""
@@ -231,41 +255,55 @@ class Scheduler(SchedulerIOMixin):
                 raise RequestRejected(f"request id {uid} is already in use")
             token_ids = _token_list(msg.input_ids)
             self._check_request(token_ids, msg.sampling_params)
-            grammar = self._compile_grammar(msg.sampling_params.grammar)
+            req = Req(uid=uid, token_ids=token_ids, sampling_params=msg.sampling_params)
+            self._queue(req)
         except RequestRejected as e:
-            error = str(e)
+            self._reject(uid, str(e))
         except Exception as e:  # a malformed field: reject it, never crash
-            error = f"malformed request: {e}"
-        else:
-            req = Req(uid=uid, token_ids=token_ids, sampling_params=msg.sampling_params, grammar=grammar)
-            self.prefill.add(req)
-            return
-        logger.info("scheduler: rejected request %d: %s", uid, error)
-        self._replies.append(ErrorMsg(uid, error))
+            self._reject(uid, f"malformed request: {e}")
+
+    def _reject(self, uid: int, why: str) -> None:
+        logger.info("scheduler: rejected request %d: %s", uid, why)
+        self._replies.append(ErrorMsg(uid, why))
 
     def _check_request(self, token_ids: list[int], params: SamplingParams) -> None:
         """RequestRejected if the request cannot run on this model (the offline LLM's checked already)."""
         check_request(token_ids, params, self.vocab_size, self.max_seq_len)
 
-    def _compile_grammar(self, grammar: str | None) -> Grammar | None:
-        """The request's matcher (structured output); RequestRejected if its grammar does not compile."""
+    def _queue(self, req: Req) -> None:
+        """Into the prefill queue, or, with a grammar, to wait for its compile first."""
+        grammar = req.sampling_params.grammar
         if grammar is None:
-            return None
-        if not isinstance(self.engine, Engine):
+            self.prefill.add(req)
+        elif self.grammar_wait is None:
             raise RequestRejected("structured output needs a model (not --engine dummy)")
-        try:
-            return self.engine.grammars.compile(grammar)
-        except GrammarError as e:
-            raise RequestRejected(f"the grammar does not compile: {e}") from None
+        else:
+            self.grammar_wait.add(req, grammar)
+
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar compiled join the prefill queue; those whose grammar failed are refused."""
+        if self.grammar_wait is None or not self.grammar_wait.waiting:
+            return
+        ready, refused = self.grammar_wait.take_finished()
+        for req in ready:
+            self.prefill.add(req)
+        for req, why in refused:
+            self._reject(req.uid, why)
+            _remember(self._recent_done, req.uid)
 
     def _is_live(self, uid: int) -> bool:
-        if uid in self.decode.running:
+        if uid in self.decode.running or (self.grammar_wait is not None and self.grammar_wait.holds(uid)):
             return True
         return any(r.uid == uid for r in self.prefill.prefilling) or any(
             r.uid == uid for r in self.prefill.waiting
         )
 
     def _on_abort(self, uid: int) -> None:
+        if self.grammar_wait is not None and self.grammar_wait.remove(uid) is not None:
+            logger.info("scheduler: aborted request %d while its grammar compiled", uid)
+            self._replies.append(DetokenizeMsg(uid, -1, True, "abort"))
+            _remember(self._recent_done, uid)
+            return
         req = self.decode.remove(uid) or self.prefill.remove(uid)
         if req is not None:
             self._release(req)
@@ -276,6 +314,7 @@ class Scheduler(SchedulerIOMixin):
 
     # -- scheduling -----------------------------------------------------------------------------------
     def _schedule(self) -> Batch | None:
+        self._admit_compiled()
         admit = not self._under_pressure or self._num_holding() == 0
         batch = self.prefill.schedule(reserve_pages=len(self.decode), admit=admit)
         if batch is not None:
@@ -361,6 +400,9 @@ class Scheduler(SchedulerIOMixin):
     def _reply(self, req: Req, token: int, logprobs: TokenLogprobs | None) -> None:
         """The DetokenizeMsg of `req`'s new `token` (ending it if it finished)."""
         reason = self._finish_reason(req, token)
+        if reason == "error":
+            self._fail_grammar(req)
+            return
         msg = DetokenizeMsg(req.uid, token, bool(reason), reason, max(req.cached_prompt_len, 0))
         if reason == "stop" and token in req.sampling_params.stop_token_ids:
             msg.stop_token_id = token
@@ -384,16 +426,29 @@ class Scheduler(SchedulerIOMixin):
                 self.prefill.remove(req.uid)  # retracted meanwhile: it waits in the queue
             self._release(req)
 
+    def _fail_grammar(self, req: Req) -> None:
+        """`req`'s matcher failed while sampling: end it with an error after what it sent."""
+        assert req.grammar is not None
+        why = req.grammar.error
+        logger.warning(
+            "scheduler: request %d: its grammar failed after %d tokens: %s", req.uid, req.output_len, why
+        )
+        self._replies.append(ErrorMsg(req.uid, f"{GRAMMAR_REFUSED}: the output cannot follow it: {why}"))
+        if self.decode.remove(req.uid) is None:
+            self.prefill.remove(req.uid)
+        self._release(req)
+
     def _finish_reason(self, req: Req, token: int) -> str:
+        """ "stop", "length", "error" (the grammar failed: its mask then allows only EOS), or ""."""
         params = req.sampling_params
-        if (token in self.eos_ids and not params.ignore_eos) or token in params.stop_token_ids:
-            return "stop"
         if req.grammar is not None:
             req.grammar.advance(req.output_ids)
-            if req.grammar.is_done:  # complete: only EOS may follow (or broken: logged)
-                if req.grammar.error:
-                    logger.warning("scheduler: request %d left its grammar: %s", req.uid, req.grammar.error)
-                return "stop"
+            if req.grammar.error:
+                return "error"
+        if (token in self.eos_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            return "stop"
+        if req.grammar is not None and req.grammar.is_done:  # complete: only EOS may follow
+            return "stop"
         if req.output_len >= params.max_tokens or req.seq_len >= self.max_seq_len:
             return "length"
         return ""

@@ -257,23 +257,30 @@ async def _open_all(
     stops: list[str],
     n: int,
     options: PromptOptions | None = None,
+    grammar_field: str | None = None,
+    stream: bool = False,
 ) -> list[RequestStream]:
     """`n` streams per prompt; waits (bounded, and no longer than the client stays) until the
-    tokenizer accepted all of them."""
+    tokenizer accepted all of them. With a grammar (from the request's `grammar_field`) a streamed
+    request also waits for its first output, so that a grammar the scheduler refuses is a plain 400."""
     manager = state.manager
     streams: list[RequestStream] = []
     try:
         manager.check_room(len(prompts) * n)
         for prompt in prompts:
             streams += manager.open(prompt, params, stops, n, options)
+        for s in streams:
+            s.grammar_field = grammar_field
         accepted = asyncio.gather(*(s.accepted() for s in streams))
         await _until_disconnect(request, asyncio.wait_for(accepted, state.tokenize_timeout))
+        if stream and params.grammar is not None:
+            await _until_disconnect(request, asyncio.gather(*(s.started() for s in streams)))
     except Overloaded as e:
         _release_all(manager, streams)
         raise APIError(503, f"the server is busy: {e}", "service_unavailable_error") from None
     except RequestError as e:
         _release_all(manager, streams)
-        raise APIError(e.status, e.message, "invalid_request_error") from None
+        raise APIError(e.status, e.message, e.type, e.param) from None
     except asyncio.TimeoutError:
         _release_all(manager, streams)
         raise APIError(
@@ -376,8 +383,9 @@ async def _finish_all(
     finally:
         _release_all(manager, streams)
     if err is not None:  # a request the scheduler refused before any token: the client's (400)
-        status = err.status if isinstance(err, RequestError) else 500
-        raise APIError(status, str(err), "invalid_request_error" if status == 400 else "server_error")
+        if isinstance(err, RequestError):
+            raise APIError(err.status, err.message, err.type, err.param)
+        raise APIError(500, str(err), "server_error")
     return choices
 
 
@@ -404,8 +412,10 @@ _DONE = b"data: [DONE]\n\n"
 
 
 def _error_event(e: Exception) -> bytes:
-    message = e.message if isinstance(e, RequestError) else str(e)
-    return _sse({"error": {"message": message, "type": "server_error", "param": None, "code": 500}})
+    """An SSE error event: a client's mistake keeps its 4xx code and type, as without streaming."""
+    if not isinstance(e, RequestError):
+        e = RequestError(str(e), 500)
+    return _sse({"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.status}})
 
 
 def _completion_response(
@@ -466,6 +476,8 @@ class _ChunkEvents:
             yield self.event(
                 [choice(i, item)], self._running_usage(item.prompt_tokens, item.completion_tokens)
             )
+            if item.error is not None:  # the choice could not go on: why, after its last chunk
+                yield _error_event(item.error)
         if self.include_usage:
             yield self.event([], _usage(streams, n))
         yield _DONE
@@ -613,7 +625,7 @@ def _events(body: SamplingRequest, rid: str, obj: str, name: str) -> _ChunkEvent
 
 
 async def _open_chat(
-    state: ServerState, request: Request, body: ChatCompletionRequest
+    state: ServerState, request: Request, body: ChatCompletionRequest, field: str | None = None
 ) -> list[RequestStream]:
     """The streams of a chat request (its `n` choices): the conversation and the tools in effect
     rendered by the chat template, sampled with the request's parameters."""
@@ -621,7 +633,17 @@ async def _open_chat(
     messages, tools_json = state.tools.prompt(body.conversation(), body.tool_dicts if mode != "none" else [])
     options = PromptOptions(body.add_generation_prompt, body.continue_final_message, tools=tools_json)
     params = body.sampling_params()
-    return await _open_all(state, request, [messages], params, body.stop_list, body.n, options)
+    return await _open_all(
+        state,
+        request,
+        [messages],
+        params,
+        body.stop_list,
+        body.n,
+        options,
+        field or body.grammar_field,
+        body.stream,
+    )
 
 
 def _tool_outputs(state: ServerState, body: ChatCompletionRequest, n: int) -> list[ToolOutput] | None:
@@ -629,7 +651,7 @@ def _tool_outputs(state: ServerState, body: ChatCompletionRequest, n: int) -> li
     return (
         None
         if body.tool_mode == "none"
-        else [ToolOutput(body.tool_mode, state.tools.parser) for _ in range(n)]
+        else [ToolOutput(body.tool_mode, state.tools.parser, body.forced_function or "") for _ in range(n)]
     )
 
 
@@ -667,7 +689,7 @@ async def responses(body: ResponsesRequest, request: Request, state: State) -> R
     """OpenAI's Responses API, on the chat path (see responses_request.py, responses_output.py)."""
     _check_ready(state, body.model)
     chat = body.chat
-    [stream] = await _open_chat(state, request, chat)
+    [stream] = await _open_chat(state, request, chat, body.grammar_field)
     name = body.model or state.model_name
     tools = _tool_outputs(state, chat, 1)
     builder = ResponseBuilder(name, body.echo(), tools[0] if tools else None, body.logprobs)
@@ -692,7 +714,7 @@ async def _response_events(builder: ResponseBuilder, stream: RequestStream) -> A
             for event in builder.feed(chunk):
                 yield _named_sse(event)
     except RequestError as e:
-        yield _named_sse(builder.error(e.message, e.status))
+        yield _named_sse(builder.error(e))
         return
     for event in builder.complete(_response_usage(stream)):
         yield _named_sse(event)
@@ -709,7 +731,9 @@ async def completions(body: CompletionRequest, request: Request, state: State) -
     prompts: list[TokenizerPrompt] = list(body.prompts())
     params = body.sampling_params()
     options = PromptOptions(echo=body.echo)
-    streams = await _open_all(state, request, prompts, params, body.stop_list, body.n, options)
+    streams = await _open_all(
+        state, request, prompts, params, body.stop_list, body.n, options, body.grammar_field, body.stream
+    )
     rid, name = f"cmpl-{uuid.uuid4().hex}", body.model or state.model_name
     logprobs = [CompletionLogprobs() for _ in streams] if params.logprobs is not None else None
     if body.stream:

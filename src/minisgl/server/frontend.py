@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from minisgl.core import SamplingParams
+from minisgl.grammar import GRAMMAR_REFUSED
 from minisgl.message import (
     AbortMsg,
     BaseFrontendMsg,
@@ -58,12 +59,18 @@ class PromptOptions:
 
 
 class RequestError(Exception):
-    """A request the workers rejected; `status` is the HTTP status to answer with."""
+    """A request the workers rejected or could not finish; `status` is the HTTP status to answer
+    with, `param` the request field at fault (None: not one field)."""
 
-    def __init__(self, message: str, status: int = 400) -> None:
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        self.param = param
+
+    @property
+    def type(self) -> str:
+        return "invalid_request_error" if self.status < 500 else "server_error"
 
 
 class Overloaded(Exception):
@@ -93,6 +100,7 @@ class Chunk:
     stop_reason: str | int | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob] | None = None
+    error: RequestError | None = None  # why, when finish_reason is "error" (after some output)
 
 
 def _reply_logprobs(r: UserReply) -> list[TokenLogprob]:
@@ -132,6 +140,9 @@ class RequestStream:
         self.completion_tokens = 0
         self.cached_tokens = 0  # prompt tokens the scheduler took from its prefix cache
         self.finish_reason: str | None = None
+        self.error: RequestError | None = None  # why it ended with "error" after some output
+        # The request field its grammar came from: named when the scheduler refuses the grammar.
+        self.grammar_field: str | None = None
         self._replies: list[UserReply] = []
         self._event = asyncio.Event()
         self._acked = False
@@ -156,8 +167,17 @@ class RequestStream:
         await self._wait()
         first = self._replies[0]
         if first.finished and first.finish_reason == "error":
-            self._take()  # records the error and closes the stream
-            raise RequestError(first.error or "request rejected")
+            self._take()  # records the error, closes the stream and raises RequestError
+
+    async def started(self) -> None:
+        """Wait until the request has output or has ended; raise RequestError if it was refused
+        before any output (a grammar that does not compile), so that the answer can still be a 400."""
+        while not any(r.finished or r.completion_tokens for r in self._replies):
+            self._event.clear()
+            await self._event.wait()
+        first = next(r for r in self._replies if r.finished or r.completion_tokens)
+        if first.finished and first.finish_reason == "error" and not first.completion_tokens:
+            self._take()
 
     def _take(self) -> str:
         """Absorb the pending replies: counts, finish state, metrics; return their text."""
@@ -166,11 +186,13 @@ class RequestStream:
         for r in replies:
             self._count_prompt(r.prompt_tokens)
             self.prompt_text = self.prompt_text or r.prompt_text
-            if r.finished and r.finish_reason == "error":
+            if (
+                r.finished
+                and r.finish_reason == "error"
+                and not max(r.completion_tokens, self.completion_tokens)
+            ):
                 self._finish("error")
-                raise RequestError(
-                    r.error or "request failed", status=400 if not self.completion_tokens else 500
-                )
+                raise self._error(r)
             self._count_tokens(r.completion_tokens)
             self._count_cached(r.cached_tokens)
             text.append(r.incremental_output)
@@ -180,8 +202,18 @@ class RequestStream:
             if r.finished:
                 self.finish_reason = r.finish_reason or "stop"
                 self.stop_token_id = r.stop_token_id
+                if self.finish_reason == "error":  # after some output: the choice ends with it
+                    self.error = self._error(r)
                 break
         return "".join(text)
+
+    def _error(self, r: UserReply) -> RequestError:
+        """The error of a failed reply: the client's (400) unless it came after output for another
+        reason than its grammar (500)."""
+        why = r.error or "request failed"
+        grammar = self.grammar_field is not None and why.startswith(GRAMMAR_REFUSED)
+        status = 400 if grammar or not (r.completion_tokens or self.completion_tokens) else 500
+        return RequestError(why, status, self.grammar_field if grammar else None)
 
     def _count_prompt(self, prompt_tokens: int) -> None:
         """The tokenizer's prompt-token count (in its first reply), taken once."""
@@ -243,6 +275,7 @@ class RequestStream:
             stop_reason,
             logprobs,
             prompt_logprobs,
+            self.error if self.finish_reason == "error" else None,
         )
 
     def _stop_token(self) -> int | None:
