@@ -257,3 +257,48 @@ def test_required_stream_sends_the_calls_at_the_end() -> None:
     assert reason == "tool_calls" and all("content" not in d for d in deltas)
     [calls] = [d["tool_calls"] for d in deltas]
     assert [(c["index"], c["function"]["name"]) for c in calls] == [(0, "f"), (1, "g")]
+
+
+def test_one_compile_serves_every_request_with_that_grammar(compiler, tokenizer) -> None:
+    """The cache: the same grammar text compiles once (the `n` choices of a request, a schema sent
+    again), and each request gets its own matcher."""
+    before = compiler.num_compiles
+    grammar = json_schema_grammar({**DIGITS, "title": "cached"})
+    futures = [compiler.submit(grammar) for _ in range(16)]
+    assert all(f is futures[0] for f in futures) and compiler.num_compiles == before + 1
+    a, b = (compiler.matcher(f) for f in futures[:2])
+    a.advance(tokenizer.encode('{"n": 1}', add_special_tokens=False))
+    assert a.is_done and not b.is_done and b.consumed == 0  # copies: one's progress is not the other's
+    compiler.compile(json_schema_grammar(DIGITS))
+    assert compiler.num_compiles == before + 2
+
+
+def test_a_grammar_that_breaks_while_sampling_ends_the_llms_request_with_an_error() -> None:
+    """3,000 optional properties compile, then the step after "{" needs more than llguidance's
+    50,000 Earley items: the request ends with "error" and the reason, not a truncated "stop"."""
+    from minisgl import LLM, SamplingParams
+
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(3000)}}
+    llm = LLM(device="cpu", max_seq_len=256)
+    held = SamplingParams(temperature=0, max_tokens=20, grammar=json_schema_grammar(schema, check=False))
+    free = SamplingParams(temperature=0, max_tokens=5)
+    broken, other = llm.generate(["JSON:", "Hello"], [held, free])
+    assert broken["finish_reason"] == "error" and "Too many items" in broken["error"]
+    assert broken["error"].startswith(GRAMMAR_REFUSED) and len(broken["error"]) < 400
+    assert broken["text"].startswith("{")
+    assert other["finish_reason"] == "length" and len(other["token_ids"]) == 5
+
+
+@pytest.mark.slow
+def test_tp3_gives_tp1s_tokens_with_grammars() -> None:
+    """Three ranks compile on their own threads and admit each grammar request in the same step, so
+    tp=3 gives tp=1's tokens for a mix of grammar and free requests (the embedded model's 9 heads)."""
+    from minisgl import LLM, SamplingParams
+
+    prompts = ["A number as JSON:", "Tell me a joke.", "Another number:", "Hi"]
+    held = SamplingParams(temperature=0, max_tokens=16, grammar=json_schema_grammar(DIGITS))
+    free = SamplingParams(temperature=0, max_tokens=8)
+    params = [held, free, held, free]
+    expected = [r["token_ids"] for r in LLM(device="cpu", max_seq_len=256).generate(prompts, params)]
+    with LLM(device="cpu", max_seq_len=256, tp=3) as llm:
+        assert [r["token_ids"] for r in llm.generate(prompts, params)] == expected

@@ -24,6 +24,7 @@ Like `core`, this module imports nothing else of minisgl (llguidance is imported
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -178,7 +179,10 @@ def parser_limits() -> LLParserLimits:
 
 def short_error(text: str) -> str:
     """The first line of an error of llguidance, without backtrace or parser state, cut short."""
-    line = text.strip().splitlines()[0] if text.strip() else "unknown error"
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()] or ["unknown error"]
+    line = lines[0]
+    if "panicked at" in line:  # a Rust panic: the message is on the next line, the location is internal
+        line = "the grammar library failed: " + (lines[1] if len(lines) > 1 else "internal error")
     for marker in (" at src/", " at /", "stack backtrace", "<state>", "<non-verbose/>"):
         line = line.split(marker)[0]
     line = line.strip() or "unknown error"
@@ -211,7 +215,7 @@ class Grammar:
 
 
 class GrammarCompiler:
-    """Compiles grammars against the model's tokenizer on `workers` threads, and computes bitmasks.
+    """Compiles grammars against the model's tokenizer on worker threads, and computes bitmasks.
 
     `submit` returns a future of the compiled grammar, shared by every request with the same text
     (a bounded LRU cache of `cache_size` grammars); `matcher` makes a request's own matcher from a
@@ -223,7 +227,7 @@ class GrammarCompiler:
         model_path: str,
         vocab_size: int,
         eos_token_ids: Sequence[int],
-        workers: int = 2,
+        workers: int | None = None,
         cache_size: int = 64,
     ) -> None:
         self.model_path = model_path
@@ -234,7 +238,8 @@ class GrammarCompiler:
         self._tokenizer: LLTokenizer | None = None
         self._tokenizer_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._workers = workers
+        # One thread on a small machine (a compile takes a core from the forward pass), else two.
+        self._workers = workers or (1 if (os.cpu_count() or 1) <= 4 else 2)
         self._cache: OrderedDict[str, Future[LLMatcher]] = OrderedDict()
 
     @property

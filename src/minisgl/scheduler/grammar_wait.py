@@ -83,7 +83,7 @@ class GrammarWait:
             if state == _COMPILING:
                 still.append(w)
             elif state == _DONE:
-                w.req.grammar = GrammarCompiler.matcher(w.future)
+                w.req.grammar = self.compiler.matcher(w.future)
                 ready.append(w.req)
             else:
                 refused.append((w.req, f"{GRAMMAR_REFUSED}: {self._why(w)}"))
