@@ -7,7 +7,10 @@ past --request-timeout ends with finish_reason "abort", dropped by the scheduler
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import json
+import logging
 import re
 import socket
 import time
@@ -16,6 +19,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from minisgl.server.connections import EveryInterval, log_accept_errors
 from test_reliability_procs import Stream
 from test_server import ServerProcess
 
@@ -25,6 +29,40 @@ READ_TIMEOUT_S = 1.0
 MAX_CONNECTIONS = 16  # more than the slow-client test opens
 REQUEST_TIMEOUT_S = 3.0
 OPEN_FILES = 256  # the server's descriptor limit, so that a test can exhaust it
+
+
+def test_every_interval_logs_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    report = EveryInterval(interval_s=10.0)
+    with caplog.at_level(logging.INFO, logger="minisgl.server"):
+        for t in range(26):
+            report.event("accept failed", now=1000.0 + t)
+    assert [r.getMessage() for r in caplog.records] == [
+        "accept failed (once since the last report)",
+        "accept failed (10 times since the last report)",
+        "accept failed (10 times since the last report)",
+    ]
+    assert report.total == 26 and report.count == 5
+
+
+def test_accept_errors_are_rate_limited_and_other_errors_pass(caplog: pytest.LogCaptureFixture) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        log_accept_errors(loop)
+        with caplog.at_level(logging.INFO):
+            for _ in range(2048):  # what one turn of asyncio's accept loop reports
+                loop.call_exception_handler(
+                    {
+                        "message": "socket.accept() out of system resource",
+                        "exception": OSError(errno.EMFILE, "Too many open files"),
+                    }
+                )
+            loop.call_exception_handler({"message": "something else", "exception": ValueError("x")})
+    finally:
+        loop.close()
+    messages = [(r.name, r.getMessage()) for r in caplog.records]
+    assert messages[0][0] == "minisgl.server" and "Too many open files" in messages[0][1], messages
+    assert messages[1][0] == "asyncio" and "something else" in messages[1][1], messages
+    assert len(messages) == 2, messages
 
 
 @pytest.fixture(scope="module")
