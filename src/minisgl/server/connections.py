@@ -148,7 +148,9 @@ def guarded_h11(max_connections: int, read_timeout: float, closed: EveryInterval
         def _too_slow(self, reading: str) -> None:
             self._deadline = None
             if not self.transport.is_closing():
-                closed.event(f"closed an HTTP connection that sent its {reading} too slowly (--read-timeout)")
+                closed.event(
+                    f"closed an HTTP connection that did not send its {reading} within --read-timeout"
+                )
                 self.transport.close()
 
     return GuardedH11Protocol

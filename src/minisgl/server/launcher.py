@@ -313,10 +313,7 @@ class Launcher:
         state.stalled = "; ".join(s.describe() for s in stalled)
         if not expired:
             return None
-        msg = watchdog.expired_message(expired, self.args.watchdog_timeout)
-        print(f"minisgl: {msg}: the stacks of its threads follow", file=sys.stderr, flush=True)
-        for s in expired:
-            watchdog.dump_stacks(s.rank.pid)
+        msg = watchdog.give_up(expired, self.args.watchdog_timeout)
         await asyncio.sleep(watchdog.DUMP_WAIT_S)
         return msg
 

@@ -92,12 +92,7 @@ class NodeRunner:
         _, expired = self.watchdog.poll()
         if not expired:
             return None
-        msg = watchdog.expired_message(expired, self.args.watchdog_timeout)
-        print(
-            f"minisgl: node {self.args.node_rank}: {msg}: the stacks of its threads follow", file=sys.stderr
-        )
-        for s in expired:
-            watchdog.dump_stacks(s.rank.pid)
+        msg = watchdog.give_up(expired, self.args.watchdog_timeout, f"node {self.args.node_rank}: ")
         time.sleep(watchdog.DUMP_WAIT_S)
         return msg
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -156,6 +157,12 @@ def dump_stacks(pid: int) -> None:
             return
 
 
-def expired_message(expired: list[Stall], timeout_s: float) -> str:
+def give_up(expired: list[Stall], timeout_s: float, where: str = "") -> str:
+    """Say why the watchdog fired and ask each expired rank for its stacks (give them DUMP_WAIT_S
+    before stopping them); returns the failure's message."""
     ranks = "; ".join(s.describe() for s in expired)
-    return f"{ranks} with work waiting (--watchdog-timeout {timeout_s:g})"
+    msg = f"{ranks} with work waiting (--watchdog-timeout {timeout_s:g})"
+    print(f"minisgl: {where}{msg}: the stacks of its threads follow", file=sys.stderr, flush=True)
+    for s in expired:
+        dump_stacks(s.rank.pid)
+    return msg
