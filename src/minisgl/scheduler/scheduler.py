@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -129,9 +130,13 @@ class Scheduler(SchedulerIOMixin):
             "cache_type": self.config.cache_type,
         }
 
-    def run_forever(self) -> None:
+    def run_forever(self, on_round: Callable[[bool], None] | None = None) -> None:
+        """Step until an ExitMsg; `on_round(busy)` after every round (the launcher's progress watch:
+        busy means the next round will not wait for messages)."""
         while not self._exit:
             self.step()
+            if on_round is not None:
+                on_round(self.has_work() or self._in_flight is not None)
 
     def step(self) -> None:
         """One iteration of the loop this scheduler runs (overlapped or not)."""

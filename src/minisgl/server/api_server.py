@@ -73,6 +73,7 @@ class ServerState:
     tools: ToolFormat = field(default_factory=ToolFormat)  # how tools are rendered and parsed
     status: str = "starting"  # starting | serving | stopping | unhealthy
     detail: str = ""
+    stalled: str = ""  # while serving: the scheduler ranks that stopped making progress (watchdog.py)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def knows_model(self, name: str | None) -> bool:
@@ -585,8 +586,10 @@ router = APIRouter()
 
 @router.get("/health")
 async def health(state: State) -> Response:
-    if state.status == "serving":
+    if state.status == "serving" and not state.stalled:
         return JSONResponse({"status": "ok"})
+    if state.status == "serving":
+        return JSONResponse({"status": "stalled", "detail": state.stalled}, status_code=503)
     return JSONResponse({"status": state.status, "detail": state.detail}, status_code=503)
 
 

@@ -148,12 +148,16 @@ class RequestStream:
         self._acked = False
         self.t_start = time.perf_counter()
         self._t_last: float | None = None
+        self.t_first_reply: float | None = None  # time.monotonic() of the first reply (the watchdog's)
+        self.deadline: asyncio.TimerHandle | None = None  # --request-timeout
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
     def push(self, reply: UserReply) -> None:
+        if self.t_first_reply is None:
+            self.t_first_reply = time.monotonic()
         self._replies.append(reply)
         self._event.set()
 
@@ -314,12 +318,14 @@ class FrontendManager:
         metrics: ServerMetrics | None = None,
         max_queued_requests: int | None = None,
         router: ReplicaRouter | None = None,
+        request_timeout: float | None = None,
     ) -> None:
         self._send = send
         self.metrics = metrics or ServerMetrics()
         self.router = router or ReplicaRouter(1)
         self.metrics.registry.register(self.router)
         self.max_queued_requests = max_queued_requests
+        self.request_timeout = request_timeout  # seconds from open() to "abort" (None: no deadline)
         self.streams: dict[int, RequestStream] = {}
         self._uids = itertools.count()
         self._outbox: asyncio.Queue[BaseTokenizerMsg] | None = None
@@ -363,6 +369,8 @@ class FrontendManager:
         streams = [RequestStream(self, first + i, stops, replica, opts.echo) for i in range(n)]
         for s in streams:
             self.streams[s.uid] = s
+            if self.request_timeout is not None:
+                s.deadline = asyncio.get_running_loop().call_later(self.request_timeout, self._expire, s)
         self.metrics.waiting += n
         msg = TokenizeMsg(
             uid=first, text=prompt, sampling_params=params, n=n, replica=replica, echo=opts.echo
@@ -389,8 +397,11 @@ class FrontendManager:
 
     def close(self, uid: int) -> None:
         """Forget a request (finished, or about to be aborted); idempotent."""
-        if self.streams.pop(uid, None) is None:
+        stream = self.streams.pop(uid, None)
+        if stream is None:
             return
+        if stream.deadline is not None:
+            stream.deadline.cancel()
         if uid in self._started:
             self._started.discard(uid)
             self.metrics.running -= 1
@@ -414,16 +425,28 @@ class FrontendManager:
 
     def finish_all(self, reason: str) -> None:
         """End every request in flight with `reason` (the server is stopping or a worker died)."""
-        for uid, stream in list(self.streams.items()):
-            stream.push(
-                UserReply(
-                    uid=uid,
-                    incremental_output="",
-                    finished=True,
-                    finish_reason=reason,
-                    completion_tokens=stream.completion_tokens,
-                )
-            )
+        for stream in list(self.streams.values()):
+            _end(stream, reason)
+
+    def _expire(self, stream: RequestStream) -> None:
+        """--request-timeout passed: the client gets "abort" now, the scheduler drops the request."""
+        if self.streams.get(stream.uid) is not stream or stream.finished:
+            return
+        logger.info(
+            "request %d aborted: it ran past --request-timeout (%g s)", stream.uid, self.request_timeout
+        )
+        _end(stream, "abort")
+        self._post(AbortMsg(uid=stream.uid, replica=stream.replica))
+
+    def first_accepted_after(self, replica: int, after: float) -> float | None:
+        """The earliest first-reply time later than `after` (time.monotonic()) of a request on
+        `replica` still in flight: work that rank has not come round to since (the watchdog's)."""
+        times = [
+            s.t_first_reply
+            for s in self.streams.values()
+            if s.replica == replica and s.t_first_reply is not None and s.t_first_reply > after
+        ]
+        return min(times, default=None)
 
     def mark_running(self, uid: int) -> None:
         """Request `uid` produced its first token: it moves from waiting to running."""
@@ -496,3 +519,16 @@ class FrontendManager:
         stream = self.streams.get(msg.uid)
         if stream is not None:  # else finished or aborted already: a late reply
             stream.push(msg)
+
+
+def _end(stream: RequestStream, reason: str) -> None:
+    """Give `stream` a last reply from here: it ends with `reason` after the text it has."""
+    stream.push(
+        UserReply(
+            uid=stream.uid,
+            incremental_output="",
+            finished=True,
+            finish_reason=reason,
+            completion_tokens=stream.completion_tokens,
+        )
+    )
