@@ -31,6 +31,7 @@ from minisgl.message import (
     LoadReply,
     TokenizeMsg,
     UserReply,
+    UserReplyExtra,
 )
 from minisgl.tokenizer.stop import StopMatcher
 
@@ -95,7 +96,7 @@ class Chunk:
     prompt_logprobs: list[TokenLogprob] | None = None
 
 
-def _reply_logprobs(r: UserReply) -> list[TokenLogprob]:
+def _reply_logprobs(r: UserReplyExtra) -> list[TokenLogprob]:
     return [
         TokenLogprob(tok, lp, list(zip(top, top_lp, strict=True)))
         for tok, lp, top, top_lp in zip(
@@ -104,7 +105,7 @@ def _reply_logprobs(r: UserReply) -> list[TokenLogprob]:
     ]
 
 
-def _prompt_logprobs(r: UserReply) -> list[TokenLogprob]:
+def _prompt_logprobs(r: UserReplyExtra) -> list[TokenLogprob]:
     """Every prompt token; the first has no logprob."""
     tokens = r.prompt_lp_tokens
     out = [TokenLogprob(tokens[0], None)] if tokens else []
@@ -165,23 +166,30 @@ class RequestStream:
         text: list[str] = []
         for r in replies:
             self._count_prompt(r.prompt_tokens)
-            self.prompt_text = self.prompt_text or r.prompt_text
             if r.finished and r.finish_reason == "error":
                 self._finish("error")
                 raise RequestError(
                     r.error or "request failed", status=400 if not self.completion_tokens else 500
                 )
             self._count_tokens(r.completion_tokens)
-            self._count_cached(r.cached_tokens)
             text.append(r.incremental_output)
-            self._logprobs += _reply_logprobs(r)
-            if r.prompt_lp_tokens:
-                self._prompt_logprobs = _prompt_logprobs(r)
+            if r.extra is not None:
+                self._take_extra(r.extra, r.finished)
             if r.finished:
                 self.finish_reason = r.finish_reason or "stop"
-                self.stop_token_id = r.stop_token_id
                 break
         return "".join(text)
+
+    def _take_extra(self, x: UserReplyExtra, finished: bool) -> None:
+        """A reply's rare fields: the echo's prompt text, the prefix-cache usage, logprobs, and on
+        the last reply the stop token id."""
+        self.prompt_text = self.prompt_text or x.prompt_text
+        self._count_cached(x.cached_tokens)
+        self._logprobs += _reply_logprobs(x)
+        if x.prompt_lp_tokens:
+            self._prompt_logprobs = _prompt_logprobs(x)
+        if finished:
+            self.stop_token_id = x.stop_token_id
 
     def _count_prompt(self, prompt_tokens: int) -> None:
         """The tokenizer's prompt-token count (in its first reply), taken once."""
