@@ -199,7 +199,10 @@ class _Codec:
     def __init__(self, group: MessageGroup) -> None:
         self.group = group
         self.env = {"new": object.__new__, "other": self._not_member, "tensor_to_map": tensor_to_map}
-        self.mirror = {cls: _mirror(cls) for cls in [*group.classes.values(), *_records(group)]}
+        # The converters test classes in this order: the per-token messages (those that omit their
+        # defaults), nearly all of a batch, first.
+        classes = sorted(group.classes.values(), key=lambda cls: not cls.omit_defaults)
+        self.mirror = {cls: _mirror(cls) for cls in [*classes, *_records(group)]}
         members = Union[(*(self.mirror[c] for c in group.classes.values()), _Never)]  # noqa: UP007
         self.union = {cls: m | _Never for cls, m in self.mirror.items()} | {group.root: members}
         to_wire, from_wire = {}, {}
@@ -245,8 +248,8 @@ def _compile(recipes: dict[type, tuple[type, dict, bool]], env: dict) -> tuple[C
     of `{0}`, the field's value, or None}, bare) for its class, `other(x)` for any other. Generated as
     dataclasses generates __init__, so that a batch (one every scheduler step) is a loop with the
     classes inline that hold no list of messages."""
-    one, many = ["def one(x):", " c = x.__class__"], ["def many(items):", " out = []", " for x in items:"]
-    many += ["  c = x.__class__"]
+    one, many = ["def one(x):", " c = x.__class__"], ["def many(items):", " out = []", " add = out.append"]
+    many += [" for x in items:", "  c = x.__class__"]
     for i, (cls, (target, fields, bare)) in enumerate(recipes.items()):
         env[f"C{i}"], env[f"T{i}"] = cls, target
         values = {f: fn.format(f"x.{f}") if fn else f"x.{f}" for f, fn in fields.items()}
@@ -255,9 +258,9 @@ def _compile(recipes: dict[type, tuple[type, dict, bool]], env: dict) -> tuple[C
             body = [f"o = new(T{i})", *(f"o.{f} = {v}" for f, v in values.items())]
         one += [f" if c is C{i}:", *(f"  {line}" for line in [*body, "return o"])]
         if not any(fn and fn.startswith("many") for fn in fields.values()):
-            many += [f"  if c is C{i}:", *(f"   {line}" for line in [*body, "out.append(o)", "continue"])]
+            many += [f"  if c is C{i}:", *(f"   {line}" for line in [*body, "add(o)", "continue"])]
     one += [" return other(x)"]
-    many += ["  out.append(one(x))", " return out"]
+    many += ["  add(one(x))", " return out"]
     exec("\n".join(one + many), env)  # noqa: S102 - the source holds dataclass field names only
     return env["one"], env["many"]
 
