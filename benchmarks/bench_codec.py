@@ -7,16 +7,17 @@ prompt tokens. The generic serializer sends the chapters' own messages (a Detoke
 UserReply of three fields each: a plain token has the same bytes here, which the run checks);
 pickle sends ours, and appears only as a yardstick: no message path of minisgl uses it.
 
-Targets: the batch of 256 plain tokens >= 8x faster than the generic serializer in one process
-(issue 24; >= 10x with each codec in its own process, issue 2), the 8,000-token UserMsg no slower
-than it, both faster than pickle.
+Targets: the batch of 256 plain tokens >= 8x faster than the generic serializer (issue 24, timed in
+one process; issue 2's 10x was against the generic serializer sending our own, then four-field,
+message), the 8,000-token UserMsg no slower than it, both faster than pickle.
 
 How it measures: each (case, codec) pair is timed in its own fresh worker process, the pairs in
-turn for `--rounds` rounds, and each keeps its best (other processes on a shared machine only ever
-add time). Separate processes because codecs timed in one interpreter disturb each other: after the
-generic serializer has churned through millions of small dicts and objects, ours measures slower on
-the same bytes (a heap the other one left fragmented); pyperf isolates benchmarks the same way.
-`--in-process` times them in this process instead, interleaved (ours, generic, pickle, ours, ...).
+turn for `--rounds` rounds, and each keeps its best of many ~1 ms runs (other processes on a shared
+machine only ever add time). Separate processes so that codecs cannot disturb each other (pyperf
+isolates benchmarks the same way); `--in-process` times them in this process instead, interleaved
+(ours, generic, pickle, ours, ...). Each codec has its own copy of a message: pickling one reads its
+`__dict__`, after which reading that object's fields is slower (ours measured ~20% slower on the
+objects pickle had seen).
 
     .venv/bin/python benchmarks/bench_codec.py [--seconds 1.0] [--rounds 3] [--in-process]
 """
@@ -214,10 +215,9 @@ def main() -> None:
         report(cases[case], times)
 
     r1, r2 = results["batch"], results["user"]
-    need = 8.0 if args.in_process else 10.0
     print("\ntargets:")
     checks = [
-        (f"batch of 256: >= {need:.0f}x faster than generic", r1["generic"] / r1["ours"], need),
+        ("batch of 256: >= 8x faster than generic", r1["generic"] / r1["ours"], 8.0),
         ("batch of 256: faster than pickle", r1["pickle"] / r1["ours"], 1.0),
         ("UserMsg 8k tokens: no slower than generic", r2["generic"] / r2["ours"], 1.0),
         ("UserMsg 8k tokens: faster than pickle", r2["pickle"] / r2["ours"], 1.0),
