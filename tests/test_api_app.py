@@ -14,7 +14,14 @@ import httpx
 import pytest
 from starlette.requests import Request
 
-from minisgl.message import AbortMsg, BaseTokenizerMsg, BatchTokenizerMsg, TokenizeMsg, UserReply
+from minisgl.message import (
+    AbortMsg,
+    BaseTokenizerMsg,
+    BatchTokenizerMsg,
+    TokenizeMsg,
+    UserReply,
+    UserReplyExtra,
+)
 from minisgl.server import api_server
 from minisgl.server.api_server import APIError, ServerState, create_app
 from minisgl.server.frontend import FrontendManager
@@ -75,7 +82,7 @@ class FakeWorkers:
             reason = ("length" if length else "stop") if done else ""
             cached = len(prompt.split()) // 2
             self.out.put_nowait(
-                UserReply(uid, piece, done, reason, completion_tokens=k, cached_tokens=cached)
+                UserReply(uid, piece, done, reason, completion_tokens=k, extra=UserReplyExtra(cached))
             )
             if done:
                 return

@@ -63,7 +63,8 @@ class OfflineAPI:
         if isinstance(msg, DetokenizeMsg):
             if msg.next_token >= 0:
                 res["token_ids"].append(msg.next_token)
-            res["cached_tokens"] = msg.cached_tokens
+            if msg.extra is not None:  # the usage comes with the first token (or an abort)
+                res["cached_tokens"] = max(res["cached_tokens"], msg.extra.cached_tokens)
             if msg.finished:
                 res["finish_reason"] = msg.finish_reason
         elif isinstance(msg, ErrorMsg):

@@ -32,6 +32,7 @@ from minisgl.message import (
     LoadReply,
     TokenizeMsg,
     UserReply,
+    UserReplyExtra,
 )
 from minisgl.tokenizer.stop import StopMatcher
 
@@ -103,7 +104,7 @@ class Chunk:
     error: RequestError | None = None  # why, when finish_reason is "error" (after some output)
 
 
-def _reply_logprobs(r: UserReply) -> list[TokenLogprob]:
+def _reply_logprobs(r: UserReplyExtra) -> list[TokenLogprob]:
     return [
         TokenLogprob(tok, lp, list(zip(top, top_lp, strict=True)))
         for tok, lp, top, top_lp in zip(
@@ -112,7 +113,7 @@ def _reply_logprobs(r: UserReply) -> list[TokenLogprob]:
     ]
 
 
-def _prompt_logprobs(r: UserReply) -> list[TokenLogprob]:
+def _prompt_logprobs(r: UserReplyExtra) -> list[TokenLogprob]:
     """Every prompt token; the first has no logprob."""
     tokens = r.prompt_lp_tokens
     out = [TokenLogprob(tokens[0], None)] if tokens else []
@@ -189,7 +190,6 @@ class RequestStream:
         text: list[str] = []
         for r in replies:
             self._count_prompt(r.prompt_tokens)
-            self.prompt_text = self.prompt_text or r.prompt_text
             if (
                 r.finished
                 and r.finish_reason == "error"
@@ -198,14 +198,11 @@ class RequestStream:
                 self._finish("error")
                 raise self._error(r)
             self._count_tokens(r.completion_tokens)
-            self._count_cached(r.cached_tokens)
             text.append(r.incremental_output)
-            self._logprobs += _reply_logprobs(r)
-            if r.prompt_lp_tokens:
-                self._prompt_logprobs = _prompt_logprobs(r)
+            if r.extra is not None:
+                self._take_extra(r.extra, r.finished)
             if r.finished:
                 self.finish_reason = r.finish_reason or "stop"
-                self.stop_token_id = r.stop_token_id
                 if self.finish_reason == "error":  # after some output: the choice ends with it
                     self.error = self._error(r)
                 break
@@ -218,6 +215,17 @@ class RequestStream:
         grammar = self.grammar_field is not None and why.startswith(GRAMMAR_REFUSED)
         status = 400 if grammar or not (r.completion_tokens or self.completion_tokens) else 500
         return RequestError(why, status, self.grammar_field if grammar else None)
+
+    def _take_extra(self, x: UserReplyExtra, finished: bool) -> None:
+        """A reply's rare fields: the echo's prompt text, the prefix-cache usage, logprobs, and on
+        the last reply the stop token id."""
+        self.prompt_text = self.prompt_text or x.prompt_text
+        self._count_cached(x.cached_tokens)
+        self._logprobs += _reply_logprobs(x)
+        if x.prompt_lp_tokens:
+            self._prompt_logprobs = _prompt_logprobs(x)
+        if finished:
+            self.stop_token_id = x.stop_token_id
 
     def _count_prompt(self, prompt_tokens: int) -> None:
         """The tokenizer's prompt-token count (in its first reply), taken once."""
