@@ -269,7 +269,7 @@ def test_one_compile_serves_every_request_with_that_grammar(compiler, tokenizer)
     a, b = (compiler.matcher(f) for f in futures[:2])
     a.advance(tokenizer.encode('{"n": 1}', add_special_tokens=False))
     assert a.is_done and not b.is_done and b.consumed == 0  # copies: one's progress is not the other's
-    compiler.compile(json_schema_grammar(DIGITS))
+    compiler.compile(json_schema_grammar({**DIGITS, "title": "another"}))  # other text: compiled
     assert compiler.num_compiles == before + 2
 
 
