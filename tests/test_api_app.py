@@ -14,6 +14,10 @@ import httpx
 import pytest
 from starlette.requests import Request
 
+from minisgl.entrypoints.openai import app as api_server
+from minisgl.entrypoints.openai.app import APIError, ServerState, create_app
+from minisgl.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from minisgl.frontend.stream import FrontendManager
 from minisgl.message import (
     AbortMsg,
     BaseTokenizerMsg,
@@ -22,10 +26,6 @@ from minisgl.message import (
     UserReply,
     UserReplyExtra,
 )
-from minisgl.server import api_server
-from minisgl.server.api_server import APIError, ServerState, create_app
-from minisgl.server.frontend import FrontendManager
-from minisgl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.anyio]
 
@@ -348,7 +348,7 @@ async def test_health_models_metrics(api) -> None:
 
 
 def test_histogram_buckets_are_cumulative_and_inclusive() -> None:
-    from minisgl.server.metrics import ServerMetrics
+    from minisgl.frontend.metrics import ServerMetrics
 
     m = ServerMetrics()
     m.ttft.observe(0.001)  # on a bound: counted in that bucket (le = less or equal)

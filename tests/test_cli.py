@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from minisgl.__main__ import build_parser, main
-from minisgl.server.args import ServerArgs, args_from_namespace
+from minisgl.cli.main import build_parser, main
+from minisgl.launch.args import ServerArgs, args_from_namespace
 
 
 def test_python_dash_m_help_lists_the_commands() -> None:

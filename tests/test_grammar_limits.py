@@ -14,6 +14,7 @@ import time
 import pytest
 
 import test_api_app
+from minisgl.entrypoints.openai.tools import ToolOutput, named_grammar, required_schema
 from minisgl.grammar import (
     GRAMMAR_REFUSED,
     GrammarError,
@@ -24,7 +25,6 @@ from minisgl.grammar import (
     short_error,
 )
 from minisgl.message import UserReply
-from minisgl.server.tools import ToolOutput, named_grammar, required_schema
 from test_api_app import anyio_backend, assert_openai_error, chat_body, sse_events  # noqa: F401
 from test_responses import events_of, sent
 

@@ -9,15 +9,7 @@ import json
 import pytest
 import torch
 
-from minisgl.grammar import (
-    GRAMMAR_REFUSED,
-    GrammarCompiler,
-    GrammarError,
-    apply_bitmask,
-    json_schema_grammar,
-    lark_grammar,
-)
-from minisgl.server.tools import (
+from minisgl.entrypoints.openai.tools import (
     ToolFormat,
     ToolOutput,
     choose_parser,
@@ -26,6 +18,14 @@ from minisgl.server.tools import (
     parse_llama3_json,
     parse_required,
     required_schema,
+)
+from minisgl.grammar import (
+    GRAMMAR_REFUSED,
+    GrammarCompiler,
+    GrammarError,
+    apply_bitmask,
+    json_schema_grammar,
+    lark_grammar,
 )
 
 pytestmark = pytest.mark.timeout(120)

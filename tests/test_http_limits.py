@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from minisgl.server.connections import EveryInterval, log_accept_errors
+from minisgl.launch.connections import EveryInterval, log_accept_errors
 from test_reliability_procs import Stream
 from test_server import ServerProcess
 

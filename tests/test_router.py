@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from minisgl.frontend.router import ReplicaRouter
 from minisgl.message import LoadReply
-from minisgl.server.router import ReplicaRouter
 
 
 def test_an_idle_router_deals_round_robin() -> None:

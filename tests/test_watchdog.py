@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from minisgl.server.watchdog import Watchdog, WatchedRank
+from minisgl.launch.watchdog import Watchdog, WatchedRank
 from minisgl.utils.progress import ProgressBeat, ProgressBoard, is_busy
 from test_reliability_procs import Stream, pid_of
 from test_server import ServerProcess

@@ -7,6 +7,7 @@ rank 0 of its tensor-parallel processes.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -164,3 +165,13 @@ def _as_params_list(params: SamplingParams | list[SamplingParams] | None, n: int
     if not isinstance(params, list) or len(params) != n:
         raise ValueError(f"give one SamplingParams or a list of {n} (one per prompt)")
     return params
+
+
+def check_options(options: dict[str, object]) -> None:
+    """ValueError for an option that is not a SchedulerConfig field."""
+    from minisgl.scheduler.config import SchedulerConfig
+
+    known = {f.name for f in dataclasses.fields(SchedulerConfig)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"unknown LLM option(s) {unknown}; valid options: {sorted(known - {'tp_info'})}")

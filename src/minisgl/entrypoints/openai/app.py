@@ -34,8 +34,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from minisgl.core import SamplingParams
-
-from .frontend import (
+from minisgl.entrypoints.openai.logprobs_format import ChatLogprobs, CompletionLogprobs
+from minisgl.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    SamplingRequest,
+)
+from minisgl.entrypoints.openai.responses_output import ResponseBuilder, response_usage
+from minisgl.entrypoints.openai.responses_request import ResponsesRequest
+from minisgl.entrypoints.openai.tools import ToolFormat, ToolOutput
+from minisgl.frontend.stream import (
     Chunk,
     FrontendManager,
     Overloaded,
@@ -44,11 +53,6 @@ from .frontend import (
     RequestStream,
     TokenizerPrompt,
 )
-from .logprobs_format import ChatLogprobs, CompletionLogprobs
-from .protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest, SamplingRequest
-from .responses_output import ResponseBuilder, response_usage
-from .responses_request import ResponsesRequest
-from .tools import ToolFormat, ToolOutput
 
 logger = logging.getLogger("minisgl.server")
 

@@ -22,6 +22,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from minisgl.core import SamplingParams
+from minisgl.frontend.metrics import ServerMetrics
+from minisgl.frontend.router import ReplicaRouter
 from minisgl.grammar import GRAMMAR_REFUSED
 from minisgl.message import (
     AbortMsg,
@@ -35,9 +37,6 @@ from minisgl.message import (
     UserReplyExtra,
 )
 from minisgl.tokenizer.stop import StopMatcher
-
-from .metrics import ServerMetrics
-from .router import ReplicaRouter
 
 logger = logging.getLogger("minisgl.server")
 

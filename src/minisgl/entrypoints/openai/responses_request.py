@@ -28,8 +28,13 @@ from pydantic import (
 )
 
 from minisgl.core import MAX_LOGPROBS
-
-from .protocol import ChatCompletionRequest, StreamOptions, _Body, _Request, refuse_unless_off
+from minisgl.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    StreamOptions,
+    _Body,
+    _Request,
+    refuse_unless_off,
+)
 
 JSONObject = dict[str, Any]
 

@@ -12,12 +12,11 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .args import ServerArgs
+from minisgl.launch.args import ServerArgs
 
 if TYPE_CHECKING:
+    from minisgl.launch.nodes import TcpPlan
     from minisgl.scheduler.config import SchedulerConfig
-
-    from .nodes import TcpPlan
 
 # The prefill budget (prompt tokens per scheduler step) when --max-prefill-tokens is not given, on the
 # CPU. A step cannot be interrupted, so it is how long an abort or a new request may have to wait:
@@ -101,7 +100,7 @@ def build(
 
     base = dataclasses.replace(scheduler_config(args, model_dir, device), report_load=True)
     if plan is not None:
-        from .nodes import node_configs
+        from minisgl.launch.nodes import node_configs
 
         configs = node_configs(base, args, plan)
     else:

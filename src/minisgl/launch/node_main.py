@@ -11,11 +11,10 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from minisgl.launch import watchdog
+from minisgl.launch.args import ServerArgs
+from minisgl.launch.processes import ProcessGroup, StartupError
 from minisgl.utils.progress import ProgressBoard
-
-from . import watchdog
-from .args import ServerArgs
-from .processes import ProcessGroup, StartupError
 
 _POLL_S = 0.1
 
@@ -23,9 +22,8 @@ _POLL_S = 0.1
 class NodeRunner:
     def __init__(self, args: ServerArgs, model_dir: Path) -> None:
         from minisgl.engine.options import resolve_device
-
-        from . import configs
-        from .nodes import NodeLink, TcpPlan
+        from minisgl.launch import configs
+        from minisgl.launch.nodes import NodeLink, TcpPlan
 
         self.args = args
         self.stop_signal = False
@@ -37,9 +35,8 @@ class NodeRunner:
         self.watchdog: watchdog.Watchdog | None = None
 
     def start(self) -> None:
+        from minisgl.launch.configs import rank_name
         from minisgl.scheduler import run_scheduler
-
-        from .configs import rank_name
 
         board = ProgressBoard.create(self.configs[0].ipc_dir, len(self.configs))
         children = [self.group.spawn(rank_name(c, self.args), run_scheduler, c) for c in self.configs]

@@ -40,6 +40,15 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from minisgl.entrypoints.openai.app import ServerState, create_app
+from minisgl.entrypoints.openai.tools import ToolFormat
+from minisgl.frontend.metrics import ServerMetrics
+from minisgl.frontend.router import ReplicaRouter
+from minisgl.frontend.stream import FrontendManager
+from minisgl.launch import watchdog
+from minisgl.launch.args import ServerArgs
+from minisgl.launch.connections import EveryInterval, default_max_connections, guarded_h11, log_accept_errors
+from minisgl.launch.processes import Child, ProcessGroup, StartupError
 from minisgl.message import BaseFrontendMsg, BaseTokenizerMsg
 from minisgl.tokenizer.server import Role, TokenizerWorkerConfig, run_tokenizer_worker
 from minisgl.utils.handshake import send_status
@@ -48,22 +57,11 @@ from minisgl.utils.profiling import maybe_profile
 from minisgl.utils.progress import ProgressBoard
 from minisgl.utils.signals import raise_exit
 
-from . import watchdog
-from .api_server import ServerState, create_app
-from .args import ServerArgs
-from .connections import EveryInterval, default_max_connections, guarded_h11, log_accept_errors
-from .frontend import FrontendManager
-from .metrics import ServerMetrics
-from .processes import Child, ProcessGroup, StartupError
-from .router import ReplicaRouter
-from .tools import ToolFormat
-
 if TYPE_CHECKING:
     import uvicorn
 
     from minisgl.distributed import HostedStore
-
-    from .nodes import NodeLink, TcpPlan
+    from minisgl.launch.nodes import NodeLink, TcpPlan
 
 logger = init_logger("minisgl.launcher")
 
@@ -88,8 +86,7 @@ class Launcher:
 
     def __init__(self, args: ServerArgs, model_dir: Path) -> None:
         from minisgl.engine.options import resolve_device
-
-        from . import configs
+        from minisgl.launch import configs
 
         self.args = args
         self.model_dir = model_dir
@@ -109,9 +106,8 @@ class Launcher:
     # ---- children --------------------------------------------------------------------------------
 
     def _spawn_schedulers(self) -> list[Child]:
+        from minisgl.launch.configs import rank_name
         from minisgl.scheduler import run_scheduler
-
-        from .configs import rank_name
 
         self.board = ProgressBoard.create(self.addrs.ipc_dir, len(self.sched_configs))
         self.schedulers = [
@@ -389,9 +385,8 @@ def _join_nodes(args: ServerArgs) -> tuple[NodeLink | None, HostedStore | None, 
     if args.nnodes == 1:
         return None, None, None
     from minisgl.distributed import host_store
-
-    from .args import split_host_port
-    from .nodes import NodeLink, make_plan
+    from minisgl.launch.args import split_host_port
+    from minisgl.launch.nodes import NodeLink, make_plan
 
     host, port = split_host_port(args.dist_init_addr or "")
     try:
@@ -424,7 +419,7 @@ def serve(args: ServerArgs) -> int:
         print(f"minisgl: {e}", file=sys.stderr)
         return 2
     if args.node_rank > 0:  # ranks only: no HTTP, no tokenizer
-        from .node_main import run_node
+        from minisgl.launch.node_main import run_node
 
         return run_node(args, model_dir)
     try:

@@ -101,9 +101,8 @@ class ServerArgs:
         if not self.shutdown_timeout >= 0:  # also refuses NaN
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         self._check_limits()
+        from minisgl.launch.configs import scheduler_config
         from minisgl.scheduler.config import SchedulerConfig
-
-        from .configs import scheduler_config
 
         try:
             scheduler_config(self, Path(self.model or ""), "cpu")
@@ -380,7 +379,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _size(text: str) -> int:
-    from .configs import parse_size
+    from minisgl.launch.configs import parse_size
 
     try:
         return parse_size(text, "--max-request-bytes")

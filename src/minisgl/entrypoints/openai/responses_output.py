@@ -22,9 +22,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from .frontend import Chunk, RequestError, TokenLogprob
-from .logprobs_format import ChatLogprobs
-from .tools import ToolOutput
+from minisgl.entrypoints.openai.logprobs_format import ChatLogprobs
+from minisgl.entrypoints.openai.tools import ToolOutput
+from minisgl.frontend.stream import Chunk, RequestError, TokenLogprob
 
 JSONObject = dict[str, Any]
 

@@ -34,10 +34,9 @@ from pydantic import (
 )
 
 from minisgl.core import MAX_LOGPROBS, SamplingParams
+from minisgl.entrypoints.openai import tools as tool_calls
 from minisgl.grammar import JSON_OBJECT_SCHEMA, GrammarError, check_schema, json_schema_grammar
 from minisgl.tokenizer.tokenize import FILL_CONTEXT, MAX_CHOICES
-
-from . import tools as tool_calls
 
 _INT32 = 2**31 - 1  # bounds keep every number encodable (msgpack) and meaningful downstream
 _SEED = 2**63 - 1 - MAX_CHOICES  # seed + choice index stays an int64

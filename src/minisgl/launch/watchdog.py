@@ -31,9 +31,8 @@ from minisgl.utils.progress import ProgressBoard, is_busy
 from minisgl.utils.signals import STACKS_SIGNAL
 
 if TYPE_CHECKING:
+    from minisgl.launch.processes import Child
     from minisgl.scheduler.config import SchedulerConfig
-
-    from .processes import Child
 
 logger = logging.getLogger("minisgl.launcher")
 
