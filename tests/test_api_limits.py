@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from minisgl.core import SamplingParams
-from minisgl.entrypoints.openai.app import ServerState, create_app
+from minisgl.entrypoints.openai.app import create_app
+from minisgl.entrypoints.openai.state import ServerState
 from minisgl.frontend.stream import FrontendManager, RequestError
 from test_api_app import FakeWorkers, assert_openai_error, chat_body
 
@@ -110,7 +111,7 @@ async def test_lone_surrogates_are_400_everywhere_they_enter(api, path: str, raw
 
 
 async def test_an_error_that_echoes_a_surrogate_is_still_sent() -> None:
-    from minisgl.entrypoints.openai.app import error_response
+    from minisgl.entrypoints.openai.errors import error_response
 
     r = error_response(404, "no model '\ud800'", param="\udfff", code="x\ud800")
     body = json.loads(r.body)

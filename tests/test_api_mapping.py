@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from minisgl.core import SamplingParams
-from minisgl.entrypoints.openai.app import ServerState, create_app
+from minisgl.entrypoints.openai.app import create_app
+from minisgl.entrypoints.openai.state import ServerState
 from minisgl.frontend.stream import FrontendManager
 from minisgl.message import BaseBackendMsg, TokenizeMsg, UserMsg
 from minisgl.tokenizer.tokenize import ModelLimits, TokenizeManager

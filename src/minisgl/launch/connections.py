@@ -89,7 +89,7 @@ def log_accept_errors(loop: asyncio.AbstractEventLoop) -> EveryInterval:
 
 def _over_limit(app: ASGIApp, limit: int) -> ASGIApp:
     """The app of a connection opened past --max-connections: 503 and close (but /health answers)."""
-    from minisgl.entrypoints.openai.app import error_response
+    from minisgl.entrypoints.openai.errors import error_response
 
     async def busy(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == "/health":

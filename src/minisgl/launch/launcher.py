@@ -40,7 +40,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from minisgl.entrypoints.openai.app import ServerState, create_app
+from minisgl.entrypoints.openai.app import create_app
+from minisgl.entrypoints.openai.state import ServerState
 from minisgl.entrypoints.openai.tools import ToolFormat
 from minisgl.frontend.metrics import ServerMetrics
 from minisgl.frontend.router import ReplicaRouter
