@@ -19,7 +19,7 @@ from minisgl.entrypoints.openai.app import create_app
 from minisgl.entrypoints.openai.errors import APIError
 from minisgl.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from minisgl.entrypoints.openai.state import ServerState
-from minisgl.frontend.stream import FrontendManager
+from minisgl.frontend.manager import FrontendManager
 from minisgl.message import (
     AbortMsg,
     BaseTokenizerMsg,

@@ -12,7 +12,8 @@ import pytest
 from minisgl.core import SamplingParams
 from minisgl.entrypoints.openai.app import create_app
 from minisgl.entrypoints.openai.state import ServerState
-from minisgl.frontend.stream import FrontendManager, RequestError
+from minisgl.frontend.errors import RequestError
+from minisgl.frontend.manager import FrontendManager
 from test_api_app import FakeWorkers, assert_openai_error, chat_body
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.anyio]

@@ -11,7 +11,7 @@ import pytest
 from minisgl.core import SamplingParams
 from minisgl.entrypoints.openai.app import create_app
 from minisgl.entrypoints.openai.state import ServerState
-from minisgl.frontend.stream import FrontendManager
+from minisgl.frontend.manager import FrontendManager
 from minisgl.message import BaseBackendMsg, TokenizeMsg, UserMsg
 from minisgl.tokenizer.tokenize import ModelLimits, TokenizeManager
 from test_api_app import FakeWorkers, sse_events

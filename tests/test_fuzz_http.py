@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from fuzzing import check_http_response, http_request
 from minisgl.entrypoints.openai.app import create_app
 from minisgl.entrypoints.openai.state import ServerState
-from minisgl.frontend.stream import FrontendManager
+from minisgl.frontend.manager import FrontendManager
 from test_api_app import FakeWorkers
 
 pytestmark = pytest.mark.timeout(900)

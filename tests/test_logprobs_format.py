@@ -6,7 +6,7 @@ echoed prompt comes first with a null first entry."""
 from __future__ import annotations
 
 from minisgl.entrypoints.openai.logprobs_format import ChatLogprobs, CompletionLogprobs
-from minisgl.frontend.stream import Chunk, TokenLogprob
+from minisgl.frontend.chunk import Chunk, TokenLogprob
 
 # A sampled token that is not the most likely one: its own value differs from its top alternative's.
 SAMPLED = TokenLogprob(b" Paris", -2.5, [(b" the", -0.25), (b" Paris", -2.5)])

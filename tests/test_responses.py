@@ -21,9 +21,9 @@ import jsonschema
 import pytest
 
 import test_api_app
-from minisgl.entrypoints.openai.responses_output import ResponseBuilder, response_usage
+from minisgl.entrypoints.openai.responses.output import ResponseBuilder, response_usage
 from minisgl.entrypoints.openai.tools import ToolFormat, ToolOutput
-from minisgl.frontend.stream import Chunk
+from minisgl.frontend.chunk import Chunk
 from minisgl.message import UserReply
 from test_api_app import anyio_backend, assert_openai_error  # noqa: F401 (a fixture)
 from test_server import ServerProcess, openai_client, served

@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Any
 from minisgl.entrypoints.openai.app import create_app
 from minisgl.entrypoints.openai.state import ServerState
 from minisgl.entrypoints.openai.tools import ToolFormat
+from minisgl.frontend.manager import FrontendManager
 from minisgl.frontend.metrics import ServerMetrics
 from minisgl.frontend.router import ReplicaRouter
-from minisgl.frontend.stream import FrontendManager
 from minisgl.launch import watchdog
 from minisgl.launch.args import ServerArgs
 from minisgl.launch.connections import EveryInterval, default_max_connections, guarded_h11, log_accept_errors

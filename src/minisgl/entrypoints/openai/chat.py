@@ -23,7 +23,9 @@ from minisgl.entrypoints.openai.serving import (
 from minisgl.entrypoints.openai.state import ServerState, State, check_ready
 from minisgl.entrypoints.openai.streaming import StreamResponse, chunk_events
 from minisgl.entrypoints.openai.tools import ToolOutput
-from minisgl.frontend.stream import Chunk, PromptOptions, RequestStream
+from minisgl.frontend.chunk import Chunk
+from minisgl.frontend.manager import PromptOptions
+from minisgl.frontend.stream import RequestStream
 
 router = APIRouter()
 

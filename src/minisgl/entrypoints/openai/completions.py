@@ -21,7 +21,8 @@ from minisgl.entrypoints.openai.serving import (
 )
 from minisgl.entrypoints.openai.state import State, check_ready
 from minisgl.entrypoints.openai.streaming import StreamResponse, chunk_events
-from minisgl.frontend.stream import Chunk, PromptOptions, TokenizerPrompt
+from minisgl.frontend.chunk import Chunk
+from minisgl.frontend.manager import PromptOptions, TokenizerPrompt
 
 router = APIRouter()
 

@@ -11,7 +11,8 @@ from minisgl.entrypoints.openai.protocol import GenerateRequest
 from minisgl.entrypoints.openai.serving import finish_all, open_all
 from minisgl.entrypoints.openai.state import State, check_ready
 from minisgl.entrypoints.openai.streaming import DONE, StreamResponse, error_event, sse
-from minisgl.frontend.stream import RequestError, RequestStream
+from minisgl.frontend.errors import RequestError
+from minisgl.frontend.stream import RequestStream
 
 router = APIRouter()
 

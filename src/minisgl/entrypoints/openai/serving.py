@@ -17,15 +17,10 @@ from fastapi.responses import JSONResponse
 from minisgl.core import SamplingParams
 from minisgl.entrypoints.openai.errors import APIError
 from minisgl.entrypoints.openai.state import ServerState
-from minisgl.frontend.stream import (
-    Chunk,
-    FrontendManager,
-    Overloaded,
-    PromptOptions,
-    RequestError,
-    RequestStream,
-    TokenizerPrompt,
-)
+from minisgl.frontend.chunk import Chunk
+from minisgl.frontend.errors import Overloaded, RequestError
+from minisgl.frontend.manager import FrontendManager, PromptOptions, TokenizerPrompt
+from minisgl.frontend.stream import RequestStream
 
 _DISCONNECT_POLL_S = 0.25
 

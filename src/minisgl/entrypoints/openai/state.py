@@ -12,7 +12,7 @@ from fastapi import Depends, Request
 
 from minisgl.entrypoints.openai.errors import APIError
 from minisgl.entrypoints.openai.tools import ToolFormat
-from minisgl.frontend.stream import FrontendManager
+from minisgl.frontend.manager import FrontendManager
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 2**20
 

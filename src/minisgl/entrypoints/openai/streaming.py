@@ -14,7 +14,9 @@ from starlette.types import Receive, Scope, Send
 
 from minisgl.entrypoints.openai.protocol import SamplingRequest
 from minisgl.entrypoints.openai.serving import JSONObject, merged_chunks, request_usage
-from minisgl.frontend.stream import Chunk, RequestError, RequestStream
+from minisgl.frontend.chunk import Chunk
+from minisgl.frontend.errors import RequestError
+from minisgl.frontend.stream import RequestStream
 
 
 class StreamResponse(StreamingResponse):

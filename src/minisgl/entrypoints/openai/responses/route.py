@@ -9,12 +9,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from minisgl.entrypoints.openai.chat import open_chat, tool_outputs
-from minisgl.entrypoints.openai.responses_output import ResponseBuilder, response_usage
-from minisgl.entrypoints.openai.responses_request import ResponsesRequest
+from minisgl.entrypoints.openai.responses.output import ResponseBuilder, response_usage
+from minisgl.entrypoints.openai.responses.request import ResponsesRequest
 from minisgl.entrypoints.openai.serving import JSONObject, finish_all
 from minisgl.entrypoints.openai.state import State, check_ready
 from minisgl.entrypoints.openai.streaming import StreamResponse, named_sse
-from minisgl.frontend.stream import RequestError, RequestStream
+from minisgl.frontend.errors import RequestError
+from minisgl.frontend.stream import RequestStream
 
 router = APIRouter()
 

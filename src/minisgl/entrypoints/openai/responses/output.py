@@ -24,7 +24,8 @@ from typing import Any
 
 from minisgl.entrypoints.openai.logprobs_format import ChatLogprobs
 from minisgl.entrypoints.openai.tools import ToolOutput
-from minisgl.frontend.stream import Chunk, RequestError, TokenLogprob
+from minisgl.frontend.chunk import Chunk, TokenLogprob
+from minisgl.frontend.errors import RequestError
 
 JSONObject = dict[str, Any]
 
