@@ -131,6 +131,6 @@ def test_both_engines_implement_the_interface(tmp_path: Path) -> None:
     dummy = DummyEngine(EngineOptions(num_pages=8))
     assert isinstance(dummy, EngineProtocol) and dummy.grammars is None
     model = save_tiny_hf_model("LlamaForCausalLM", tmp_path, False)
-    config = SchedulerConfig(str(model), DistributedInfo(0, 1), torch.float32, device="cpu")
+    config = SchedulerConfig(str(model), DistributedInfo(0, 1), torch.float32, device="cpu", num_pages=16)
     engine = create_engine(config)
     assert isinstance(engine, EngineProtocol) and engine.grammars is not None
