@@ -208,6 +208,7 @@ class Launcher:
         )
         config = uvicorn.Config(
             create_app(state),
+            log_level=self.args.log_level,  # uvicorn's own loggers follow --log-level
             access_log=self.args.log_level == "debug",
             timeout_graceful_shutdown=3,
             lifespan="off",
@@ -377,7 +378,7 @@ def serve(args: ServerArgs) -> int:
     from minisgl.models import resolve_model_path
 
     try:
-        needs_weights = args.engine == "model" and not args.dummy_weights
+        needs_weights = args.engine != "dummy" and not args.dummy_weights
         model_dir = resolve_model_path(args.model, require_weights=needs_weights)
     except Exception as e:
         print(f"minisgl: {e}", file=sys.stderr)
