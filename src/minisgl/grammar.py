@@ -106,10 +106,13 @@ class GrammarCompiler:
     def tokenizer(self) -> LLTokenizer:
         if self._tokenizer is None:
             from llguidance.hf import from_tokenizer
+            from transformers import PreTrainedTokenizerFast
 
             from minisgl.utils.hf import load_tokenizer
 
             hf = load_tokenizer(self.model_path)
+            if not isinstance(hf, PreTrainedTokenizerFast):  # llguidance reads the Rust tokenizer
+                raise GrammarError(f"structured output needs a fast tokenizer, not a {type(hf).__name__}")
             self._tokenizer = from_tokenizer(
                 hf, n_vocab=self.vocab_size, eos_token=self.eos_token_ids or None
             )

@@ -30,6 +30,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,7 +209,7 @@ async def send_one(client: httpx.AsyncClient, cfg: BenchConfig, prompt: Prompt) 
 
 
 async def run_benchmark(
-    cfg: BenchConfig, prompts: list[Prompt] | list[list[str]], warmup: list[str] = ()
+    cfg: BenchConfig, prompts: Sequence[Prompt] | list[list[str]], warmup: Sequence[str] = ()
 ) -> tuple[list[RequestResult], float]:
     """Send the warm-up prompts (one at a time, not measured), then every prompt (or, multi-turn,
     every conversation: lists of user messages); return the results (in prompt order, a
@@ -231,7 +232,7 @@ async def run_benchmark(
 
 
 async def _closed_loop(
-    client: httpx.AsyncClient, cfg: BenchConfig, prompts: list[Prompt]
+    client: httpx.AsyncClient, cfg: BenchConfig, prompts: Sequence[Prompt]
 ) -> list[RequestResult]:
     results: list[RequestResult | None] = [None] * len(prompts)
     next_i = iter(range(len(prompts)))
@@ -267,7 +268,7 @@ async def _conversation_loop(
 
 
 async def _open_loop(
-    client: httpx.AsyncClient, cfg: BenchConfig, prompts: list[Prompt]
+    client: httpx.AsyncClient, cfg: BenchConfig, prompts: Sequence[Prompt]
 ) -> list[RequestResult]:
     rng = random.Random(cfg.seed + 1)
     sem = asyncio.Semaphore(max(cfg.concurrency, 1))  # at most this many in flight
@@ -455,7 +456,7 @@ def _check(cfg: BenchConfig) -> str:
     return ""
 
 
-def workload(cfg: BenchConfig) -> tuple[list[str], list[Prompt] | list[list[str]]]:
+def workload(cfg: BenchConfig) -> tuple[list[str], Sequence[Prompt] | list[list[str]]]:
     """The warm-up prompts (random: they share nothing with the measured ones) and the measured
     prompts, or conversations for multi-turn."""
     if cfg.workload != "random":

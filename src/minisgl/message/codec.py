@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import types
 import typing
 from collections.abc import Callable
 from dataclasses import MISSING
-from typing import Any, ClassVar, NoReturn, Union
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Union
 
 import msgspec
 import torch
@@ -24,6 +25,9 @@ import torch
 from minisgl.core import SamplingParams
 
 from .tensor import TensorFormatError, decode_tensor, tensor_to_map
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["Message", "MessageDecodeError", "MessageGroup", "group_of"]
 
@@ -49,15 +53,29 @@ class Message:
 
     _group: ClassVar[MessageGroup]
 
+    if TYPE_CHECKING:  # set on every group base by __init_subclass__ (call the last two on it)
+
+        def encoder(self) -> dict[str, Any]: ...
+        def to_bytes(self) -> bytes: ...
+        @classmethod
+        def decoder(cls, data: Any) -> Self: ...
+        @classmethod
+        def from_bytes(cls, raw: bytes | bytearray | memoryview) -> Self: ...
+
     def __init_subclass__(cls, group: str = "", **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if not group:
             return cls._group.register(cls)
         cls._group = g = MessageGroup(group, cls)
         # Methods that call the group's; wraps() sets `__wrapped__`, by which `group_of` finds it.
-        cls.encoder = functools.wraps(g.encode)(lambda self: g.encode(self))
-        cls.to_bytes = functools.wraps(g.to_bytes)(lambda self: g.to_bytes(self))
-        cls.decoder, cls.from_bytes = staticmethod(g.decode), staticmethod(g.from_bytes)
+        functions = {
+            "encoder": functools.wraps(g.encode)(lambda self: g.encode(self)),
+            "to_bytes": functools.wraps(g.to_bytes)(lambda self: g.to_bytes(self)),
+            "decoder": staticmethod(g.decode),
+            "from_bytes": staticmethod(g.from_bytes),
+        }
+        for name, function in functions.items():
+            setattr(cls, name, function)
 
 
 def group_of(obj: object) -> MessageGroup | None:
@@ -135,13 +153,13 @@ class MessageGroup:
 
     def _why(self, tp: Any, v: Any) -> str | None:
         """The first fault of the plain value `v` as a `tp`, or None if it fits."""
-        if tp is self.root or dataclasses.is_dataclass(tp):
+        if tp is self.root or (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
             return self._why_object(tp, v)
         origin, args = typing.get_origin(tp), typing.get_args(tp)
         if origin is list or origin is dict:
             if v.__class__ is not origin:
                 return f": expected a {'list' if origin is list else 'map'}, got {_describe(v)}"
-            if origin is list:
+            if isinstance(v, list):
                 items = [(i, args[0], x) for i, x in enumerate(v)]
             else:  # a map's keys, then its values
                 items = [(k, args[0], k) for k in v] + [(k, args[1], x) for k, x in v.items()]
@@ -169,10 +187,11 @@ class MessageGroup:
             return ": missing '__type__'"
         name = d["__type__"]
         if cls is self.root:
-            cls = self.classes.get(name) if name.__class__ is str else None
-            if cls is None:
+            member = self.classes.get(name) if name.__class__ is str else None
+            if member is None:
                 known = ", ".join(sorted(self.classes))
                 return f": unknown {self.name} message type {name!r:.60} (known: {known})"
+            cls = member
         if name != cls.__name__:
             return f": expected __type__ {cls.__name__!r}, got {name!r:.60}"
         fields, hints = msgspec.structs.fields(self.codec.mirror[cls]), typing.get_type_hints(cls)
@@ -193,9 +212,10 @@ class _Codec:
 
     def __init__(self, group: MessageGroup) -> None:
         self.group = group
-        self.env = {"new": object.__new__, "other": self._not_member, "tensor_to_map": tensor_to_map}
+        self.env: dict[str, Any] = {"new": object.__new__, "other": self._not_member}
+        self.env["tensor_to_map"] = tensor_to_map
         self.mirror = {cls: _mirror(cls) for cls in [*group.classes.values(), SamplingParams]}
-        members = Union[(*(self.mirror[c] for c in group.classes.values()), _Never)]  # noqa: UP007
+        members = functools.reduce(operator.or_, [*(self.mirror[c] for c in group.classes.values()), _Never])
         self.union = {cls: m | _Never for cls, m in self.mirror.items()} | {group.root: members}
         to_wire, from_wire = {}, {}
         for cls, mirror in self.mirror.items():  # now that all exist: a field may hold any of them
@@ -215,7 +235,7 @@ class _Codec:
         if tp in self.union:
             return self.union[tp], "one", "one"
         if item in self.union:
-            return list[self.union[item]], "many", "many"
+            return types.GenericAlias(list, self.union[item]), "many", "many"
         if tp is torch.Tensor:  # the one type msgspec does not know; decoded by the dec_hook below
             return tp, "tensor_to_map", None
         if not _is_plain(tp):
@@ -259,13 +279,17 @@ def _bare(cls: type) -> bool:
     return plain and all(f.init for f in dataclasses.fields(cls))
 
 
-def _mirror(cls: type) -> type:
+def _mirror(cls: type) -> type[msgspec.Struct]:
     """The mirror struct of a dataclass, its field types still to be set (`_Codec.__init__`)."""
     specs = []
     for f in [f for f in dataclasses.fields(cls) if f.init]:  # an init=False field is not sent
-        default = msgspec.NODEFAULT if f.default is MISSING else f.default
-        factory = msgspec.NODEFAULT if f.default_factory is MISSING else f.default_factory
-        specs.append((f.name, Any, msgspec.field(default=default, default_factory=factory)))
+        if f.default is not MISSING:
+            spec = msgspec.field(default=f.default)
+        elif f.default_factory is not MISSING:
+            spec = msgspec.field(default_factory=f.default_factory)
+        else:
+            spec = msgspec.field()
+        specs.append((f.name, Any, spec))
     return msgspec.defstruct(
         cls.__name__, specs, tag_field="__type__", tag=cls.__name__, forbid_unknown_fields=True, gc=False
     )

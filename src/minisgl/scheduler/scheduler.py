@@ -149,6 +149,7 @@ class Scheduler(SchedulerIOMixin):
         launched = None
         if batch is not None:
             self._idle_logged = False
+            assert isinstance(self.engine, Engine)  # only a model's engine overlaps (_overlap_enabled)
             launched = (batch, self.engine.launch(batch))
             self._on_launch(batch)
         if self._in_flight is not None:

@@ -23,9 +23,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -57,7 +57,7 @@ DEFAULT_MAX_REQUEST_BYTES = 8 * 2**20
 DEFAULT_TOKENIZE_TIMEOUT_S = 60.0
 
 T = TypeVar("T")
-JSONObject = dict[str, object]
+JSONObject = dict[str, Any]
 
 
 @dataclass
@@ -159,7 +159,7 @@ async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(500, f"internal server error: {type(exc).__name__}")
 
 
-_EXCEPTION_HANDLERS = {
+_EXCEPTION_HANDLERS: dict[int | type[Exception], Callable[[Request, Any], Coroutine[Any, Any, Response]]] = {
     RequestValidationError: _invalid_request,
     StarletteHTTPException: _http_error,
     APIError: _api_error,

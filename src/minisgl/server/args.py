@@ -309,7 +309,7 @@ def _argparse_kwargs(f: dataclasses.Field[Any], hint: Any) -> dict[str, Any]:
 
 
 def _shown(f: dataclasses.Field[Any]) -> str:
-    if f.metadata.get("size"):
+    if f.metadata.get("size") and isinstance(f.default, int):
         from .configs import format_size
 
         return format_size(f.default)

@@ -20,7 +20,7 @@ T = TypeVar("T")
 _LOCK = threading.RLock()
 
 
-def progress_bar(iterable: Iterable[T] | None = None, **kwargs: Any) -> tqdm[T]:
+def progress_bar(iterable: Iterable[T] | None = None, **kwargs: Any) -> tqdm[Any]:
     """`tqdm(iterable, **kwargs)` guarded by a thread lock instead of a multiprocessing one."""
     tqdm.set_lock(_LOCK)
     return tqdm(iterable, **kwargs)
