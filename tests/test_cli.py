@@ -265,3 +265,16 @@ def test_cuda_on_a_cpu_build_of_torch_names_the_fix(capsys: pytest.CaptureFixtur
 
     with pytest.raises(ValueError, match="make TORCH=torch setup"):  # LLM(device="cuda") too
         resolve_device("cuda")
+
+
+@pytest.mark.parametrize(
+    "argv", [["chat", "--help"], ["bench", "serve", "--help"], ["bench", "offline", "--help"]]
+)
+def test_every_flag_of_the_other_commands_has_help(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(argv)
+    helps = _option_helps(capsys.readouterr().out)
+    assert len(helps) >= 8
+    assert [flag for flag, help in helps.items() if len(help) < 4] == []

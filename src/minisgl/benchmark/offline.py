@@ -185,8 +185,7 @@ def _load(
             with torch.device(device):
                 hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype)
         else:
-            hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-            hf.to(device)  # type: ignore[arg-type]  # transformers' wrapper of `to` hides its self from mypy
+            hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
         hf.eval()
     llm = LLM(
         str(model_dir), device=device, dtype=dtype, dummy_weights=model_config is not None, **llm_options

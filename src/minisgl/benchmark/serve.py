@@ -393,8 +393,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = BenchConfig()
     p.add_argument("--base-url", default=d.base_url, help="the server (default %(default)s)")
     p.add_argument("--model", help="the `model` field to send (default: none; minisgl accepts that)")
-    p.add_argument("--endpoint", default=d.endpoint, choices=["completions", "chat"])
-    p.add_argument("--num-prompts", type=int, default=d.num_prompts, metavar="N")
+    p.add_argument(
+        "--endpoint", default=d.endpoint, choices=["completions", "chat"], help="(default %(default)s)"
+    )
+    p.add_argument(
+        "--num-prompts",
+        type=int,
+        default=d.num_prompts,
+        metavar="N",
+        help="requests measured (default %(default)s)",
+    )
     load = p.add_mutually_exclusive_group()
     load.add_argument(
         "--concurrency",
@@ -435,7 +443,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="let requests stop at EOS (default: ignore EOS, so every request has --output-len tokens)",
     )
-    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--temperature", type=float, default=d.temperature, help="(default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="for random prompts and arrival times")
     p.add_argument("--warmup", type=int, default=d.warmup, metavar="N", help="requests sent before measuring")
     p.add_argument("--timeout", type=float, default=d.timeout, metavar="SECONDS", help="per request")
