@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from minisgl.__main__ import build_parser, main
-from minisgl.server.args import GROUPS, ServerArgs, args_from_namespace, flag_fields
+from minisgl.cli.main import build_parser, main
+from minisgl.launch.args import GROUPS, ServerArgs, args_from_namespace, flag_fields
 
 
 def test_python_dash_m_help_lists_the_commands() -> None:
@@ -89,6 +89,11 @@ def test_serve_options_map_to_server_args() -> None:
         (["serve", "--attention-backend", "flash"], "--attention-backend must be one of auto, torch"),
         (["serve", "--engine", "fake"], "--engine must be one of model, dummy"),
         (["serve", "--dtype", "float64"], "invalid choice"),
+        (["serve", "--watchdog-timeout", "-1"], "--watchdog-timeout must be >= 0 (0: off)"),
+        (["serve", "--stall-timeout", "nan"], "--stall-timeout must be >= 0 (0: off)"),
+        (["serve", "--request-timeout", "0"], "--request-timeout must be > 0"),
+        (["serve", "--max-connections", "-2"], "--max-connections must be >= 0 (0: no cap)"),
+        (["serve", "--read-timeout", "0"], "--read-timeout must be > 0"),
     ],
 )
 def test_bad_serve_options_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -171,7 +176,7 @@ def _option_helps(text: str) -> dict[str, str]:
 def test_serve_help_shows_the_value_each_unset_option_takes(capsys: pytest.CaptureFixture[str]) -> None:
     """What --help calls the default is what the server then uses: read from ServerArgs() and from
     the scheduler configs it derives on a CPU and on a GPU, not from the help's own source."""
-    from minisgl.server.configs import parse_size, scheduler_config
+    from minisgl.launch.configs import parse_size, scheduler_config
 
     helps = _option_helps(_serve_help(capsys))
     unset = ServerArgs()
@@ -227,7 +232,7 @@ def test_every_serve_flag_has_help_in_its_group(capsys: pytest.CaptureFixture[st
 
 def test_building_the_parser_imports_no_torch() -> None:
     code = (
-        "import sys; from minisgl.__main__ import build_parser; build_parser(); print('torch' in sys.modules)"
+        "import sys; from minisgl.cli.main import build_parser; build_parser(); print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

@@ -201,7 +201,7 @@ def _dequantized_tensors(
 ) -> dict[str, np.ndarray]:
     from gguf.quants import dequantize
 
-    from minisgl.utils.progress import progress_bar
+    from minisgl.utils.progress_bar import progress_bar
 
     out: dict[str, np.ndarray] = {}
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}

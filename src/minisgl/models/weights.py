@@ -82,7 +82,7 @@ def load_checkpoint(
     progress: bool = True,
 ) -> None:
     """Fill every slot from the *.safetensors files; any mismatch is a WeightLoadError."""
-    from minisgl.utils.progress import progress_bar
+    from minisgl.utils.progress_bar import progress_bar
 
     files = checkpoint_files(model_dir)
     entries = list(iter_tensor_names(files))

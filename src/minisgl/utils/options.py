@@ -1,7 +1,7 @@
 """Dataclass fields that carry their own description.
 
 A config's option is declared once, with its default and a line of help beside it: readers of the
-dataclass see both, and `minisgl serve --help` shows both from there (`minisgl.server.args`), so a
+dataclass see both, and `minisgl serve --help` shows both from there (`minisgl.launch.args`), so a
 default is never restated in a help string. Refer to another option in a help text as `name` (in
 backticks): the command line shows it as its flag.
 """

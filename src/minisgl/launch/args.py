@@ -153,6 +153,44 @@ class ServerArgs:
         SERVER,
         metavar="SECONDS",
     )
+    request_timeout: float | None = flag(
+        None,
+        'a request still running this long after it arrived ends with finish_reason "abort" (the '
+        "text so far is kept) and is dropped by the scheduler",
+        SERVER,
+        unset="no deadline",
+        metavar="SECONDS",
+    )
+    max_connections: int | None = flag(
+        None,
+        "HTTP connections open at once (idle keep-alive ones count); a request on one more gets 503 "
+        "and its connection is closed, GET /health is still answered; 0: no cap",
+        SERVER,
+        unset="the open-file limit less 64",
+        metavar="N",
+    )
+    read_timeout: float = flag(
+        30.0,
+        "a client must send a request's headers within this long, and then its body within as long "
+        "again, or its connection is closed (idle keep-alive: uvicorn's 5 s)",
+        SERVER,
+        metavar="SECONDS",
+    )
+    stall_timeout: float = flag(
+        60.0,
+        '/health says 503 "stalled", naming the rank, while a scheduler rank with work has not come '
+        "round its loop for this long; 0: off",
+        SERVER,
+        metavar="SECONDS",
+    )
+    watchdog_timeout: float = flag(
+        300.0,
+        "a scheduler rank with work that has not come round its loop for this long has its threads' "
+        'stacks logged, requests in flight end with "abort" and the server exits 1 (SGLang\'s '
+        "default); 0: off",
+        SERVER,
+        metavar="SECONDS",
+    )
     # -- several machines
     nnodes: int = flag(
         1, "machines the `dp` x `tp` ranks run on (contiguously, by node rank)", NODES, metavar="N"
@@ -215,10 +253,10 @@ class ServerArgs:
             raise ValueError(f"--tokenize-timeout must be > 0, got {self.tokenize_timeout}")
         if not self.shutdown_timeout >= 0:  # also refuses NaN
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
+        self._check_limits()
         from minisgl.engine.options import resolve_device
+        from minisgl.launch.configs import scheduler_config
         from minisgl.scheduler.config import SchedulerConfig
-
-        from .configs import scheduler_config
 
         try:
             scheduler_config(self, Path(self.model or ""), resolve_device(self.device))
@@ -228,6 +266,20 @@ class ServerArgs:
                 r"\b[a-z_]+\b", lambda m: _flag(m.group()) if m.group() in names else m.group(), str(e)
             )
             raise ValueError(flags) from None
+
+    def _check_limits(self) -> None:
+        for flag, value in (
+            ("--stall-timeout", self.stall_timeout),
+            ("--watchdog-timeout", self.watchdog_timeout),
+        ):
+            if not 0 <= value < float("inf"):
+                raise ValueError(f"{flag} must be >= 0 (0: off), got {value}")
+        if self.request_timeout is not None and not 0 < self.request_timeout < float("inf"):
+            raise ValueError(f"--request-timeout must be > 0, got {self.request_timeout}")
+        if self.max_connections is not None and self.max_connections < 0:
+            raise ValueError(f"--max-connections must be >= 0 (0: no cap), got {self.max_connections}")
+        if not 0 < self.read_timeout < float("inf"):
+            raise ValueError(f"--read-timeout must be > 0, got {self.read_timeout}")
 
     def _check_nodes(self) -> None:
         if self.nnodes < 1:
@@ -310,7 +362,7 @@ def _argparse_kwargs(f: dataclasses.Field[Any], hint: Any) -> dict[str, Any]:
 
 def _shown(f: dataclasses.Field[Any]) -> str:
     if f.metadata.get("size") and isinstance(f.default, int):
-        from .configs import format_size
+        from minisgl.launch.configs import format_size
 
         return format_size(f.default)
     return shown_default(f)
@@ -326,9 +378,8 @@ def _help_text(help: str, default: str, choices: tuple[str, ...] = ()) -> str:
 
 def engine_help(name: str) -> str:
     """The --help text of an engine option: the help and default of SchedulerConfig's field `name`."""
+    from minisgl.launch.configs import CPU_DEFAULTS
     from minisgl.scheduler.config import SchedulerConfig
-
-    from .configs import CPU_DEFAULTS
 
     f = next(f for f in fields(SchedulerConfig) if f.name == name)
     default = shown_default(f)
@@ -347,7 +398,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def _size(text: str) -> int:
-    from .configs import parse_size
+    from minisgl.launch.configs import parse_size
 
     try:
         return parse_size(text, "--max-request-bytes")
