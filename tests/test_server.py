@@ -442,3 +442,14 @@ def test_stop_string_across_a_token_boundary(server) -> None:
     events = [json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: {")]
     assert "".join(e["choices"][0]["text"] for e in events) == cut
     assert events[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_sigterm_stops_the_model_server_cleanly(server) -> None:
+    """The last test of this module stops its server: code 0, nothing left behind, and no warning
+    from multiprocessing's resource tracker about a leaked semaphore (tqdm's lock for the weight
+    loading bar used to be one: `minisgl.utils.progress_bar`)."""
+    assert server.stop(signal.SIGTERM) == 0
+    assert server.leftovers() == []
+    out = server.output()
+    assert "Loading weights" in out  # the bar was drawn in the scheduler
+    assert "leaked semaphore" not in out and "resource_tracker" not in out, out

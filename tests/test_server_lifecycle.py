@@ -252,3 +252,17 @@ def test_two_tensor_parallel_ranks_serve_and_stop_cleanly(tmp_path: Path) -> Non
         assert "run_forever" in functions
     finally:
         srv.stop()
+
+
+def test_log_level_warning_quiets_uvicorn_too() -> None:
+    """--log-level governs uvicorn's loggers as well as minisgl's: no INFO line from either."""
+    srv = ServerProcess("--engine", "dummy", "--log-level", "warning")
+    try:
+        assert chat(srv.url).status_code == 200
+        assert httpx.get(srv.url + "/nope", timeout=10).status_code == 404
+    finally:
+        assert srv.stop(signal.SIGTERM) == 0
+    out = srv.output()
+    assert "minisgl: serving" in out, out  # printed, not logged
+    info = [line for line in out.splitlines() if line.startswith("INFO:") or re.match(r"^[\d:]+ I \[", line)]
+    assert info == [], out

@@ -112,6 +112,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     def _paged(self, q: torch.Tensor, layer_id: int) -> torch.Tensor:
         """The decode kernel over the pool: one query row per entry of _page_rows/_seq_lens."""
+        if self._page_rows is None or self._seq_lens is None:
+            raise RuntimeError("attention before prepare(): no batch metadata")
         return kernels.decode_attention(
             q.contiguous(),
             self.pool.k[layer_id],

@@ -30,7 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 from tqdm import tqdm
+
+from minisgl.engine import Engine
 
 from .offline_args import add_arguments
 
@@ -87,6 +90,10 @@ def _time_hf(
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)  # left padding
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    from transformers import GenerationMixin
+
+    if not isinstance(hf, GenerationMixin):  # (every *ForCausalLM is one)
+        raise TypeError(f"{type(hf).__name__} cannot generate")
     _sync(device)
     t0, c0 = time.perf_counter(), time.process_time()
     with torch.inference_mode():
@@ -103,20 +110,21 @@ def _time_hf(
     return dt, cpu, out[:, width:].tolist()
 
 
-def _matmul_params(model: PreTrainedModel) -> tuple[int, int]:
-    """(weights of the decoder layers' matmuls, weights of the LM head): 2 flops per weight per row."""
+def _matmul_params(model: nn.Module) -> tuple[int, int]:
+    """(weights of the decoder layers' matmuls, weights of the LM head): 2 flops per weight per row,
+    of transformers' model or minisgl's (the same parameter names)."""
     layers = sum(
         p.numel() for n, p in model.named_parameters() if n.startswith("model.layers.") and p.dim() == 2
     )
-    return layers, model.lm_head.weight.numel()
+    return layers, model.get_parameter("lm_head.weight").numel()
 
 
-def _decode_weight_bytes(model: PreTrainedModel) -> int:
+def _decode_weight_bytes(model: nn.Module) -> int:
     """Bytes of weights a decode step reads: every parameter once, except the embedding table (a
     lookup reads B rows) unless the LM head shares it."""
     seen: set[int] = set()
     total = 0
-    lm = model.lm_head.weight.data_ptr()
+    lm = model.get_parameter("lm_head.weight").data_ptr()
     for name, p in model.named_parameters():
         if p.data_ptr() in seen or (name == "model.embed_tokens.weight" and p.data_ptr() != lm):
             continue
@@ -233,10 +241,10 @@ def _bench_one(
         "minisgl_cpu_s": cpu_m,
         "minisgl_tok_s": total / best_m,
     }
-    model = getattr(getattr(ms.llm, "engine", None), "model", None)
-    if phases and model is not None and hasattr(model, "lm_head"):
-        layer_w, head_w = _matmul_params(model)
-        bytes_per_w = model.lm_head.weight.element_size()
+    engine = getattr(ms.llm, "engine", None)
+    if phases and isinstance(engine, Engine):
+        layer_w, head_w = _matmul_params(engine.model)
+        bytes_per_w = engine.model.get_parameter("lm_head.weight").element_size()
         res["phases"] = dict(phases, layer_weights=layer_w, head_weights=head_w, bytes_per_weight=bytes_per_w)
     if hf is not None:
         same = sum(a == b for a, b in zip(toks_m, toks_h, strict=True))
@@ -272,6 +280,8 @@ def _roofline(ms: _Models, res: dict[str, Any], bandwidth: float, flops: float) 
     still running (all admitted at once), over the measured copy bandwidth; prefill does its matmul
     FLOPs at the measured matmul rate. Also the mean decode step's floor against the measured one."""
     engine = ms.llm.engine
+    if not isinstance(engine, Engine):
+        raise TypeError("the roofline needs a model's engine, not the dummy one")
     weights = _decode_weight_bytes(engine.model)
     kv_per_token = sum(k.shape[1] * k.shape[2] * k.element_size() * 2 for k in engine.pool.k)
     ins, outs = res["prompt_lens"], res["output_lens"]
@@ -321,14 +331,14 @@ def run_offline_bench(
     with tempfile.TemporaryDirectory(prefix="msgl-bench-") as tmp:
         ms = _load(model, model_config, device, dtype, skip_hf, Path(tmp), **llm_options)
         cuda = device.startswith("cuda")
-        bandwidth, flops = (copy_bandwidth(device), matmul_rate(device)) if cuda else (None, None)
+        rates = (copy_bandwidth(device), matmul_rate(device)) if cuda else None  # bytes/s, flop/s
         runs = []
         for n in batch_sizes or [num_prompts]:
             prompts = make_workload(n, min_input_len, max_input_len, ms.llm.vocab_size, seed)
             out_lens = output_lengths(n, output_len, max_output_len or output_len, seed)
             res = _bench_one(ms, prompts, out_lens, repeats, device)
-            if bandwidth is not None and "phases" in res:
-                res["roofline"] = _roofline(ms, res, bandwidth, flops)
+            if rates is not None and "phases" in res:
+                res["roofline"] = _roofline(ms, res, *rates)
             runs.append(res)
     return {
         "device": device,
@@ -338,8 +348,8 @@ def run_offline_bench(
         "output_len_range": (output_len, max_output_len or output_len),
         "input_len_range": (min_input_len, max_input_len),
         "threads": torch.get_num_threads(),
-        "copy_bandwidth": bandwidth,
-        "matmul_rate": flops,
+        "copy_bandwidth": rates[0] if rates else None,
+        "matmul_rate": rates[1] if rates else None,
         "overlap": getattr(ms.llm, "overlap", None),
         "tp": llm_options.get("tp", 1),
         "runs": runs,

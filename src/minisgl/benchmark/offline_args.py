@@ -10,7 +10,9 @@ __all__ = ["add_arguments"]
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default=None, help="HF dir or GGUF file (default: the embedded model)")
-    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument(
+        "--num-prompts", type=int, default=16, help="prompts, all sent at once (default %(default)s)"
+    )
     ap.add_argument(
         "--output-len",
         type=int,
@@ -20,10 +22,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--max-output-len", type=int, default=None, help="output lengths uniform in [--output-len, this]"
     )
-    ap.add_argument("--min-input-len", type=int, default=16)
-    ap.add_argument("--max-input-len", type=int, default=256)
+    ap.add_argument(
+        "--min-input-len", type=int, default=16, help="prompt lengths uniform in [this, --max-input-len]"
+    )
+    ap.add_argument("--max-input-len", type=int, default=256, help="(default %(default)s)")
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per engine; the best counts")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="of the random prompts and lengths")
     ap.add_argument("--threads", type=int, default=None, help="torch threads for both engines")
     ap.add_argument("--skip-hf", action="store_true", help="measure minisgl only")
     ap.add_argument(

@@ -30,6 +30,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,7 +209,7 @@ async def send_one(client: httpx.AsyncClient, cfg: BenchConfig, prompt: Prompt) 
 
 
 async def run_benchmark(
-    cfg: BenchConfig, prompts: list[Prompt] | list[list[str]], warmup: list[str] = ()
+    cfg: BenchConfig, prompts: Sequence[Prompt] | list[list[str]], warmup: Sequence[str] = ()
 ) -> tuple[list[RequestResult], float]:
     """Send the warm-up prompts (one at a time, not measured), then every prompt (or, multi-turn,
     every conversation: lists of user messages); return the results (in prompt order, a
@@ -231,7 +232,7 @@ async def run_benchmark(
 
 
 async def _closed_loop(
-    client: httpx.AsyncClient, cfg: BenchConfig, prompts: list[Prompt]
+    client: httpx.AsyncClient, cfg: BenchConfig, prompts: Sequence[Prompt]
 ) -> list[RequestResult]:
     results: list[RequestResult | None] = [None] * len(prompts)
     next_i = iter(range(len(prompts)))
@@ -267,7 +268,7 @@ async def _conversation_loop(
 
 
 async def _open_loop(
-    client: httpx.AsyncClient, cfg: BenchConfig, prompts: list[Prompt]
+    client: httpx.AsyncClient, cfg: BenchConfig, prompts: Sequence[Prompt]
 ) -> list[RequestResult]:
     rng = random.Random(cfg.seed + 1)
     sem = asyncio.Semaphore(max(cfg.concurrency, 1))  # at most this many in flight
@@ -392,8 +393,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = BenchConfig()
     p.add_argument("--base-url", default=d.base_url, help="the server (default %(default)s)")
     p.add_argument("--model", help="the `model` field to send (default: none; minisgl accepts that)")
-    p.add_argument("--endpoint", default=d.endpoint, choices=["completions", "chat"])
-    p.add_argument("--num-prompts", type=int, default=d.num_prompts, metavar="N")
+    p.add_argument(
+        "--endpoint", default=d.endpoint, choices=["completions", "chat"], help="(default %(default)s)"
+    )
+    p.add_argument(
+        "--num-prompts",
+        type=int,
+        default=d.num_prompts,
+        metavar="N",
+        help="requests measured (default %(default)s)",
+    )
     load = p.add_mutually_exclusive_group()
     load.add_argument(
         "--concurrency",
@@ -434,7 +443,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="let requests stop at EOS (default: ignore EOS, so every request has --output-len tokens)",
     )
-    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--temperature", type=float, default=d.temperature, help="(default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="for random prompts and arrival times")
     p.add_argument("--warmup", type=int, default=d.warmup, metavar="N", help="requests sent before measuring")
     p.add_argument("--timeout", type=float, default=d.timeout, metavar="SECONDS", help="per request")
@@ -455,7 +464,7 @@ def _check(cfg: BenchConfig) -> str:
     return ""
 
 
-def workload(cfg: BenchConfig) -> tuple[list[str], list[Prompt] | list[list[str]]]:
+def workload(cfg: BenchConfig) -> tuple[list[str], Sequence[Prompt] | list[list[str]]]:
     """The warm-up prompts (random: they share nothing with the measured ones) and the measured
     prompts, or conversations for multi-turn."""
     if cfg.workload != "random":

@@ -26,13 +26,22 @@ _HELP = "Type a message; /reset forgets the conversation, /exit or Ctrl-D quits.
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", help="chat with this running server instead of starting one")
     p.add_argument("--model", help="model directory or .gguf for the server started here (default: embedded)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    p.add_argument("--max-seq-len", type=int, metavar="N")
+    p.add_argument(
+        "--device", default="auto", choices=["auto", "cpu", "cuda"], help="for the server started here"
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "float16", "bfloat16"],
+        help="for the server started here",
+    )
+    p.add_argument("--max-seq-len", type=int, metavar="N", help="for the server started here: context length")
     p.add_argument("--system", help="a system prompt")
     p.add_argument("--max-tokens", type=int, default=512, help="answer length limit (default %(default)s)")
-    p.add_argument("--temperature", type=float, default=0.7, help="(default %(default)s)")
-    p.add_argument("--top-p", type=float, default=0.9, help="(default %(default)s)")
+    p.add_argument(
+        "--temperature", type=float, default=0.7, help="sampling temperature (default %(default)s)"
+    )
+    p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling (default %(default)s)")
 
 
 class LocalServer:

@@ -19,19 +19,21 @@ minisgl: a compact, fast LLM serving engine with an OpenAI-compatible API.
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from minisgl import __version__
     from minisgl.benchmark import offline_args
     from minisgl.benchmark import serve as bench_serve
     from minisgl.cli import chat
-    from minisgl.launch.args import add_serve_arguments
+    from minisgl.launch.args import HelpFormatter, add_serve_arguments
 
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog="minisgl", description=_DESCRIPTION, formatter_class=fmt)
+    parser.add_argument("--version", action="version", version=f"minisgl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser(
         "serve",
         help="run the OpenAI-compatible HTTP server",
-        formatter_class=fmt,
+        formatter_class=HelpFormatter,
         description="Run the HTTP server (chat/completions, completions, /generate, /health, "
         "/metrics) with its tokenizer, detokenizer and scheduler processes. Ctrl-C stops it.",
     )

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 
@@ -50,7 +51,15 @@ def create_engine(options: EngineOptions) -> EngineProtocol:
     return Engine(model, model_config, options)
 
 
-def _dummy_model_info(model_path: str) -> dict[str, int | list[int]]:
+class _ModelInfo(TypedDict, total=False):
+    """What the dummy engine takes from a model's config.json."""
+
+    vocab_size: int
+    eos_token_ids: list[int]
+    max_position_embeddings: int
+
+
+def _dummy_model_info(model_path: str) -> _ModelInfo:
     """Vocabulary size, EOS ids and context of the named model, read from its config.json only
     (the dummy engine must agree with the tokenizer); defaults when there is no such file."""
     try:
@@ -62,10 +71,7 @@ def _dummy_model_info(model_path: str) -> dict[str, int | list[int]]:
         return {}
     eos = cfg.get("eos_token_id")
     eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
-    info: dict[str, int | list[int]] = {
-        "vocab_size": int(cfg.get("vocab_size", 32000)),
-        "eos_token_ids": eos_ids,
-    }
+    info: _ModelInfo = {"vocab_size": int(cfg.get("vocab_size", 32000)), "eos_token_ids": eos_ids}
     if cfg.get("max_position_embeddings"):
         info["max_position_embeddings"] = int(cfg["max_position_embeddings"])
     return info

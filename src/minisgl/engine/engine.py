@@ -35,7 +35,7 @@ from .sampler import Sampler
 from .step import StepLogprobs, StepOutput
 
 if TYPE_CHECKING:
-    from minisgl.models import ModelConfig
+    from minisgl.models import CausalLM, ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def _limit_host_threads(device: torch.device) -> None:
 
 
 class Engine:
-    def __init__(self, model: torch.nn.Module, model_config: ModelConfig, options: EngineOptions) -> None:
+    def __init__(self, model: CausalLM, model_config: ModelConfig, options: EngineOptions) -> None:
         self.options = options
         self.model = model
         self.model_config = model_config
@@ -179,6 +179,7 @@ class Engine:
         reqs = [r for r, s in zip(batch.reqs, batch.sample_mask, strict=True) if s]
         params = [r.sampling_params for r in reqs]
         tokens: torch.Tensor | None = None
+        logits: torch.Tensor | None
         prompt_logits: torch.Tensor | None = None
         prompt_rows: list[tuple[Req, int, int]] = []
         if batch.is_decode and self.graphs is not None and self.graphs.padded_size(len(batch.reqs)):
@@ -191,10 +192,10 @@ class Engine:
                 batch, input_ids, positions, sample_rows, prompt_rows, fed
             )
         raw = logits
-        if tokens is None and logits is not None:
+        if tokens is None and raw is not None:
             # Grammar rows: their bitmasks are computed now, while a GPU runs the forward pass.
             masks = self._grammar_masks(reqs, pending)
-            logits = self._penalized(logits, reqs, pending)
+            logits = self._penalized(raw, reqs, pending)
             if masks is not None:
                 logits = self._masked(logits, raw, reqs, *masks)
             tokens = self.sampler.sample(logits, params, [self._generator(r) for r in reqs])

@@ -24,7 +24,11 @@ class EngineProtocol(Protocol):
     max_seq_len: int
     vocab_size: int
     eos_token_ids: list[int]
-    grammars: GrammarCompiler | None
+
+    @property
+    def grammars(self) -> GrammarCompiler | None:
+        """The compiler of structured output's grammars; None: the engine has none."""
+        ...
 
     def launch(self, batch: Batch, pending: StepOutput | None = None) -> StepOutput:
         """Start `batch`; a request with a pending token feeds the one `pending` (the step launched

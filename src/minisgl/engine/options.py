@@ -11,7 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
+from minisgl.attention import ATTENTION_BACKENDS
+from minisgl.backends import BACKENDS
 from minisgl.distributed import DistributedInfo
+from minisgl.utils.options import check_choices, option
 
 ENGINES = ("model", "dummy")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -19,25 +22,50 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 @dataclass(frozen=True)
 class EngineOptions:
+    """Each option's default and help are written once, here (`option`); `minisgl serve --help`
+    shows them from here."""
+
     # An engine can be built around a model in hand (tests do), so these three have defaults here;
     # SchedulerConfig, which loads the model, declares them again without.
     model_path: str = ""
     tp_info: DistributedInfo = DistributedInfo(0, 1)
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
-    engine: str = "model"  # "model": load the weights; "dummy": no model (tests, IO demos)
-    dummy_weights: bool = False  # random weights of the model's shape (no weight files read)
-    dummy_step_ms: float = 0.0  # the dummy engine sleeps this long per step (a model's step time)
-    page_size: int = 16  # tokens per KV page
-    num_pages: int | None = None  # KV pool size; None: from kv_cache_memory or gpu_memory_fraction
-    kv_cache_memory: int | None = None  # bytes for the KV pool
-    gpu_memory_fraction: float = 0.85
-    max_running_requests: int = 256
-    max_seq_len: int | None = None  # None: the model's context length
-    seed: int = 42  # the engine's sampling seed for requests that give none
-    attention_backend: str = "auto"  # see minisgl.attention.ATTENTION_BACKENDS
-    ops_backend: str = "auto"  # see minisgl.backends.BACKENDS
-    cuda_graph_max_bs: int = 256  # decode batches up to this size replay CUDA graphs; 0: none
+    engine: str = option(
+        "model",
+        "model: load the weights and run the model; dummy: a scheduler that emits tokens without a "
+        "model (measures the serving layers)",
+        choices=ENGINES,
+    )
+    dummy_weights: bool = option(False, "random weights of the model's shape (no weight file is read)")
+    dummy_step_ms: float = option(
+        0.0, "with `engine` dummy: sleep this long in every step, standing in for a model's step time"
+    )
+    page_size: int = option(16, "tokens per KV page")
+    num_pages: int | None = option(
+        None,
+        "KV cache size in pages",
+        unset="from `kv_cache_memory`, else a fraction of free GPU memory (on the CPU 1 GiB, at most "
+        "a quarter of free RAM)",
+    )
+    kv_cache_memory: int | None = option(None, "KV cache size in bytes", unset="see `num_pages`")
+    gpu_memory_fraction: float = option(0.85, "share of free GPU memory for the KV cache when unsized")
+    max_running_requests: int = option(256, "requests decoded together at most")
+    max_seq_len: int | None = option(
+        None, "context length (prompt + output) per request", unset="the model's"
+    )
+    seed: int = option(42, "sampling seed of requests that give none")
+    attention_backend: str = option(
+        "auto",
+        "auto: triton on CUDA, the C kernels on the CPU; torch: the plain reference",
+        choices=ATTENTION_BACKENDS,
+    )
+    ops_backend: str = option(
+        "auto", "the linear/norm/rotary ops: auto picks by device; torch: the reference", choices=BACKENDS
+    )
+    cuda_graph_max_bs: int = option(
+        256, "decode batches up to this size replay CUDA graphs captured at start; 0: none"
+    )
 
     def __post_init__(self) -> None:
         """Raise TypeError or ValueError naming the first bad field."""
@@ -45,8 +73,7 @@ class EngineOptions:
             raise TypeError(f"tp_info must be a DistributedInfo, got {type(self.tp_info).__name__}")
         if not isinstance(self.dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {self.dtype!r}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        check_choices(self)
         if self.num_pages is not None and self.kv_cache_memory is not None:
             raise ValueError("num_pages and kv_cache_memory both size the KV pool: give one of them")
         _at_least(self, 1, "page_size", "max_running_requests")
@@ -70,10 +97,24 @@ def _at_least(config: object, low: int, *names: str, optional: bool = False) -> 
 
 
 def resolve_device(device: str) -> str:
-    """ "auto": cuda when a GPU is present, else cpu; anything else as given."""
-    if device != "auto":
-        return device
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """ "auto": cuda when a GPU is present, else cpu; anything else as given, once it is usable (a
+    ValueError says why CUDA is not)."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: {_why_no_cuda()}")
+    return device
+
+
+def _why_no_cuda() -> str:
+    if torch.version.cuda is None:
+        return (
+            f"this torch ({torch.__version__}) is a CPU build; `make TORCH=torch setup` installs pip's "
+            "default build instead, which has CUDA on Linux"
+        )
+    return (
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU (CUDA_VISIBLE_DEVICES, driver?)"
+    )
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:

@@ -1,67 +1,223 @@
-"""`minisgl serve` options: the `ServerArgs` dataclass and its argparse parser."""
+"""`minisgl serve` options: the `ServerArgs` dataclass and the argparse parser built from its fields.
+
+Every option is written once, as a field. The server's own options (`flag`) carry their default and
+help here. The engine's and the scheduler's (`engine_flag`) are None here, "unset": the scheduler
+config then keeps its own default, and `--help` shows that default and its help, read from
+`SchedulerConfig`'s fields when help is asked for (reading them imports torch, which building the
+parser must not: `minisgl --help` and `minisgl chat` start at once).
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
+import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
+
+from minisgl.utils.options import check_choices, shown_default
 
 DEFAULT_PORT = 1919
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 
+# The groups of `minisgl serve --help`, in order: what each option configures.
+MODEL, ENGINE, SCHEDULER, SERVER, NODES, LOGGING = (
+    "model",
+    "engine",
+    "scheduler",
+    "server (HTTP)",
+    "several machines",
+    "logging",
+)
+GROUPS = (MODEL, ENGINE, SCHEDULER, SERVER, NODES, LOGGING)
+
+
+def flag(
+    default: Any,
+    help: str,
+    group: str,
+    *,
+    unset: str = "",
+    exclusive: str = "",
+    size: bool = False,
+    **argparse_kwargs: Any,
+) -> Any:
+    """A server option: its default and help, its --help group, and for argparse: whether it is a
+    size ("8MiB"), the mutually exclusive set it belongs to, extras (metavar, choices)."""
+    meta = {"help": help, "group": group, "unset": unset, "exclusive": exclusive, "size": size}
+    meta |= {"choices": tuple(argparse_kwargs.get("choices", ())), "argparse": argparse_kwargs}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def engine_flag(group: str, *, exclusive: str = "", **argparse_kwargs: Any) -> Any:
+    """An option of the scheduler's config (the same name): None keeps that config's default."""
+    meta = {"group": group, "config": True, "exclusive": exclusive, "argparse": argparse_kwargs}
+    return dataclasses.field(default=None, metadata=meta)
+
 
 @dataclass(frozen=True)
 class ServerArgs:
-    """Everything the launcher needs. `None` means "the scheduler decides" (from the model, the
-    memory, or SchedulerConfig's default: each default is written once, there)."""
+    """Everything the launcher needs. A field without a group is not a flag."""
 
-    model: str | None = None
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    device: str = "auto"
-    tp: int = 1
-    dp: int = 1  # data-parallel replicas, each of `tp` ranks, behind this one API server
-    nnodes: int = 1  # machines the dp * tp ranks are spread over (contiguously, by node rank)
-    node_rank: int = 0  # this machine's place; node 0 runs the API server, tokenizer and detokenizer
-    dist_init_addr: str | None = None  # HOST:PORT on node 0 (--nnodes > 1): every node meets there
-    dtype: str = "auto"
-    num_tokenizer: int = 0
-    max_running_requests: int | None = None
-    max_prefill_tokens: int | None = None
-    num_pages: int | None = None
-    kv_cache_memory: str | None = None
-    page_size: int | None = None
-    max_seq_len: int | None = None
-    max_queued_requests: int | None = None
-    max_request_bytes: int = 8 * 2**20  # HTTP bodies over this get 413
-    tokenize_timeout: float = 60.0  # how long a request waits for the tokenizer's verdict
-    engine: str = "model"
-    dummy_weights: bool = False
-    dummy_step_ms: float = 0.0
-    served_model_name: str | None = None
-    tool_call_parser: str = (
-        "auto"  # how tool calls are recognised: auto (from the chat template), hermes, llama3_json
+    # -- model
+    model: str | None = flag(
+        None,
+        "a Hugging Face model directory or a .gguf file; nothing is downloaded",
+        MODEL,
+        unset=f"the embedded {EMBEDDED_MODEL_NAME}",
     )
-    seed: int | None = None
-    attention_backend: str = "auto"
-    cuda_graph_max_bs: int | None = None
-    disable_overlap: bool = False
-    cache_type: str = "radix"
-    log_level: str = "info"
-    startup_timeout: float = 600.0
-    # SIGTERM/SIGINT: how long requests in flight may finish before they are aborted. 8 s fits in
-    # `docker stop`'s default 10 s grace with room for the processes to stop; raise it together with
-    # the orchestrator's (docker stop -t, terminationGracePeriodSeconds, systemd's TimeoutStopSec).
-    shutdown_timeout: float = 8.0
+    served_model_name: str | None = flag(
+        None, 'the name clients give as "model"', MODEL, unset="--model as given"
+    )
+    dtype: str = flag(
+        "auto",
+        "weights and activations (auto: bfloat16 on a GPU, float32 on the CPU)",
+        MODEL,
+        choices=("auto", "float32", "float16", "bfloat16"),  # a test holds them to engine.options.DTYPES
+    )
+    tool_call_parser: str = flag(
+        "auto",
+        "the format of the model's tool calls (auto: from the chat template; hermes for a template "
+        "without tool support, whose tools then go into a system prompt)",
+        MODEL,
+        choices=("auto", "hermes", "llama3_json"),
+    )
+    dummy_weights: bool | None = engine_flag(MODEL)
+    # -- engine
+    device: str = flag(
+        "auto", "auto: cuda when a GPU is present, else cpu", ENGINE, choices=("auto", "cpu", "cuda")
+    )
+    tp: int = flag(
+        1, "tensor-parallel ranks (one scheduler process each; gloo on the CPU)", ENGINE, metavar="N"
+    )
+    dp: int = flag(
+        1,
+        "data-parallel replicas of the engine (each of `tp` ranks) behind one API server; each request "
+        "goes to the replica with the fewest running + waiting requests",
+        ENGINE,
+        metavar="M",
+    )
+    engine: str | None = engine_flag(ENGINE, metavar="NAME")
+    dummy_step_ms: float | None = engine_flag(ENGINE, metavar="MS")
+    num_pages: int | None = engine_flag(ENGINE, metavar="N", exclusive="kv size")
+    kv_cache_memory: str | None = flag(
+        None,
+        "KV cache size in memory, e.g. 512MiB or 2GiB",
+        ENGINE,
+        unset="see `num_pages`",
+        metavar="SIZE",
+        exclusive="kv size",
+    )
+    page_size: int | None = engine_flag(ENGINE, metavar="N")
+    max_seq_len: int | None = engine_flag(ENGINE, metavar="N")
+    attention_backend: str | None = engine_flag(ENGINE, metavar="NAME")
+    cuda_graph_max_bs: int | None = engine_flag(ENGINE, metavar="N")
+    seed: int | None = engine_flag(ENGINE, metavar="N")
+    # -- scheduler
+    max_running_requests: int | None = engine_flag(SCHEDULER, metavar="N")
+    max_prefill_tokens: int | None = engine_flag(SCHEDULER, metavar="N")
+    cache_type: str | None = engine_flag(SCHEDULER, metavar="TYPE")
+    disable_overlap: bool = flag(
+        False, "wait for each step's tokens before preparing the next (overlap is on on a GPU)", SCHEDULER
+    )
+    # -- server (HTTP)
+    host: str = flag("127.0.0.1", "HTTP bind address (127.0.0.1: this machine only)", SERVER)
+    port: int = flag(DEFAULT_PORT, "HTTP port", SERVER)
+    num_tokenizer: int = flag(
+        0, "tokenizer processes; 0: one process tokenizes and detokenizes", SERVER, metavar="N"
+    )
+    max_queued_requests: int | None = flag(
+        None, "requests in flight beyond which new ones get 503", SERVER, unset="unlimited", metavar="N"
+    )
+    max_request_bytes: int = flag(
+        8 * 2**20,
+        "largest HTTP request body, e.g. 8MiB or 1000000; larger ones get 413",
+        SERVER,
+        metavar="SIZE",
+        size=True,
+    )
+    tokenize_timeout: float = flag(
+        60.0, "how long a request waits for the tokenizer's verdict before a 503", SERVER, metavar="SECONDS"
+    )
+    startup_timeout: float = flag(
+        600.0, "how long each process may take to report ready", SERVER, metavar="SECONDS"
+    )
+    # 8 s fits in `docker stop`'s default 10 s grace with room for the processes to stop; raise it
+    # together with the orchestrator's (docker stop -t, terminationGracePeriodSeconds, TimeoutStopSec).
+    shutdown_timeout: float = flag(
+        8.0,
+        "on SIGTERM/SIGINT, how long requests in flight may finish before they are aborted (the "
+        "default fits docker stop's 10 s grace; a second signal aborts at once)",
+        SERVER,
+        metavar="SECONDS",
+    )
+    request_timeout: float | None = flag(
+        None,
+        'a request still running this long after it arrived ends with finish_reason "abort" (the '
+        "text so far is kept) and is dropped by the scheduler",
+        SERVER,
+        unset="no deadline",
+        metavar="SECONDS",
+    )
+    max_connections: int | None = flag(
+        None,
+        "HTTP connections open at once (idle keep-alive ones count); a request on one more gets 503 "
+        "and its connection is closed, GET /health is still answered; 0: no cap",
+        SERVER,
+        unset="the open-file limit less 64",
+        metavar="N",
+    )
+    read_timeout: float = flag(
+        30.0,
+        "a client must send a request's headers within this long, and then its body within as long "
+        "again, or its connection is closed (idle keep-alive: uvicorn's 5 s)",
+        SERVER,
+        metavar="SECONDS",
+    )
+    stall_timeout: float = flag(
+        60.0,
+        '/health says 503 "stalled", naming the rank, while a scheduler rank with work has not come '
+        "round its loop for this long; 0: off",
+        SERVER,
+        metavar="SECONDS",
+    )
+    watchdog_timeout: float = flag(
+        300.0,
+        "a scheduler rank with work that has not come round its loop for this long has its threads' "
+        'stacks logged, requests in flight end with "abort" and the server exits 1 (SGLang\'s '
+        "default); 0: off",
+        SERVER,
+        metavar="SECONDS",
+    )
+    # -- several machines
+    nnodes: int = flag(
+        1, "machines the `dp` x `tp` ranks run on (contiguously, by node rank)", NODES, metavar="N"
+    )
+    node_rank: int = flag(
+        0,
+        "this machine's index; node 0 serves HTTP and runs the tokenizer and detokenizer, node K runs "
+        "ranks K x (dp x tp / nnodes) onwards",
+        NODES,
+        metavar="K",
+    )
+    dist_init_addr: str | None = flag(
+        None,
+        "an address of node 0 that every node can reach (needed with `nnodes` > 1); node 0 binds it "
+        "(and its other tcp endpoints) on HOST only, the others connect",
+        NODES,
+        metavar="HOST:PORT",
+    )
+    # -- logging
+    log_level: str = flag(
+        "info",
+        "the least severe messages logged, by minisgl's processes and by uvicorn (access lines at debug)",
+        LOGGING,
+        choices=("debug", "info", "warning", "error"),
+    )
+    # not flags
     unhealthy_grace: float = 1.0  # how long /health reports 503 after a worker died, before exiting
-    # A scheduler rank with work and no loop round for this long: /health 503 "stalled" (0: off) ...
-    stall_timeout: float = 60.0
-    # ... and for this long: its stacks are logged and the server exits 1 (0: off; SGLang's default).
-    watchdog_timeout: float = 300.0
-    request_timeout: float | None = None  # seconds from arrival to finish_reason "abort" (None: none)
-    max_connections: int | None = None  # None: the open-file limit less 64; 0: no cap
-    read_timeout: float = 30.0  # for a request's headers, and again for its body
 
     @property
     def model_name(self) -> str:
@@ -77,6 +233,7 @@ class ServerArgs:
     def check(self) -> None:
         """Raise ValueError naming the first bad option by its flag. The options the scheduler takes
         are checked where they are defined, by deriving the scheduler's config (no model is read)."""
+        check_choices(self)
         if not 0 < self.port < 65536:
             raise ValueError(f"--port must be in 1..65535, got {self.port}")
         if self.tp < 1:
@@ -94,18 +251,15 @@ class ServerArgs:
             raise ValueError(f"--max-request-bytes must be >= 1, got {self.max_request_bytes}")
         if not self.tokenize_timeout > 0:
             raise ValueError(f"--tokenize-timeout must be > 0, got {self.tokenize_timeout}")
-        if self.tool_call_parser not in ("auto", "hermes", "llama3_json"):
-            raise ValueError(
-                f"--tool-call-parser must be auto, hermes or llama3_json, got {self.tool_call_parser!r}"
-            )
         if not self.shutdown_timeout >= 0:  # also refuses NaN
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         self._check_limits()
+        from minisgl.engine.options import resolve_device
         from minisgl.launch.configs import scheduler_config
         from minisgl.scheduler.config import SchedulerConfig
 
         try:
-            scheduler_config(self, Path(self.model or ""), "cpu")
+            scheduler_config(self, Path(self.model or ""), resolve_device(self.device))
         except ValueError as e:  # name the fields as flags: "max_seq_len" -> "--max-seq-len"
             names = {f.name for f in fields(SchedulerConfig)}
             flags = re.sub(
@@ -159,223 +313,88 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+# -- the parser ------------------------------------------------------------------------------------
+
+
+def flag_fields() -> list[dataclasses.Field[Any]]:
+    """The ServerArgs fields that are flags, in --help's order within each group."""
+    return [f for f in fields(ServerArgs) if "group" in f.metadata]
+
+
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    d = ServerArgs()
-    g = p.add_argument_group("model")
-    g.add_argument(
-        "--model",
-        help="a Hugging Face model directory or a .gguf file (default: the embedded "
-        f"{EMBEDDED_MODEL_NAME}); nothing is downloaded",
-    )
-    g.add_argument("--served-model-name", help="the name clients pass as `model` (default: --model as given)")
-    g.add_argument(
-        "--dtype",
-        default=d.dtype,
-        choices=["auto", "float32", "float16", "bfloat16"],
-        help="weights and activations (auto: bfloat16 on GPU, float32 on CPU)",
-    )
-    g.add_argument(
-        "--tool-call-parser",
-        default=d.tool_call_parser,
-        choices=["auto", "hermes", "llama3_json"],
-        help="the format of the model's tool calls (auto: from the chat template; hermes for a template "
-        "without tool support, whose tools then go into a system prompt)",
-    )
-    g.add_argument(
-        "--engine",
-        default=d.engine,
-        choices=["model", "dummy"],
-        help="dummy: a scheduler that emits tokens without running a model (measures the serving layers)",
-    )
-    g.add_argument(
-        "--dummy-engine", dest="engine", action="store_const", const="dummy", help="same as --engine dummy"
-    )
-    g.add_argument(
-        "--dummy-weights", action="store_true", help="random weights instead of loading the checkpoint"
-    )
-    g.add_argument(
-        "--dummy-step-ms",
-        type=float,
-        default=d.dummy_step_ms,
-        help="--engine dummy: sleep this long in every step, standing in for a model's step time "
-        "(default %(default)s: as fast as the host goes)",
-    )
+    """Every flag of `minisgl serve`, grouped by what it configures. Give the parser
+    `formatter_class=HelpFormatter`, which fills in the engine's options when help is shown."""
+    groups = {name: p.add_argument_group(name) for name in GROUPS}
+    exclusive: dict[str, argparse._MutuallyExclusiveGroup] = {}
+    hints = typing.get_type_hints(ServerArgs)
+    for f in flag_fields():
+        group: Any = groups[f.metadata["group"]]
+        if key := f.metadata["exclusive"]:
+            if key not in exclusive:
+                exclusive[key] = group.add_mutually_exclusive_group()
+            group = exclusive[key]
+        group.add_argument(_flag(f.name), **_argparse_kwargs(f, hints[f.name]), **f.metadata["argparse"])
+        if f.name == "engine":
+            group.add_argument(
+                "--dummy-engine",
+                dest="engine",
+                action="store_const",
+                const="dummy",
+                help="same as --engine dummy",
+            )
 
-    g = p.add_argument_group("server")
-    g.add_argument(
-        "--host", default=d.host, help="HTTP bind address (default %(default)s: this machine only)"
-    )
-    g.add_argument("--port", type=int, default=d.port, help="HTTP port (default %(default)s)")
-    g.add_argument(
-        "--num-tokenizer",
-        type=int,
-        default=d.num_tokenizer,
-        metavar="N",
-        help="tokenizer processes; 0 = one process tokenizes and detokenizes (default)",
-    )
-    g.add_argument(
-        "--max-queued-requests",
-        type=int,
-        metavar="N",
-        help="requests in flight beyond which new ones get 503 (default: unlimited)",
-    )
-    g.add_argument(
-        "--max-request-bytes",
-        type=_size,
-        default=d.max_request_bytes,
-        metavar="SIZE",
-        help="largest HTTP request body, e.g. 8MiB or 1000000; larger ones get 413 (default 8MiB)",
-    )
-    g.add_argument(
-        "--tokenize-timeout",
-        type=float,
-        default=d.tokenize_timeout,
-        metavar="SECONDS",
-        help="how long a request waits for the tokenizer's verdict before a 503 (default %(default)s)",
-    )
-    g.add_argument(
-        "--startup-timeout",
-        type=float,
-        default=d.startup_timeout,
-        metavar="SECONDS",
-        help="how long each process may take to report ready (default %(default)s)",
-    )
-    g.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=d.shutdown_timeout,
-        metavar="SECONDS",
-        help="on SIGTERM/SIGINT, how long requests in flight may finish before they are aborted "
-        "(default %(default)s: fits docker stop's 10 s grace; a second signal aborts at once)",
-    )
-    g.add_argument(
-        "--request-timeout",
-        type=float,
-        metavar="SECONDS",
-        help='a request still running this long after it arrived ends with finish_reason "abort" '
-        "(the text so far is kept) and is dropped by the scheduler (default: no deadline)",
-    )
-    g.add_argument(
-        "--max-connections",
-        type=int,
-        metavar="N",
-        help="HTTP connections open at once (idle keep-alive ones count); a request on one more gets "
-        "503 and its connection is closed, GET /health is still answered (default: the open-file "
-        "limit less 64; 0: no cap)",
-    )
-    g.add_argument(
-        "--read-timeout",
-        type=float,
-        default=d.read_timeout,
-        metavar="SECONDS",
-        help="a client must send a request's headers within this long, and then its body within as "
-        "long again, or its connection is closed (default %(default)s; idle keep-alive: uvicorn's 5 s)",
-    )
-    g.add_argument(
-        "--stall-timeout",
-        type=float,
-        default=d.stall_timeout,
-        metavar="SECONDS",
-        help='/health says 503 "stalled", naming the rank, while a scheduler rank with work has not '
-        "come round its loop for this long (default %(default)s; 0: off)",
-    )
-    g.add_argument(
-        "--watchdog-timeout",
-        type=float,
-        default=d.watchdog_timeout,
-        metavar="SECONDS",
-        help="a scheduler rank with work that has not come round its loop for this long has its "
-        'threads\' stacks logged, requests in flight end with "abort" and the server exits 1 '
-        "(default %(default)s; 0: off)",
-    )
-    g.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"])
 
-    g = p.add_argument_group("engine")
-    g.add_argument(
-        "--device",
-        default=d.device,
-        choices=["auto", "cpu", "cuda"],
-        help="auto: cuda when a GPU is present, else cpu",
-    )
-    g.add_argument(
-        "--tp",
-        type=int,
-        default=d.tp,
-        metavar="N",
-        help="tensor-parallel ranks (one scheduler process each; gloo on CPU)",
-    )
-    g.add_argument(
-        "--dp",
-        type=int,
-        default=d.dp,
-        metavar="M",
-        help="data-parallel replicas of the engine (each of --tp ranks) behind one API server; each request "
-        "goes to the replica with the fewest running + waiting requests",
-    )
+def _argparse_kwargs(f: dataclasses.Field[Any], hint: Any) -> dict[str, Any]:
+    """How argparse reads the field: type (from its annotation), default and help."""
+    kind = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
+    kwargs: dict[str, Any] = {"default": f.default}
+    if kind is bool:
+        kwargs["action"] = "store_const"
+        kwargs["const"] = True
+    elif f.metadata.get("size"):
+        kwargs["type"] = _size
+    else:
+        kwargs["type"] = kind
+    # An engine option's help is filled in by HelpFormatter (it needs SchedulerConfig, hence torch).
+    kwargs["help"] = "" if f.metadata.get("config") else _help_text(f.metadata["help"], _shown(f))
+    return kwargs
 
-    g = p.add_argument_group("several machines")
-    g.add_argument(
-        "--nnodes", type=int, default=d.nnodes, metavar="N", help="machines the --dp x --tp ranks run on"
-    )
-    g.add_argument(
-        "--node-rank",
-        type=int,
-        default=d.node_rank,
-        metavar="K",
-        help="this machine's index; node 0 serves HTTP and runs the tokenizer and detokenizer, it and "
-        "every other node run ranks K x (dp x tp / nnodes) onwards",
-    )
-    g.add_argument(
-        "--dist-init-addr",
-        metavar="HOST:PORT",
-        help="an address of node 0 that every node can reach; node 0 binds it (and its other tcp "
-        "endpoints) on HOST only, the others connect",
-    )
-    g.add_argument("--max-running-requests", type=int, metavar="N", help="requests decoded together at most")
-    g.add_argument(
-        "--max-prefill-tokens",
-        type=int,
-        metavar="N",
-        help="prompt tokens per prefill step at most; a step is what an abort or a new request may "
-        "wait for (default: 256 on the CPU, about half a second for the embedded model; 4096 on a GPU)",
-    )
-    g.add_argument(
-        "--max-seq-len",
-        type=int,
-        metavar="N",
-        help="context length (prompt + output) per request (default: the model's)",
-    )
-    kv = g.add_mutually_exclusive_group()
-    kv.add_argument("--num-pages", type=int, metavar="N", help="KV cache size in pages")
-    kv.add_argument("--kv-cache-memory", metavar="SIZE", help="KV cache size in memory, e.g. 512MiB or 2GiB")
-    g.add_argument("--page-size", type=int, metavar="N", help="tokens per KV page")
-    g.add_argument(
-        "--attention-backend",
-        default=d.attention_backend,
-        choices=["auto", "torch", "cpu", "triton"],
-        help="auto: triton on CUDA, the C kernels on the CPU; torch: the plain reference",
-    )
-    g.add_argument(
-        "--cuda-graph-max-bs",
-        type=int,
-        metavar="N",
-        help="decode batches up to N replay CUDA graphs captured at start (default 256; 0: off)",
-    )
-    g.add_argument(
-        "--disable-overlap",
-        action="store_true",
-        help="wait for each step's tokens before preparing the next (overlap is on by default on a GPU)",
-    )
-    g.add_argument(
-        "--cache-type",
-        default=d.cache_type,
-        choices=["radix", "naive"],
-        help="prefix cache: radix reuses the KV of cached prompt prefixes (shared system prompts, chat "
-        "history); naive prefills every prompt whole (default %(default)s)",
-    )
-    g.add_argument(
-        "--seed", type=int, help="sampling seed of requests that give none (default: EngineOptions.seed)"
-    )
+
+def _shown(f: dataclasses.Field[Any]) -> str:
+    if f.metadata.get("size") and isinstance(f.default, int):
+        from minisgl.launch.configs import format_size
+
+        return format_size(f.default)
+    return shown_default(f)
+
+
+def _help_text(help: str, default: str, choices: tuple[str, ...] = ()) -> str:
+    """`help` with `name` references as flags, the choices and the default; escaped for argparse."""
+    names = {f.name for f in flag_fields()}
+    text = f"{help}; one of {', '.join(choices)}" if choices else help
+    text = f"{text} (default: {default})"
+    return re.sub(r"`([a-z_]+)`", lambda m: _flag(m[1]) if m[1] in names else m[1], text).replace("%", "%%")
+
+
+def engine_help(name: str) -> str:
+    """The --help text of an engine option: the help and default of SchedulerConfig's field `name`."""
+    from minisgl.launch.configs import CPU_DEFAULTS
+    from minisgl.scheduler.config import SchedulerConfig
+
+    f = next(f for f in fields(SchedulerConfig) if f.name == name)
+    default = shown_default(f)
+    if name in CPU_DEFAULTS:
+        default = f"{CPU_DEFAULTS[name]} on the CPU, {default} on a GPU"
+    return _help_text(f.metadata["help"], default, f.metadata.get("choices", ()))
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Fills in the help of the engine's options as help is formatted, not when the parser is built."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        if not action.help and action.dest in {f.name for f in flag_fields() if f.metadata.get("config")}:
+            action.help = engine_help(action.dest)
+        super().add_argument(action)
 
 
 def _size(text: str) -> int:

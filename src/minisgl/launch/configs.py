@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from minisgl.launch.args import ServerArgs
 
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 # 256 tokens keep a prefill step of the embedded model on a small CPU short (a chunk at the end of a
 # long prompt, whose attention spans the whole prefix, takes longer). GPUs keep SchedulerConfig's.
 CPU_MAX_PREFILL_TOKENS = 256
+# The options that default differently on the CPU when left unset (--help shows both defaults).
+CPU_DEFAULTS = {"max_prefill_tokens": CPU_MAX_PREFILL_TOKENS}
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {
@@ -55,37 +57,36 @@ def parse_size(text: str, option: str = "--kv-cache-memory") -> int:
     return size
 
 
+def format_size(size: int) -> str:
+    """Bytes as `parse_size` reads them back: 8388608 -> '8MiB'."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
+
+
 def scheduler_config(args: ServerArgs, model_dir: Path, device: str) -> SchedulerConfig:
-    """Rank 0's config; the options left unset (None) keep SchedulerConfig's defaults."""
+    """Rank 0's config. The options left unset (None) keep SchedulerConfig's defaults, but for
+    CPU_DEFAULTS on the CPU; the engine's options pass through under their own names."""
     from minisgl.distributed import DistributedInfo
     from minisgl.engine.options import resolve_dtype
     from minisgl.scheduler.config import SchedulerConfig
 
-    max_prefill_tokens = args.max_prefill_tokens
-    if max_prefill_tokens is None and device == "cpu":
-        max_prefill_tokens = CPU_MAX_PREFILL_TOKENS
-    kv_cache_memory = None if args.kv_cache_memory is None else parse_size(args.kv_cache_memory)
+    options: dict[str, Any] = dict(CPU_DEFAULTS) if device == "cpu" else {}
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        if f.metadata.get("config") and value is not None:
+            options[f.name] = value
+    if args.kv_cache_memory is not None:
+        options["kv_cache_memory"] = parse_size(args.kv_cache_memory)
+    if args.disable_overlap:
+        options["overlap_schedule"] = False
     return SchedulerConfig(
         model_path=str(model_dir),
         tp_info=DistributedInfo(0, args.tp),
         dtype=resolve_dtype(args.dtype, device),
         device=device,
-        engine=args.engine,
-        dummy_weights=args.dummy_weights,
-        dummy_step_ms=args.dummy_step_ms,
-        attention_backend=args.attention_backend,
-        overlap_schedule=False if args.disable_overlap else None,
-        cache_type=args.cache_type,
-        **_set_only(
-            max_running_requests=args.max_running_requests,
-            max_prefill_tokens=max_prefill_tokens,
-            num_pages=args.num_pages,
-            kv_cache_memory=kv_cache_memory,
-            page_size=args.page_size,
-            max_seq_len=args.max_seq_len,
-            cuda_graph_max_bs=args.cuda_graph_max_bs,
-            seed=args.seed,
-        ),
+        **options,
     )
 
 
@@ -132,7 +133,3 @@ def rank_name(config: SchedulerConfig, args: ServerArgs) -> str:
     if args.tp > 1:
         name += f" rank {config.tp_info.rank}"
     return name
-
-
-def _set_only(**options: int | None) -> dict[str, int]:
-    return {name: value for name, value in options.items() if value is not None}

@@ -100,7 +100,8 @@ class Launcher:
         self.abort_now = False  # a second signal: abort what is in flight without waiting
         self.exit_code = 0
         self.detail = ""  # why the server stopped, when it failed (told to the other nodes)
-        self.board: ProgressBoard | None = None  # the scheduler ranks' progress (utils/progress.py)
+        # The scheduler ranks' progress (utils/progress.py), in the ipc directory the configs made.
+        self.board = ProgressBoard.create(self.addrs.ipc_dir, len(self.sched_configs))
         self.schedulers: list[Child] = []
         self.watchdog: watchdog.Watchdog | None = None  # once every child is ready
 
@@ -110,7 +111,6 @@ class Launcher:
         from minisgl.launch.configs import rank_name
         from minisgl.scheduler import run_scheduler
 
-        self.board = ProgressBoard.create(self.addrs.ipc_dir, len(self.sched_configs))
         self.schedulers = [
             self.group.spawn(rank_name(c, self.args), run_scheduler, c) for c in self.sched_configs
         ]
@@ -225,6 +225,7 @@ class Launcher:
         log_accept_errors(asyncio.get_running_loop())
         config = uvicorn.Config(
             create_app(state),
+            log_level=self.args.log_level,  # uvicorn's own loggers follow --log-level
             http=guarded_h11(
                 default_max_connections() if max_connections is None else max_connections,
                 self.args.read_timeout,
@@ -414,7 +415,7 @@ def serve(args: ServerArgs) -> int:
     from minisgl.models import resolve_model_path
 
     try:
-        needs_weights = args.engine == "model" and not args.dummy_weights
+        needs_weights = args.engine != "dummy" and not args.dummy_weights
         model_dir = resolve_model_path(args.model, require_weights=needs_weights)
     except Exception as e:
         print(f"minisgl: {e}", file=sys.stderr)

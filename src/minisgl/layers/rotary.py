@@ -16,7 +16,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
     """Inverse frequencies (head_dim // 2,) in float32, with the supported `rope_scaling` types applied."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     inv_freq = 1.0 / (theta**exponents)
-    kind = (scaling or {}).get("rope_type", "default")
+    scaling = scaling or {}
+    kind = scaling.get("rope_type", "default")
     if kind == "default":
         return inv_freq
     if kind == "linear":
@@ -42,6 +43,9 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 
 class RotaryEmbedding(nn.Module):
     """Applies RoPE (rotate-half convention, HF weight layout) to q and k given token positions."""
+
+    cos: torch.Tensor  # (P, D/2), registered buffers
+    sin: torch.Tensor
 
     def __init__(
         self,

@@ -30,7 +30,8 @@ class LLM(OfflineAPI, Scheduler):
     max_running_requests, max_prefill_tokens, max_seq_len, seed, engine, dummy_weights,
     cache_type="radix"|"naive", ...). tp > 1 gives a `MultiRankLLM` (N processes, same API)."""
 
-    def __new__(cls, model: str | None = None, **options: Any) -> LLM | MultiRankLLM:
+    # LLM(tp=N > 1) is a MultiRankLLM by design (the same API over N rank processes), not an LLM.
+    def __new__(cls, model: str | None = None, **options: Any) -> LLM | MultiRankLLM:  # type: ignore[misc]
         tp = options.get("tp", 1)
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise ValueError(f"tp must be an int >= 1, got {tp!r}")

@@ -15,16 +15,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import types
 import typing
 from collections.abc import Callable
 from dataclasses import MISSING
-from typing import Any, ClassVar, NoReturn, Union
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Union
 
 import msgspec
 import torch
 
 from .tensor import TensorFormatError, decode_tensor, tensor_to_map
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["Message", "MessageDecodeError", "MessageGroup", "group_of"]
 
@@ -51,15 +55,29 @@ class Message:
     _group: ClassVar[MessageGroup]
     omit_defaults: ClassVar[bool] = False  # True: fields at their default stay off the wire
 
+    if TYPE_CHECKING:  # set on every group base by __init_subclass__ (call the last two on it)
+
+        def encoder(self) -> dict[str, Any]: ...
+        def to_bytes(self) -> bytes: ...
+        @classmethod
+        def decoder(cls, data: Any) -> Self: ...
+        @classmethod
+        def from_bytes(cls, raw: bytes | bytearray | memoryview) -> Self: ...
+
     def __init_subclass__(cls, group: str = "", **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if not group:
             return cls._group.register(cls)
         cls._group = g = MessageGroup(group, cls)
         # Methods that call the group's; wraps() sets `__wrapped__`, by which `group_of` finds it.
-        cls.encoder = functools.wraps(g.encode)(lambda self: g.encode(self))
-        cls.to_bytes = functools.wraps(g.to_bytes)(lambda self: g.to_bytes(self))
-        cls.decoder, cls.from_bytes = staticmethod(g.decode), staticmethod(g.from_bytes)
+        functions = {
+            "encoder": functools.wraps(g.encode)(lambda self: g.encode(self)),
+            "to_bytes": functools.wraps(g.to_bytes)(lambda self: g.to_bytes(self)),
+            "decoder": staticmethod(g.decode),
+            "from_bytes": staticmethod(g.from_bytes),
+        }
+        for name, function in functions.items():
+            setattr(cls, name, function)
 
 
 def group_of(obj: object) -> MessageGroup | None:
@@ -74,11 +92,11 @@ class MessageGroup:
     """One receiver's closed set of message classes; its codec is built at first use, once every
     class of the group is defined."""
 
-    def __init__(self, name: str, root: type) -> None:
+    def __init__(self, name: str, root: type[Message]) -> None:
         self.name, self.root = name, root
-        self.classes: dict[str, type] = {}
+        self.classes: dict[str, type[Message]] = {}
 
-    def register(self, cls: type) -> None:
+    def register(self, cls: type[Message]) -> None:
         if cls.__name__ in self.classes or cls.__name__ == "Tensor":
             raise TypeError(f"message name {cls.__name__!r} is already used in the {self.name} group")
         self.classes[cls.__name__] = cls
@@ -137,13 +155,13 @@ class MessageGroup:
 
     def _why(self, tp: Any, v: Any) -> str | None:
         """The first fault of the plain value `v` as a `tp`, or None if it fits."""
-        if tp is self.root or dataclasses.is_dataclass(tp):
+        if tp is self.root or (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
             return self._why_object(tp, v)
         origin, args = typing.get_origin(tp), typing.get_args(tp)
         if origin is list or origin is dict:
             if v.__class__ is not origin:
                 return f": expected a {'list' if origin is list else 'map'}, got {_describe(v)}"
-            if origin is list:
+            if isinstance(v, list):
                 items = [(i, args[0], x) for i, x in enumerate(v)]
             else:  # a map's keys, then its values
                 items = [(k, args[0], k) for k in v] + [(k, args[1], x) for k, x in v.items()]
@@ -174,10 +192,11 @@ class MessageGroup:
             return ": missing '__type__'"
         name = d["__type__"]
         if cls is self.root:
-            cls = self.classes.get(name) if name.__class__ is str else None
-            if cls is None:
+            member = self.classes.get(name) if name.__class__ is str else None
+            if member is None:
                 known = ", ".join(sorted(self.classes))
                 return f": unknown {self.name} message type {name!r:.60} (known: {known})"
+            cls = member
         if name != cls.__name__:
             return f": expected __type__ {cls.__name__!r}, got {name!r:.60}"
         fields, hints = msgspec.structs.fields(self.codec.mirror[cls]), typing.get_type_hints(cls)
@@ -198,13 +217,16 @@ class _Codec:
 
     def __init__(self, group: MessageGroup) -> None:
         self.group = group
-        self.env = {"new": object.__new__, "other": self._not_member, "tensor_to_map": tensor_to_map}
+        self.env: dict[str, Any] = {"new": object.__new__, "other": self._not_member}
+        self.env["tensor_to_map"] = tensor_to_map
         # The converters test classes in this order: the per-token messages (those that omit their
         # defaults), nearly all of a batch, first.
         classes = sorted(group.classes.values(), key=lambda cls: not cls.omit_defaults)
         self.mirror = {cls: _mirror(cls) for cls in [*classes, *_records(group)]}
-        members = Union[(*(self.mirror[c] for c in group.classes.values()), _Never)]  # noqa: UP007
-        self.union = {cls: m | _Never for cls, m in self.mirror.items()} | {group.root: members}
+        members = functools.reduce(operator.or_, [*(self.mirror[c] for c in group.classes.values()), _Never])
+        # Each class's msgspec type: its mirror or, for the group base, any member's (a type expression).
+        self.union: dict[type, Any] = {cls: m | _Never for cls, m in self.mirror.items()}
+        self.union[group.root] = members
         to_wire, from_wire = {}, {}
         for cls, mirror in self.mirror.items():  # now that all exist: a field may hold any of them
             hints, outs, ins = typing.get_type_hints(cls), {}, {}
@@ -225,7 +247,7 @@ class _Codec:
         if tp in self.union:
             return self.union[tp], "one({0})", "one({0})"
         if item in self.union:
-            return list[self.union[item]], "many({0})", "many({0})"
+            return types.GenericAlias(list, self.union[item]), "many({0})", "many({0})"
         if maybe and len(maybe) == 1 and maybe[0] in self.union:  # an optional record
             return self.union[maybe[0]] | None, *["(None if {0} is None else one({0}))"] * 2
         if tp is torch.Tensor:  # the one type msgspec does not know; decoded by the dec_hook below
@@ -279,7 +301,7 @@ def _records(group: MessageGroup) -> list[type]:
 
     def walk(tp: Any) -> None:
         known = tp is group.root or tp in group.classes.values() or tp in found
-        if not dataclasses.is_dataclass(tp) or known:
+        if not (isinstance(tp, type) and dataclasses.is_dataclass(tp)) or known:
             for arg in typing.get_args(tp):  # list[X], X | None, ...
                 walk(arg)
             return
@@ -295,13 +317,17 @@ def _records(group: MessageGroup) -> list[type]:
     return found
 
 
-def _mirror(cls: type) -> type:
+def _mirror(cls: type) -> type[msgspec.Struct]:
     """The mirror struct of a dataclass, its field types still to be set (`_Codec.__init__`)."""
     specs = []
     for f in [f for f in dataclasses.fields(cls) if f.init]:  # an init=False field is not sent
-        default = msgspec.NODEFAULT if f.default is MISSING else f.default
-        factory = msgspec.NODEFAULT if f.default_factory is MISSING else f.default_factory
-        specs.append((f.name, Any, msgspec.field(default=default, default_factory=factory)))
+        if f.default is not MISSING:
+            spec = msgspec.field(default=f.default)
+        elif f.default_factory is not MISSING:
+            spec = msgspec.field(default_factory=f.default_factory)
+        else:
+            spec = msgspec.field()
+        specs.append((f.name, Any, spec))
     return msgspec.defstruct(
         cls.__name__,
         specs,

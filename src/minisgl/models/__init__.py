@@ -1,6 +1,7 @@
 """minisgl.models: model definitions (Llama, Mistral, Qwen2, Qwen3) and weight loading
 (Hugging Face safetensors directories; GGUF files converted once into a cached directory)."""
 
+from minisgl.models.base import CausalLM
 from minisgl.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, ModelConfigError
 from minisgl.models.gguf_convert import GGUFConversionError
 from minisgl.models.llama import LlamaForCausalLM
@@ -10,6 +11,7 @@ from minisgl.models.weights import WeightLoadError
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
+    "CausalLM",
     "GGUFConversionError",
     "LlamaForCausalLM",
     "ModelConfig",

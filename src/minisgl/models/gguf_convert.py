@@ -200,13 +200,16 @@ def _dequantized_tensors(
     reader: GGUFReader, config: dict[str, Any], gguf_path: Path, progress: bool
 ) -> dict[str, np.ndarray]:
     from gguf.quants import dequantize
-    from tqdm.auto import tqdm
+
+    from minisgl.utils.progress_bar import progress_bar
 
     out: dict[str, np.ndarray] = {}
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
     if config["model_type"] not in _PERMUTED_ROPE:
         heads = {}
-    for t in tqdm(reader.tensors, desc=f"Converting {gguf_path.name}", unit="tensor", disable=not progress):
+    for t in progress_bar(
+        reader.tensors, desc=f"Converting {gguf_path.name}", unit="tensor", disable=not progress
+    ):
         hf = _hf_name(t.name)
         if hf is None:
             raise GGUFConversionError(

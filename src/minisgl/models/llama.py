@@ -25,6 +25,7 @@ from minisgl.layers import (
     RowParallelLinear,
     vocab_shard,
 )
+from minisgl.models.base import CausalLM
 from minisgl.models.config import ModelConfig
 from minisgl.models.weights import WeightSlot
 
@@ -159,7 +160,7 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     """Runs Llama, Mistral, Qwen2 and Qwen3 checkpoints (the differences are flags in ModelConfig)."""
 
     def __init__(self, cfg: ModelConfig, tp: DistributedInfo, dtype: torch.dtype, device: Device) -> None:
@@ -211,6 +212,7 @@ class LlamaForCausalLM(nn.Module):
         elif tp.size > 1:
             slots["model.embed_tokens.weight"].append(head_slot)
         for i, layer in enumerate(self.model.layers):
+            assert isinstance(layer, DecoderLayer)  # (a ModuleList's items are typed as Module)
             slots.update(self._layer_slots(f"model.layers.{i}.", layer))
         return slots
 
@@ -227,13 +229,13 @@ class LlamaForCausalLM(nn.Module):
             p = f"{prefix}self_attn.{name}."
             s[p + "weight"] = [WeightSlot(attn.qkv_proj.weight, (full * d, hidden), 0, first * d, n * d, dst)]
             if cfg.attention_bias:
-                s[p + "bias"] = [WeightSlot(attn.qkv_proj.bias, (full * d,), 0, first * d, n * d, dst)]
+                s[p + "bias"] = [WeightSlot(_bias(attn.qkv_proj), (full * d,), 0, first * d, n * d, dst)]
         o = f"{prefix}self_attn.o_proj."
         s[o + "weight"] = [
             WeightSlot(attn.o_proj.weight, (hidden, cfg.num_heads * d), 1, hl.q_start * d, hl.num_heads * d)
         ]
         if cfg.o_proj_bias:
-            s[o + "bias"] = [_whole(attn.o_proj.bias)]
+            s[o + "bias"] = [_whole(_bias(attn.o_proj))]
         if cfg.qk_norm:
             s[f"{prefix}self_attn.q_norm.weight"] = [_whole(attn.q_norm.weight)]
             s[f"{prefix}self_attn.k_norm.weight"] = [_whole(attn.k_norm.weight)]
@@ -250,6 +252,13 @@ class LlamaForCausalLM(nn.Module):
         s[f"{prefix}input_layernorm.weight"] = [_whole(layer.input_layernorm.weight)]
         s[f"{prefix}post_attention_layernorm.weight"] = [_whole(layer.post_attention_layernorm.weight)]
         return s
+
+
+def _bias(linear: Linear) -> torch.Tensor:
+    """The bias of a linear layer the config gave one (attention_bias, o_proj_bias)."""
+    if linear.bias is None:
+        raise ValueError("this linear layer has no bias")
+    return linear.bias
 
 
 def _whole(param: torch.Tensor) -> WeightSlot:

@@ -9,9 +9,9 @@ import zlib
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from minisgl.distributed import DistributedInfo
+from minisgl.models.base import CausalLM
 from minisgl.models.config import ModelConfig
 from minisgl.models.llama import LlamaForCausalLM
 from minisgl.models.weights import load_checkpoint, load_generated
@@ -33,7 +33,7 @@ def load_model(
     tp_info: DistributedInfo | None = None,
     dummy: bool = False,
     progress: bool = True,
-) -> tuple[nn.Module, ModelConfig]:
+) -> tuple[CausalLM, ModelConfig]:
     """The model for this rank and its config. `dummy`: random weights, only config.json is read."""
     model_dir = Path(model_dir)
     t0 = time.perf_counter()

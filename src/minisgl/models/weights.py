@@ -82,12 +82,12 @@ def load_checkpoint(
     progress: bool = True,
 ) -> None:
     """Fill every slot from the *.safetensors files; any mismatch is a WeightLoadError."""
-    from tqdm.auto import tqdm
+    from minisgl.utils.progress_bar import progress_bar
 
     files = checkpoint_files(model_dir)
     entries = list(iter_tensor_names(files))
     seen: set[str] = set()
-    bar = tqdm(total=len(entries), desc="Loading weights", unit="tensor", disable=not progress)
+    bar = progress_bar(total=len(entries), desc="Loading weights", unit="tensor", disable=not progress)
     try:
         for f in files:
             with safe_open(str(f), framework="pt", device="cpu") as fh:

@@ -17,6 +17,7 @@ from minisgl.distributed import DistributedInfo
 from minisgl.engine.options import EngineOptions
 from minisgl.kvcache import CACHE_TYPES
 from minisgl.utils.ipc import ensure_private_dir, ipc_addr, ipc_dir_for, new_suffix, remove_ipc_dir
+from minisgl.utils.options import option
 
 
 @dataclass(frozen=True)
@@ -27,9 +28,18 @@ class SchedulerConfig(EngineOptions):
     model_path: str = field()
     tp_info: DistributedInfo = field()
     dtype: torch.dtype = field()
-    max_prefill_tokens: int = 4096
-    overlap_schedule: bool | None = None  # launch step N+1 before waiting for step N; None: on a GPU
-    cache_type: str = "radix"  # prefix cache: "radix" shares cached prefixes; "naive" caches nothing
+    max_prefill_tokens: int = option(
+        4096, "prompt tokens per prefill step at most: a step is what an abort or a new request may wait for"
+    )
+    overlap_schedule: bool | None = option(
+        None, "launch step N+1 before taking step N's tokens", unset="on a GPU, off on the CPU"
+    )
+    cache_type: str = option(
+        "radix",
+        "prefix cache: radix reuses the KV of cached prompt prefixes (shared system prompts, chat "
+        "history); naive prefills every prompt whole",
+        choices=CACHE_TYPES,
+    )
     offline_mode: bool = False  # the offline LLM class: no sockets, the subclass does the IO
     dist_init_addr: str = ""  # tcp://host:port for torch.distributed when tp_info.size > 1
     # Non-empty: the torch.distributed store at dist_init_addr is hosted by the launcher (one store
@@ -51,8 +61,6 @@ class SchedulerConfig(EngineOptions):
         super().__post_init__()
         if self.max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
-        if self.cache_type not in CACHE_TYPES:
-            raise ValueError(f"cache_type must be one of {CACHE_TYPES}, got {self.cache_type!r}")
         if self.dist_init_addr and not self.dist_init_addr.startswith("tcp://"):
             raise ValueError(f"dist_init_addr must look like tcp://host:port, got {self.dist_init_addr!r}")
         if not (isinstance(self.replica, int) and self.replica >= 0):

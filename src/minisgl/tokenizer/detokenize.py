@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from minisgl.message import DetokenizeExtra, DetokenizeMsg, ErrorMsg, UserReply, UserReplyExtra
+from minisgl.utils.hf import decode_text
 
 from .token_bytes import token_bytes_fn
 
@@ -45,7 +46,17 @@ def fast_decoder(tokenizer: PreTrainedTokenizerBase) -> Decoder:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return backend
-    return tokenizer
+    return _TextDecoder(tokenizer)
+
+
+@dataclass(frozen=True)
+class _TextDecoder:
+    """A Hugging Face tokenizer as a `Decoder` (its `decode` of a list of ids is one text)."""
+
+    tokenizer: PreTrainedTokenizerBase
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return decode_text(self.tokenizer, ids, skip_special_tokens)
 
 
 @dataclass

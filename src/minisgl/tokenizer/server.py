@@ -29,7 +29,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import zmq
 
@@ -63,6 +63,8 @@ if TYPE_CHECKING:
     from minisgl.utils import ZmqPushQueue
 
 logger = init_logger("minisgl.tokenizer")
+
+M = TypeVar("M", BaseFrontendMsg, BaseBackendMsg)  # what a worker sends: to the API server, or to a scheduler
 
 Role = Literal["tokenizer", "detokenizer", "both"]
 
@@ -132,10 +134,10 @@ class TokenizerWorker:
                 for addr in config.detokenizer_addrs
             )
         # Timed sends: a peer that died must not hang this worker (what is dropped is logged once).
-        self.to_frontend = ZmqPushQueue(
+        self.to_frontend: ZmqPushQueue[BaseFrontendMsg] = ZmqPushQueue(
             config.frontend_addr, create=False, encoder=BaseFrontendMsg.encoder, send_timeout_s=timeout
         )
-        self.to_backends = (
+        self.to_backends: list[ZmqPushQueue[BaseBackendMsg]] = (
             [
                 ZmqPushQueue(
                     addr, create=_binds(addr), encoder=BaseBackendMsg.encoder, send_timeout_s=timeout
@@ -202,12 +204,7 @@ class TokenizerWorker:
         )
         return False
 
-    def _send(
-        self,
-        queue: ZmqPushQueue,
-        msgs: list[BaseFrontendMsg] | list[BaseBackendMsg],
-        batch_cls: type[BatchFrontendMsg] | type[BatchBackendMsg],
-    ) -> None:
+    def _send(self, queue: ZmqPushQueue[M], msgs: list[M], batch_cls: type[M]) -> None:
         """Send `msgs` as one batch; if that cannot be encoded (e.g. a uid from a malformed message
         beyond what msgpack holds), send each alone and drop, logged, only those that fail."""
         try:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from minisgl.utils.hf import decode_text
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -59,13 +61,13 @@ def token_bytes_fn(tokenizer: PreTrainedTokenizerBase) -> Callable[[int], bytes]
     def piece(token_id: int) -> bytes:
         text = tokenizer.convert_ids_to_tokens(token_id)
         if not isinstance(text, str) or token_id in special:
-            return tokenizer.decode([token_id]).encode()
+            return decode_text(tokenizer, [token_id]).encode()
         if "ByteLevel" in kinds and all(c in alphabet for c in text):
             return bytes(alphabet[c] for c in text)
         if "ByteFallback" in kinds and len(text) == _BYTE_FALLBACK_LEN and text.startswith("<0x"):
             return bytes([int(text[3:5], 16)])
         if "ByteFallback" in kinds or "Metaspace" in kinds:
             return text.replace("\u2581", " ").encode()
-        return tokenizer.decode([token_id]).encode()
+        return decode_text(tokenizer, [token_id]).encode()
 
     return lru_cache(maxsize=1 << 16)(piece)

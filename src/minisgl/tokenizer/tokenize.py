@@ -19,6 +19,7 @@ import torch
 
 from minisgl.core import RequestRejected, SamplingParams, check_request
 from minisgl.message import TokenizeMsg, UserMsg
+from minisgl.utils.hf import decode_text
 
 from .length_bound import LengthBound
 
@@ -136,7 +137,7 @@ class TokenizeManager:
         """The prompt as `echo` shows it: a text prompt as given, token ids decoded."""
         if not msg.echo:
             return ""
-        return msg.text if isinstance(msg.text, str) else self.tokenizer.decode(ids)
+        return msg.text if isinstance(msg.text, str) else decode_text(self.tokenizer, ids)
 
 
 def _template_message(message: dict[str, Any]) -> dict[str, Any]:

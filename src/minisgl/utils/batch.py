@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from minisgl.message import BatchBackendMsg, BatchFrontendMsg, BatchTokenizerMsg
 
@@ -15,8 +15,8 @@ def unbatch(msgs: Iterable[Msg]) -> list[Msg]:
     """The members of (nested) batches, in order; other messages as they are."""
     out: list[Msg] = []
     for msg in msgs:
-        if isinstance(msg, _BATCHES):
-            out.extend(unbatch(msg.data))
+        if isinstance(msg, _BATCHES):  # a batch holds messages of its own group: Msgs too
+            out.extend(unbatch(cast("list[Msg]", msg.data)))
         else:
             out.append(msg)
     return out

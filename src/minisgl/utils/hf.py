@@ -49,6 +49,19 @@ def render_chat(
     extra: dict[str, Any] = {"continue_final_message": True} if continue_final_message else {}
     if tools:
         extra["tools"] = tools
-    return tokenizer.apply_chat_template(
+    text = tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
     )
+    return _text(text, "apply_chat_template(tokenize=False)")
+
+
+def decode_text(tokenizer: PreTrainedTokenizerBase, ids: list[int], skip_special_tokens: bool = False) -> str:
+    """`tokenizer.decode(ids)`: the text of one sequence of ids (typed as such)."""
+    return _text(tokenizer.decode(ids, skip_special_tokens=skip_special_tokens), "decode")
+
+
+def _text(value: object, call: str) -> str:
+    """transformers types these calls' results as unions; for the arguments given here it is a str."""
+    if not isinstance(value, str):
+        raise TypeError(f"the tokenizer's {call} returned {type(value).__name__}, not str")
+    return value

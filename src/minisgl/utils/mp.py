@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 import msgpack
 import zmq
@@ -38,6 +38,8 @@ from minisgl.message import MessageDecodeError
 from minisgl.message.codec import group_of
 
 T = TypeVar("T")
+S = TypeVar("S", bound=zmq.Socket)  # a queue's socket: zmq's, or zmq.asyncio's
+Q = TypeVar("Q", bound="_ZmqQueue")
 
 logger = logging.getLogger("minisgl.utils.mp")
 
@@ -69,15 +71,15 @@ def check_addr(addr: str) -> str:
 
 def _packer(encoder: Callable[[T], dict]) -> Callable[[T], bytes]:
     group = group_of(encoder)
-    if group is not None:
-        return group.to_bytes
+    if group is not None:  # then T is that group's base: its messages are what `encoder` takes
+        return cast(Callable[[T], bytes], group.to_bytes)
     return lambda obj: msgpack.packb(encoder(obj), use_bin_type=True)
 
 
 def _unpacker(decoder: Callable[[dict], T]) -> Callable[[bytes], T]:
     group = group_of(decoder)
-    if group is not None:
-        return group.from_bytes
+    if group is not None:  # then T is that group's base: its messages are what `decoder` makes
+        return cast(Callable[[bytes], T], group.from_bytes)
 
     def decode(raw: bytes) -> T:
         try:
@@ -89,16 +91,14 @@ def _unpacker(decoder: Callable[[dict], T]) -> Callable[[bytes], T]:
     return decode
 
 
-class _ZmqQueue:
+class _ZmqQueue(Generic[S]):
     """A socket with its own context; `stop()` closes both without waiting."""
 
-    _async = False
-
-    def __init__(self, addr: str, create: bool, kind: int) -> None:
+    def __init__(self, addr: str, create: bool, kind: int, context: zmq.Context[S]) -> None:
         check_addr(addr)
         self.addr = addr
-        self.context = zmq.asyncio.Context() if self._async else zmq.Context()
-        self.socket = self.context.socket(kind)
+        self.context = context
+        self.socket: S = context.socket(kind)
         self.socket.setsockopt(zmq.LINGER, 0)
         try:
             self.socket.bind(addr) if create else self.socket.connect(addr)
@@ -116,16 +116,16 @@ class _ZmqQueue:
         self.socket.close(linger=linger_ms)
         self.context.term()
 
-    def __enter__(self) -> _ZmqQueue:
+    def __enter__(self: Q) -> Q:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-class _Receiver(_ZmqQueue, Generic[T]):
+class _Receiver(_ZmqQueue[zmq.Socket[bytes]], Generic[T]):
     def __init__(self, addr: str, create: bool, kind: int, decoder: Callable[[dict], T]) -> None:
-        super().__init__(addr, create, kind)
+        super().__init__(addr, create, kind, zmq.Context())
         self._decode = _unpacker(decoder)
 
     def get(self) -> T:
@@ -182,7 +182,7 @@ class _SendGate:
         self.total_dropped += 1
 
 
-class _Sender(_ZmqQueue, Generic[T]):
+class _Sender(_ZmqQueue[zmq.Socket[bytes]], Generic[T]):
     def __init__(
         self,
         addr: str,
@@ -192,7 +192,7 @@ class _Sender(_ZmqQueue, Generic[T]):
         send_timeout_s: float | None = None,
     ) -> None:
         self._gate = _SendGate(addr, send_timeout_s)
-        super().__init__(addr, create, kind)
+        super().__init__(addr, create, kind, zmq.Context())
         self._encode = _packer(encoder)
 
     @property
@@ -284,20 +284,18 @@ class ZmqSubQueue(_Receiver[T]):
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
 
 
-class ZmqAsyncPushQueue(_ZmqQueue, Generic[T]):
+class ZmqAsyncPushQueue(_ZmqQueue[zmq.asyncio.Socket], Generic[T]):
     """PUSH for an asyncio event loop (the API server): `await put(obj)` never blocks the loop.
 
     With `send_timeout_s`, a put that no peer takes in time raises TimeoutError (the caller has
     requests to answer); the message is not sent."""
-
-    _async = True
 
     def __init__(
         self, addr: str, create: bool, encoder: Callable[[T], dict], send_timeout_s: float | None = None
     ) -> None:
         if send_timeout_s is not None and send_timeout_s < 0:
             raise ValueError(f"send_timeout_s must be >= 0 or None, got {send_timeout_s}")
-        super().__init__(addr, create, zmq.PUSH)
+        super().__init__(addr, create, zmq.PUSH, zmq.asyncio.Context())
         self._encode = _packer(encoder)
         self.send_timeout_s = send_timeout_s
 
@@ -316,13 +314,11 @@ class ZmqAsyncPushQueue(_ZmqQueue, Generic[T]):
             ) from None
 
 
-class ZmqAsyncPullQueue(_ZmqQueue, Generic[T]):
+class ZmqAsyncPullQueue(_ZmqQueue[zmq.asyncio.Socket], Generic[T]):
     """PULL for an asyncio event loop; `await get()` (MessageDecodeError for malformed bytes)."""
 
-    _async = True
-
     def __init__(self, addr: str, create: bool, decoder: Callable[[dict], T]) -> None:
-        super().__init__(addr, create, zmq.PULL)
+        super().__init__(addr, create, zmq.PULL, zmq.asyncio.Context())
         self._decode = _unpacker(decoder)
 
     async def get(self) -> T:
@@ -336,4 +332,4 @@ class ZmqAsyncPullQueue(_ZmqQueue, Generic[T]):
 
     def empty(self) -> bool:
         """True if no message is waiting right now (never blocks, no await needed)."""
-        return not self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN
+        return not int(self.socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN

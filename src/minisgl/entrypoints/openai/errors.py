@@ -5,10 +5,12 @@ route refuses, and the app's handlers for validation errors, HTTP errors and any
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger("minisgl.server")
@@ -82,7 +84,7 @@ async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(500, f"internal server error: {type(exc).__name__}")
 
 
-EXCEPTION_HANDLERS = {
+EXCEPTION_HANDLERS: dict[int | type[Exception], Callable[[Request, Any], Coroutine[Any, Any, Response]]] = {
     RequestValidationError: _invalid_request,
     StarletteHTTPException: _http_error,
     APIError: _api_error,

@@ -12,6 +12,7 @@ float32 -inf of a token with no probability at all) is given as -9999, since JSO
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from minisgl.frontend.chunk import Chunk, TokenLogprob
 
@@ -47,7 +48,7 @@ class ChatLogprobs:
 class CompletionLogprobs:
     offset: int = 0  # where the next token starts in the choice's text
 
-    def of(self, chunk: Chunk) -> dict[str, object] | None:
+    def of(self, chunk: Chunk) -> dict[str, list[Any]] | None:
         entries = (chunk.prompt_logprobs or []) + chunk.logprobs
         if not entries:
             return None
@@ -62,7 +63,7 @@ class CompletionLogprobs:
             self.offset += len(text)
         return out
 
-    def of_all(self, chunks: list[Chunk]) -> dict[str, object]:
+    def of_all(self, chunks: list[Chunk]) -> dict[str, list[Any]]:
         out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for chunk in chunks:
             for k, v in (self.of(chunk) or {}).items():

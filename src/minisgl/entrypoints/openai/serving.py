@@ -9,7 +9,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -28,7 +28,7 @@ _DISCONNECT_POLL_S = 0.25
 T = TypeVar("T")
 
 
-JSONObject = dict[str, object]
+JSONObject = dict[str, Any]
 
 
 async def open_all(

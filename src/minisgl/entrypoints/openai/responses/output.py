@@ -163,7 +163,7 @@ class ResponseBuilder:
         part: JSONObject = {"type": "output_text", "text": "", "annotations": []}
         if self.logprobs:
             part["logprobs"] = []
-        item = {
+        item: JSONObject = {
             "id": _id("msg"),
             "type": "message",
             "role": "assistant",
@@ -182,8 +182,8 @@ class ResponseBuilder:
         events: list[JSONObject] = []
         if "id" in call:
             events += self._close()
-            item = {"id": _id("fc"), "type": "function_call", "status": "in_progress", "call_id": call["id"]}
-            events += self._add({**item, "name": fn.get("name", ""), "arguments": ""})
+            new = {"id": _id("fc"), "type": "function_call", "status": "in_progress", "call_id": call["id"]}
+            events += self._add({**new, "name": fn.get("name", ""), "arguments": ""})
         delta, item = fn.get("arguments", ""), self._open
         if not delta or item is None:
             return events

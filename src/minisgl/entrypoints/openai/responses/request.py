@@ -219,7 +219,7 @@ class TextFormat(_Body):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None
     description: str | None = None
-    json_schema: dict[str, Any] | bool | None = Field(None, alias="schema")
+    json_schema: dict[str, Any] | bool | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
     @model_validator(mode="after")
