@@ -28,9 +28,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_server import ServerProcess
 
 import minisgl
+from test_server import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -88,7 +88,11 @@ def _dependency_layer(tmp: Path) -> Path:
 
 def _fresh_venv(tmp: Path, layer: Path) -> Path:
     venv = tmp / "venv"
-    _check(subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True))
+    _check(
+        subprocess.run(
+            [sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True
+        )
+    )
     out = subprocess.run(
         [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
