@@ -1,6 +1,7 @@
 """The CPU attention backend: the torch reference with its fresh-prefill and decode paths replaced.
 
-- float32 with minisgl's C kernels built (`minisgl.kernels`): decode reads each request's K/V
+- float32 activations with minisgl's C kernels built (`minisgl.kernels`), over a float32 or a
+  float16 pool (the C kernels convert float16 K/V in registers): decode reads each request's K/V
   straight from its pages (no copy, no padding), and so does prefill over a cached prefix, each new
   token a query row of the decode kernel that sees its prefix and the new tokens up to itself (many
   requests with a few new tokens over a long cached prefix, the prefix cache's common case, cost no
@@ -29,9 +30,21 @@ _MATMUL_PREFILL_MAX = 1024  # fresh prefills longer than this use SDPA (the scor
 class CpuAttentionBackend(TorchAttentionBackend):
     name = "cpu"
 
-    def __init__(self, pool: KVPool, num_q_heads: int, num_kv_heads: int, head_dim: int) -> None:
-        super().__init__(pool, num_q_heads, num_kv_heads, head_dim)
-        kernel = self.device.type == "cpu" and self.dtype == torch.float32 and kernels.available()
+    def __init__(
+        self,
+        pool: KVPool,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(pool, num_q_heads, num_kv_heads, head_dim, dtype)
+        kernel = (
+            self.device.type == "cpu"
+            and self.dtype == torch.float32
+            and pool.dtype in (torch.float32, torch.float16)
+            and kernels.available()
+        )
         self.decode_kernel = kernel  # decode reads the paged pool directly
         self.prefill_kernel = kernel  # fresh prompts' causal attention likewise
         self._page_rows: torch.Tensor | None = None  # decode kernel: (B, P) int32, extend: (T, P)

@@ -161,13 +161,14 @@ class Engine:
         self.model_config = model_config
         self.device = torch.device(options.device)
         self.dtype = options.dtype
+        self.kv_dtype = options.kv_dtype
         self.vocab_size: int = model_config.vocab_size
         self.eos_token_ids: list[int] = list(model_config.eos_token_ids)
         self.page_size = options.page_size
         num_kv_heads = getattr(model, "num_local_kv_heads", model_config.num_kv_heads)
         num_q_heads = getattr(model, "num_local_heads", model_config.num_heads)
         per_page = kv_bytes_per_page(
-            model_config.num_layers, num_kv_heads, model_config.head_dim, self.page_size, self.dtype
+            model_config.num_layers, num_kv_heads, model_config.head_dim, self.page_size, self.kv_dtype
         )
         self.num_pages = self._size_pool(per_page)
         context = options.max_seq_len or model_config.max_position_embeddings
@@ -179,7 +180,7 @@ class Engine:
             self.page_size,
             num_kv_heads,
             model_config.head_dim,
-            self.dtype,
+            self.kv_dtype,
             self.device,
         )
         self.page_table = PageTable(
@@ -196,6 +197,7 @@ class Engine:
             model_config.head_dim,
             options.max_running_requests,
             self.page_table.max_pages_per_row,
+            self.dtype,
         )
         self.sampler = Sampler(self.device, options.seed)
         self.grammars = GrammarCompiler(options.model_path, self.vocab_size, self.eos_token_ids)

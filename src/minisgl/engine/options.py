@@ -25,6 +25,9 @@ class EngineOptions:
     tp_info: DistributedInfo = DistributedInfo(0, 1)
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
+    # The CPU's default (`--dtype auto`): matrices stay in the checkpoint's format (GGUF blocks,
+    # 16-bit floats) and the KV pool is float16, activations in `dtype`; False: all in `dtype`.
+    native_weights: bool = False
     engine: str = "model"  # "model": load the weights; "dummy": no model (tests, IO demos)
     dummy_weights: bool = False  # random weights of the model's shape (no weight files read)
     dummy_step_ms: float = 0.0  # the dummy engine sleeps this long per step (a model's step time)
@@ -39,12 +42,19 @@ class EngineOptions:
     ops_backend: str = "auto"  # see minisgl.backends.BACKENDS
     cuda_graph_max_bs: int = 256  # decode batches up to this size replay CUDA graphs; 0: none
 
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The KV pool's dtype: float16 with native weights on the CPU (half of float32), else `dtype`."""
+        return torch.float16 if self.native_weights and self.device == "cpu" else self.dtype
+
     def __post_init__(self) -> None:
         """Raise TypeError or ValueError naming the first bad field."""
         if not isinstance(self.tp_info, DistributedInfo):
             raise TypeError(f"tp_info must be a DistributedInfo, got {type(self.tp_info).__name__}")
         if not isinstance(self.dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {self.dtype!r}")
+        if self.native_weights and self.device != "cpu":
+            raise ValueError(f"native_weights runs on the CPU, not on {self.device}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.num_pages is not None and self.kv_cache_memory is not None:
@@ -77,7 +87,8 @@ def resolve_device(device: str) -> str:
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
-    """ "auto" (or None): float32 on the CPU, bfloat16 on a GPU; else the named dtype."""
+    """ "auto" (or None): float32 on the CPU (the activations; see `resolve_native` for the weights),
+    bfloat16 on a GPU; else the named dtype."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None or dtype == "auto":
@@ -85,3 +96,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r} (choose from {sorted(DTYPES)})")
     return DTYPES[dtype]
+
+
+def resolve_native(dtype: str | torch.dtype | None, device: str) -> bool:
+    """Whether the weights keep their checkpoint's format: on the CPU when no dtype is named (auto)."""
+    return device == "cpu" and (dtype is None or dtype == "auto")

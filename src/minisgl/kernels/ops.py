@@ -52,7 +52,8 @@ def decode_attention(
 ) -> torch.Tensor:
     """One new token per request attending over its paged cache (which already holds that token).
 
-    q (B, Hq, D); k_pool/v_pool (S, Hkv, D); page_rows (B, P) int32; seq_lens (B,) int32 -> (B, Hq, D).
+    q (B, Hq, D) float32; k_pool/v_pool (S, Hkv, D) float32 or float16; page_rows (B, P) int32;
+    seq_lens (B,) int32 -> (B, Hq, D) float32.
     """
     lib = _lib()
     bsz, hq, d = q.shape
@@ -62,10 +63,12 @@ def decode_attention(
             f"decode_attention: shapes q {tuple(q.shape)}, pool {tuple(k_pool.shape)}, pages {tuple(page_rows.shape)}"
         )
     out = torch.empty_like(q)
-    rc = lib.minisgl_decode_attention(
+    kv = k_pool.dtype if k_pool.dtype in (torch.float32, torch.float16) else torch.float32
+    kernel = lib.minisgl_decode_attention_f16 if kv == torch.float16 else lib.minisgl_decode_attention
+    rc = kernel(
         _check(q, "q"),
-        _check(k_pool, "k_pool"),
-        _check(v_pool, "v_pool"),
+        _check(k_pool, "k_pool", kv),
+        _check(v_pool, "v_pool", kv),
         _check(page_rows, "page_rows", torch.int32),
         page_rows.shape[1],
         _check(seq_lens, "seq_lens", torch.int32),

@@ -151,7 +151,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--dtype",
         default=d.dtype,
         choices=["auto", "float32", "float16", "bfloat16"],
-        help="weights and activations (auto: bfloat16 on GPU, float32 on CPU)",
+        help="weights and activations (auto: bfloat16 on GPU; on CPU float32 activations with the "
+        "weights kept in the checkpoint's format, GGUF blocks or 16-bit floats, and a float16 KV cache; "
+        "float32 on CPU: everything in float32, the reference)",
     )
     g.add_argument(
         "--tool-call-parser",

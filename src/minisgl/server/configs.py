@@ -59,7 +59,7 @@ def parse_size(text: str, option: str = "--kv-cache-memory") -> int:
 def scheduler_config(args: ServerArgs, model_dir: Path, device: str) -> SchedulerConfig:
     """Rank 0's config; the options left unset (None) keep SchedulerConfig's defaults."""
     from minisgl.distributed import DistributedInfo
-    from minisgl.engine.options import resolve_dtype
+    from minisgl.engine.options import resolve_dtype, resolve_native
     from minisgl.scheduler.config import SchedulerConfig
 
     max_prefill_tokens = args.max_prefill_tokens
@@ -70,6 +70,7 @@ def scheduler_config(args: ServerArgs, model_dir: Path, device: str) -> Schedule
         model_path=str(model_dir),
         tp_info=DistributedInfo(0, args.tp),
         dtype=resolve_dtype(args.dtype, device),
+        native_weights=resolve_native(args.dtype, device),
         device=device,
         engine=args.engine,
         dummy_weights=args.dummy_weights,
