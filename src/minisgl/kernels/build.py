@@ -16,6 +16,7 @@ kernels off.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -47,6 +48,7 @@ _lock = threading.Lock()
 _loaded: ctypes.CDLL | None = None
 _tried = False
 _quant: dict[str, ctypes.CDLL | None] = {}
+_MISSING = object()
 
 _ptr = ctypes.c_void_p  # raw data pointers (tensor.data_ptr())
 _SIGNATURES: dict[str, list] = {
@@ -147,6 +149,7 @@ _QUANT_SIGNATURES: dict[str, list] = {
 }
 
 
+@functools.cache
 def cpu_flags() -> set[str]:
     """This CPU's feature flags (Linux's /proc/cpuinfo; empty elsewhere: the portable kernels)."""
     try:
@@ -159,9 +162,10 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+@functools.cache
 def quant_isa() -> str:
-    """The instruction set of the quantized kernels in this process: MINISGL_CPU_ISA, or the best
-    one this CPU has."""
+    """The instruction set of the quantized kernels in this process (chosen once): MINISGL_CPU_ISA,
+    or the best one this CPU has."""
     forced = os.environ.get("MINISGL_CPU_ISA", "auto")
     if forced != "auto":
         if forced not in ISAS:
@@ -174,9 +178,10 @@ def quant_isa() -> str:
 def load_quant(isa: str | None = None) -> ctypes.CDLL | None:
     """The quantized-weight kernels built for `isa` (default: `quant_isa()`), or None when they cannot
     be had here (no compiler, a failed build, MINISGL_CPU_KERNELS=0, a CPU without that `isa`)."""
+    lib = _quant.get(isa or quant_isa(), _MISSING)
+    if lib is not _MISSING:
+        return lib  # type: ignore[return-value]
     isa = isa or quant_isa()
-    if isa in _quant:
-        return _quant[isa]
     with _lock:
         if isa not in _quant:
             _quant[isa] = _load_quant(isa)

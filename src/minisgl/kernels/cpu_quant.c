@@ -313,6 +313,85 @@ static inline void bytes32(const uint8_t *restrict q, uint8_t flip, uint8_t *res
 #endif
 }
 
+/* The 32-weight formats (Q4_0 .. Q8_0) a chunk of blocks at a time: their f16 scales gathered and
+ * converted together, their nibbles unpacked four blocks per vector. A row's last blocks (fewer than
+ * a chunk) go one at a time below. Same values as the one-block code. */
+#if defined(MINISGL_AVX512)
+#define SCALE_CHUNK 16
+/* sc/bi (32 entries each: two per block) of blocks 0..15 at p, `bytes` apart; bias_of_d: the bias as
+ * a multiple of d (Q4_0 -8, Q5_0 -16, Q8_0 -128 or 0), or NAN: the block's f16 m after d */
+static inline void scales_chunk(const uint8_t *p, int bytes, float bias_of_d, float *sc, float *bi) {
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(bytes));
+    const __m512i w = _mm512_i32gather_epi32(idx, (const void *)p, 1); /* (m << 16) | d per block */
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w));
+    const __m512 b = isnan(bias_of_d) ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)))
+                                      : _mm512_mul_ps(_mm512_set1_ps(bias_of_d), d);
+    const __m512i lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    _mm512_storeu_ps(sc, _mm512_permutexvar_ps(lo, d));
+    _mm512_storeu_ps(sc + 16, _mm512_permutexvar_ps(hi, d));
+    _mm512_storeu_ps(bi, _mm512_permutexvar_ps(lo, b));
+    _mm512_storeu_ps(bi + 16, _mm512_permutexvar_ps(hi, b));
+}
+
+/* u of blocks 0..3 at p (`bytes` apart, 16 bytes of nibbles at `off`; Q5: fifth bits at `qh_off`) */
+static inline void nibbles_4blocks(const uint8_t *p, int bytes, int off, int qh_off, uint8_t *u) {
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + off)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + bytes + off)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 2 * bytes + off)), 2);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 3 * bytes + off)), 3);
+    const __m512i m = _mm512_set1_epi8(0x0F);
+    const __m512i L = _mm512_and_si512(v, m), H = _mm512_and_si512(_mm512_srli_epi16(v, 4), m);
+    /* [L0 H0 L1 H1] and [L2 H2 L3 H3], 16-byte units */
+    __m512i u01 = _mm512_permutex2var_epi64(L, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), H);
+    __m512i u23 = _mm512_permutex2var_epi64(L, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), H);
+    if (qh_off >= 0) {
+        uint32_t h[4];
+        for (int i = 0; i < 4; ++i) memcpy(&h[i], p + i * bytes + qh_off, 4);
+        const __m512i sixteen = _mm512_set1_epi8(0x10);
+        u01 = _mm512_or_si512(u01, _mm512_maskz_mov_epi8(_cvtu64_mask64(h[0] | (uint64_t)h[1] << 32), sixteen));
+        u23 = _mm512_or_si512(u23, _mm512_maskz_mov_epi8(_cvtu64_mask64(h[2] | (uint64_t)h[3] << 32), sixteen));
+    }
+    _mm512_storeu_si512((void *)u, u01);
+    _mm512_storeu_si512((void *)(u + 64), u23);
+}
+#elif defined(MINISGL_AVX2)
+#define SCALE_CHUNK 8
+static inline void scales_chunk(const uint8_t *p, int bytes, float bias_of_d, float *sc, float *bi) {
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bytes));
+    const __m256i w = _mm256_i32gather_epi32((const int *)p, idx, 1);
+    /* the low halves (d) and the high halves (m) of the 8 words, as 8 halves each */
+    const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13,
+                                          2, 3, 6, 7, 10, 11, 14, 15);
+    const __m256i t = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(w, pick), 0xD8); /* [d0..7 | m0..7] */
+    const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(t));
+    const __m256 b = isnan(bias_of_d) ? _mm256_cvtph_ps(_mm256_extracti128_si256(t, 1))
+                                      : _mm256_mul_ps(_mm256_set1_ps(bias_of_d), d);
+    const __m256i lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+    _mm256_storeu_ps(sc, _mm256_permutevar8x32_ps(d, lo));
+    _mm256_storeu_ps(sc + 8, _mm256_permutevar8x32_ps(d, hi));
+    _mm256_storeu_ps(bi, _mm256_permutevar8x32_ps(b, lo));
+    _mm256_storeu_ps(bi + 8, _mm256_permutevar8x32_ps(b, hi));
+}
+
+static inline void nibbles_4blocks(const uint8_t *p, int bytes, int off, int qh_off, uint8_t *u) {
+    const __m256i m = _mm256_set1_epi8(0x0F);
+    for (int i = 0; i < 4; i += 2) {
+        const __m256i v = _mm256_loadu2_m128i((const __m128i *)(p + (i + 1) * bytes + off), (const __m128i *)(p + i * bytes + off));
+        const __m256i L = _mm256_and_si256(v, m), H = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+        _mm256_storeu_si256((__m256i *)(u + 32 * i), _mm256_permute2x128_si256(L, H, 0x20));
+        _mm256_storeu_si256((__m256i *)(u + 32 * i + 32), _mm256_permute2x128_si256(L, H, 0x31));
+    }
+    if (qh_off >= 0)
+        for (int i = 0; i < 4; ++i) {
+            uint32_t h;
+            memcpy(&h, p + i * bytes + qh_off, 4);
+            fifth_bits32(h, u + 32 * i);
+        }
+}
+#endif
+
 /* Decodes an integer-format row; returns the row's kind (see Decoded). signed8: Q8_0 as int8 */
 static int decode_row(int fmt, const uint8_t *p, int64_t K, Decoded *r, int signed8) {
     uint8_t *u = r->u;
@@ -321,7 +400,16 @@ static int decode_row(int fmt, const uint8_t *p, int64_t K, Decoded *r, int sign
     case Q4_0: case Q4_1: case Q5_0: case Q5_1: {
         const int has_min = fmt == Q4_1 || fmt == Q5_1, five = fmt == Q5_0 || fmt == Q5_1;
         const int bytes = fmt == Q4_0 ? 18 : fmt == Q4_1 ? 20 : fmt == Q5_0 ? 22 : 24;
-        for (int64_t b = 0; b < K / 32; ++b, p += bytes) {
+        int64_t b = 0;
+#ifdef SCALE_CHUNK
+        const float bias_of_d = has_min ? NAN : (five ? -16.f : -8.f);
+        const int off = 2 + 2 * has_min + 4 * five, qh_off = five ? 2 + 2 * has_min : -1;
+        for (; b + SCALE_CHUNK <= K / 32; b += SCALE_CHUNK, p += SCALE_CHUNK * bytes) {
+            scales_chunk(p, bytes, bias_of_d, sc + 2 * b, bi + 2 * b);
+            for (int i = 0; i < SCALE_CHUNK; i += 4) nibbles_4blocks(p + i * bytes, bytes, off, qh_off, u + 32 * (b + i));
+        }
+#endif
+        for (; b < K / 32; ++b, p += bytes) {
             const float d = load_half(p);
             nibbles32(p + 2 + 2 * has_min + 4 * five, u + 32 * b);
             if (five) {
@@ -333,13 +421,21 @@ static int decode_row(int fmt, const uint8_t *p, int64_t K, Decoded *r, int sign
         }
         return 1;
     }
-    case Q8_0:
-        for (int64_t b = 0; b < K / 32; ++b, p += 34) {
+    case Q8_0: {
+        int64_t b = 0;
+#ifdef SCALE_CHUNK
+        for (; b + SCALE_CHUNK <= K / 32; b += SCALE_CHUNK, p += SCALE_CHUNK * 34) {
+            scales_chunk(p, 34, signed8 ? 0.f : -128.f, sc + 2 * b, bi + 2 * b);
+            for (int i = 0; i < SCALE_CHUNK; ++i) bytes32(p + 34 * i + 2, signed8 ? 0 : 0x80, u + 32 * (b + i));
+        }
+#endif
+        for (; b < K / 32; ++b, p += 34) {
             const float d = load_half(p);
             bytes32(p + 2, signed8 ? 0 : 0x80, u + 32 * b);
             set16(sc, bi, 2 * b, d, signed8 ? 0.f : -128.f * d);
         }
         return signed8 ? 2 : 1;
+    }
     case Q4_K: case Q5_K: {
         const int five = fmt == Q5_K;
         for (int64_t b = 0; b < K / 256; ++b, p += five ? 176 : 144) {
@@ -714,14 +810,10 @@ static void tile(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, in
             any_int |= dec[i].kind != 0;
         }
         if (dec[i].kind == 0) { /* zeros: the micro-kernel runs over it, nothing is stored */
-            memset(dec[i].u, 0, (size_t)A->K64);
-            memset(dec[i].sc, 0, sizeof(float) * (size_t)A->C16);
-            memset(dec[i].bi, 0, sizeof(float) * (size_t)A->C16);
-        } else { /* the padding past K, read against zero activations */
-            memset(dec[i].u + A->K, 0, (size_t)(A->K64 - A->K));
-            memset(dec[i].sc + A->K / 16, 0, sizeof(float) * (size_t)(A->C16 - A->K / 16));
-            memset(dec[i].bi + A->K / 16, 0, sizeof(float) * (size_t)(A->C16 - A->K / 16));
-        }
+            memset(dec[i].u, 0, (size_t)A->K);
+            memset(dec[i].sc, 0, sizeof(float) * (size_t)(A->K / 16));
+            memset(dec[i].bi, 0, sizeof(float) * (size_t)(A->K / 16));
+        } /* (past K the scratch stays as zeroed when allocated: decoding never writes there) */
     }
     float out[MICRO_ROWS][MICRO_ACTS];
     if (any_int)
@@ -802,10 +894,12 @@ int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, 
 #pragma omp parallel if (tiles > 1 && M * N * K >= 32768) reduction(| : failed)
     {
         const size_t row_bytes = (size_t)A.K64 + 2 * sizeof(float) * (size_t)A.C16;
-        uint8_t *scratch = (uint8_t *)aligned_alloc(64, (size_t)round_up((int64_t)(row_bytes * TILE_ROWS), 64));
+        const size_t scratch_bytes = (size_t)round_up((int64_t)(row_bytes * TILE_ROWS), 64);
+        uint8_t *scratch = (uint8_t *)aligned_alloc(64, scratch_bytes);
         Decoded dec[TILE_ROWS];
         if (scratch == NULL) failed = 1;
-        else
+        else memset(scratch, 0, scratch_bytes);
+        if (scratch != NULL)
             for (int i = 0; i < TILE_ROWS; ++i) {
                 dec[i].u = scratch + row_bytes * i;
                 dec[i].sc = (float *)(dec[i].u + A.K64);

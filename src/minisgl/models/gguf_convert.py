@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CONVERTER_VERSION = 3  # bump when the output changes, so old cache entries are not reused
+CONVERTER_VERSION = 4  # bump when the output changes, so old cache entries are not reused
+TENSOR_TABLE = "tensors.json"  # name, ggml type, shape (HF order), offset, bytes of every tensor
 
 # GGUF tensor names (after "blk.N.") -> HF names (after "model.layers.N.")
 _LAYER_NAMES = {
@@ -101,9 +102,21 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
             f"{gguf_path}: GGUF architecture {arch!r} is not supported (supported: {', '.join(_ARCHITECTURES)})"
         )
     config = _hf_config(meta, arch, reader, gguf_path)
+    table = []
     for t in reader.tensors:
         if gguf_to_hf_name(t.name) is None:
             raise GGUFConversionError(f"{gguf_path}: unexpected tensor {t.name!r} for a {arch} model")
+        shape = [int(x) for x in reversed(t.shape)]  # ggml lists dims innermost first
+        table.append(
+            {
+                "name": t.name,
+                "type": int(t.tensor_type),
+                "shape": shape,
+                "offset": int(t.data_offset),
+                "nbytes": int(t.n_bytes),
+            }
+        )
+    (out_dir / TENSOR_TABLE).write_text(json.dumps(table) + "\n", encoding="utf-8")
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", _generation_config(config))
     _save_tokenizer(gguf_path, out_dir)

@@ -1,6 +1,9 @@
 """Reading a model's weights from a GGUF file in place.
 
-The file is memory-mapped (`gguf.GGUFReader`); each tensor's raw rows are a uint8 view over the map.
+The file is memory-mapped, and each tensor's raw rows are a uint8 view over the map, found through the
+tensor table the derived directory keeps (`tensors.json`: name, ggml type, shape, byte offset,
+written once with the `gguf` package; parsing a GGUF's metadata, its vocabulary above all, takes
+seconds).
 With `native` (the CPU's default) every matrix (2-D: projections, the embedding, the LM head) becomes
 a `QuantizedWeight` over those rows, in the file's own formats: no copy, no conversion, the pages
 read from the file when first used. Fused projections (q/k/v, gate/up) are parts of one weight, a
@@ -13,22 +16,21 @@ into the model's parameters (`minisgl.quant.dequantize`), q/k rows put back in H
 
 from __future__ import annotations
 
+import json
+import mmap
 import warnings
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from torch import nn
 
+from minisgl.kernels.quant import dequant_rows, quant_available
 from minisgl.quant import GGMLType, QuantizedWeight, QuantPart, dequantize
 
-from .gguf_convert import GGUFConversionError, gguf_to_hf_name, open_gguf
+from .gguf_convert import TENSOR_TABLE, GGUFConversionError, gguf_to_hf_name
 from .weights import WeightLoadError, WeightSlot, load_whole
-
-if TYPE_CHECKING:
-    from gguf import GGUFReader, ReaderTensor
 
 # Architectures whose GGUF files have llama.cpp's permuted attn_q / attn_k rows (its rope is
 # interleaved for Llama only; Qwen2/Qwen3 files keep HF's order).
@@ -42,20 +44,71 @@ def gguf_file_of(model_dir: Path) -> Path | None:
     return path if path.exists() else None
 
 
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor of the table: shape in HF's order (rows first), `offset` from the file's start."""
+
+    name: str
+    type: int  # the ggml type id (GGMLType when minisgl reads it)
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+class GGUFFile:
+    """A GGUF file's tensors over one read-only memory map of it."""
+
+    def __init__(self, model_dir: Path) -> None:
+        path = gguf_file_of(model_dir)
+        if path is None:
+            raise WeightLoadError(f"{model_dir}: no model.gguf")
+        self.path = path.resolve()
+        try:
+            table = json.loads((model_dir / TENSOR_TABLE).read_text(encoding="utf-8"))
+            self.tensors = [
+                GGUFTensor(t["name"], t["type"], tuple(t["shape"]), t["offset"], t["nbytes"]) for t in table
+            ]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise WeightLoadError(f"{model_dir / TENSOR_TABLE}: cannot read the tensor table: {e}") from None
+        with open(self.path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        end = max((t.offset + t.nbytes for t in self.tensors), default=0)
+        if end > len(self._map):
+            raise WeightLoadError(f"{self.path}: {len(self._map)} bytes, but its tensors end at byte {end}")
+        with warnings.catch_warnings():  # read-only: nothing writes through these views
+            warnings.simplefilter("ignore", UserWarning)
+            self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
+
+    def raw_rows(self, t: GGUFTensor) -> torch.Tensor:
+        """The tensor's bytes as (rows, row_bytes) uint8 (1-D tensors: one row), over the map."""
+        rows = t.shape[0] if len(t.shape) > 1 else 1
+        return self._bytes[t.offset : t.offset + t.nbytes].view(rows, -1)
+
+    def format(self, t: GGUFTensor) -> GGMLType:
+        try:
+            return GGMLType(t.type)
+        except ValueError:
+            raise WeightLoadError(
+                f"{self.path}: tensor {t.name!r} has ggml type {t.type}, a format minisgl does not read "
+                f"(supported: {', '.join(f.name for f in GGMLType)})"
+            ) from None
+
+
 def load_gguf(
-    path: Path,
+    model_dir: Path,
     model: nn.Module,
     slots: dict[str, list[WeightSlot]],
     ignore: set[str],
     native: bool,
     family: str,
 ) -> None:
-    """Fill `model` (whose `weight_slots()` are `slots`) from the GGUF file at `path`."""
-    reader = open_gguf(path)
+    """Fill `model` (whose `weight_slots()` are `slots`) from the GGUF file of `model_dir`."""
+    gguf = GGUFFile(model_dir)
+    path = gguf.path
     heads = _permuted_heads(model, family)
     seen: set[str] = set()
     matrices: dict[int, list[tuple[WeightSlot, QuantPart]]] = defaultdict(list)
-    for t in reader.tensors:
+    for t in gguf.tensors:
         name = gguf_to_hf_name(t.name)
         if name is None:
             raise WeightLoadError(f"{path}: unexpected tensor {t.name!r} for a {family} model")
@@ -64,7 +117,7 @@ def load_gguf(
         if name not in slots:
             raise WeightLoadError(f"{path}: tensor {t.name!r} ({name}) is not part of this model")
         seen.add(name)
-        shape = tuple(int(x) for x in reversed(t.shape))  # ggml lists dims innermost first
+        shape = t.shape
         for slot in slots[name]:
             if shape != slot.full_shape:
                 raise WeightLoadError(
@@ -74,9 +127,9 @@ def load_gguf(
         n_heads = heads.get(proj) if name.endswith(".weight") else None
         if native and len(shape) == 2:
             for slot in slots[name]:
-                matrices[id(slot.param)].append((slot, _part(path, t, shape, slot, n_heads)))
+                matrices[id(slot.param)].append((slot, _part(gguf, t, slot, n_heads)))
         else:
-            load_whole(path, name, _dequantized(path, t, shape, n_heads), slots[name])
+            load_whole(path, name, _dequantized(gguf, t, n_heads), slots[name])
     missing = sorted(set(slots) - seen - ignore)
     if missing:
         raise WeightLoadError(f"{path}: missing tensor(s) {missing[:5]}")
@@ -103,31 +156,11 @@ def hf_row_order(rows: int, n_heads: int) -> torch.Tensor:
     return head * d + 2 * (within % (d // 2)) + within // (d // 2)
 
 
-def _raw_rows(t: ReaderTensor, rows: int) -> torch.Tensor:
-    """The tensor's bytes as (rows, row_bytes) uint8, a view over the file's map."""
-    raw = np.asarray(t.data).view(np.uint8).reshape(rows, -1)
-    with warnings.catch_warnings():  # the map is read-only; nothing writes through this view
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(raw)
-
-
-def _format(path: Path, t: ReaderTensor) -> GGMLType:
-    try:
-        return GGMLType(int(t.tensor_type))
-    except ValueError:
-        raise WeightLoadError(
-            f"{path}: tensor {t.name!r} is {t.tensor_type.name}, a format minisgl does not read "
-            f"(supported: {', '.join(f.name for f in GGMLType)})"
-        ) from None
-
-
-def _part(
-    path: Path, t: ReaderTensor, shape: tuple[int, ...], slot: WeightSlot, n_heads: int | None
-) -> QuantPart:
+def _part(gguf: GGUFFile, t: GGUFTensor, slot: WeightSlot, n_heads: int | None) -> QuantPart:
     """This rank's rows of a 2-D tensor, as a part of the slot's weight (in HF's row order)."""
-    fmt = _format(path, t)
-    rows, k = shape
-    data = _raw_rows(t, rows)
+    fmt = gguf.format(t)
+    rows, k = t.shape
+    data = gguf.raw_rows(t)
     order = hf_row_order(rows, n_heads) if n_heads else None
     if slot.shard_dim == 0:
         keep = torch.arange(slot.start, slot.start + slot.length)
@@ -136,7 +169,7 @@ def _part(
         bs = fmt.block_size
         if slot.start % bs or slot.length % bs:
             raise WeightLoadError(
-                f"{path}: tensor {t.name!r} ({fmt.name}) cannot be split at input feature {slot.start} "
+                f"{gguf.path}: tensor {t.name!r} ({fmt.name}) cannot be split at input feature {slot.start} "
                 f"(not a {bs}-weight block boundary); use --dtype float32 for this tensor-parallel size"
             )
         first = slot.start // bs * fmt.type_size
@@ -176,25 +209,35 @@ def replace_parameter(model: nn.Module, param: torch.Tensor, value: object) -> N
                 setattr(module, name, value)
 
 
-def _dequantized(path: Path, t: ReaderTensor, shape: tuple[int, ...], n_heads: int | None) -> torch.Tensor:
+def _dequantized(gguf: GGUFFile, t: GGUFTensor, n_heads: int | None) -> torch.Tensor:
     """The whole tensor in float32, q/k rows in HF's order."""
-    fmt = _format(path, t)
-    rows = shape[0]
-    k = shape[-1] if len(shape) > 1 else shape[0]
-    if len(shape) == 1:
-        rows = 1
+    fmt, shape = gguf.format(t), t.shape
+    rows, k = (shape[0], shape[-1]) if len(shape) > 1 else (1, shape[0])
     try:
-        w = dequantize(fmt, _raw_rows(t, rows), k).reshape(shape)
+        part = QuantPart(fmt, gguf.raw_rows(t), k)
     except ValueError as e:
-        raise GGUFConversionError(f"{path}: cannot read tensor {t.name!r}: {e}") from None
+        raise GGUFConversionError(f"{gguf.path}: cannot read tensor {t.name!r}: {e}") from None
+    if quant_available():  # the C kernel: the same values as the torch reference, many times faster
+        w = dequant_rows(QuantizedWeight([part]), torch.arange(rows)).reshape(shape)
+    else:
+        w = dequantize(fmt, part.data, k).reshape(shape)
     if n_heads:
         w = w.index_select(0, hf_row_order(rows, n_heads))
     return w
 
 
-def reader_formats(reader: GGUFReader) -> dict[str, int]:
-    """Tensor count per format (for the start-up log)."""
-    out: dict[str, int] = defaultdict(int)
-    for t in reader.tensors:
-        out[t.tensor_type.name] += 1
-    return dict(out)
+def hf_state_dict(model_dir: Path, config: dict) -> dict[str, torch.Tensor]:
+    """The GGUF file's tensors dequantized to float32 under Hugging Face's names and layout (q/k rows
+    in HF's order): the float32 reference, for transformers (`config`: the derived config.json)."""
+    gguf = GGUFFile(model_dir)
+    heads = {}
+    if config["model_type"] in PERMUTED_ROPE:
+        heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
+    out = {}
+    for t in gguf.tensors:
+        name = gguf_to_hf_name(t.name)
+        if name is None:
+            raise WeightLoadError(f"{gguf.path}: unexpected tensor {t.name!r}")
+        n_heads = heads.get(name.split(".")[-2]) if name.endswith(".weight") else None
+        out[name] = _dequantized(gguf, t, n_heads)
+    return out

@@ -51,11 +51,10 @@ def load_model(
     tp = tp_info or DistributedInfo(0, 1)
     model = MODEL_CLASSES[cfg.family](cfg, tp, dtype, torch.device(device))
     slots, ignore = model.weight_slots(), model.checkpoint_ignored()
-    gguf = gguf_file_of(model_dir)
     if dummy:
         fill_dummy_weights(model)
-    elif gguf is not None:
-        load_gguf(gguf, model, slots, ignore, native=native, family=cfg.family)
+    elif gguf_file_of(model_dir) is not None:
+        load_gguf(model_dir, model, slots, ignore, native=native, family=cfg.family)
     elif native and (dtype16 := _checkpoint_16bit(model_dir)) is not None:
         _load_16bit(model, model_dir, slots, ignore, dtype16, progress)
     else:
