@@ -16,6 +16,7 @@ from .ops import (
     packed_matmul,
     prefill_attention,
     rope_split,
+    rope_store,
     silu_mul,
 )
 from .triton import interpreting, triton_available
@@ -32,6 +33,7 @@ __all__ = [
     "packed_matmul",
     "prefill_attention",
     "rope_split",
+    "rope_store",
     "silu_mul",
 ]
 

@@ -71,11 +71,18 @@ _SIGNATURES: dict[str, list] = {
     ]
     + [_ptr],
     "minisgl_rope_split": [_ptr] * 3 + [ctypes.c_int64] * 4 + [_ptr] * 3,
+    "minisgl_rope_store": [_ptr] * 3 + [ctypes.c_int64] * 4 + [_ptr] * 3 + [ctypes.c_int, _ptr],
     "minisgl_silu_mul": [_ptr, ctypes.c_int64, ctypes.c_int64, _ptr],
     "minisgl_pack_weight": [_ptr, ctypes.c_int64, ctypes.c_int64, _ptr],
     "minisgl_packed_matmul": [_ptr, ctypes.c_int64, ctypes.c_int64, _ptr, ctypes.c_int64] + [_ptr, _ptr],
 }
-_VOID = {"minisgl_add_rmsnorm", "minisgl_rope_split", "minisgl_silu_mul", "minisgl_pack_weight"}
+_VOID = {
+    "minisgl_add_rmsnorm",
+    "minisgl_rope_split",
+    "minisgl_rope_store",
+    "minisgl_silu_mul",
+    "minisgl_pack_weight",
+}
 
 
 def _compiler() -> str | None:

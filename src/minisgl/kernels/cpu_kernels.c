@@ -329,6 +329,59 @@ void minisgl_rope_split(const float *restrict qkv, const float *restrict cos, co
     }
 }
 
+INLINE uint16_t float_to_half(float f) {
+#if defined(__F16C__)
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else /* round to nearest even, as torch's .to(float16) */
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7FFFFFFFu;
+    if (ax >= 0x7F800000u) return (uint16_t)(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0));
+    if (ax >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* rounds past 65504: inf */
+    if (ax < 0x38800000u) { /* a subnormal half (or zero): scale to its integer units, round */
+        float m;
+        const uint32_t abits = ax;
+        memcpy(&m, &abits, 4);
+        return (uint16_t)(sign | (uint32_t)nearbyintf(m * 16777216.f)); /* 2^24 */
+    }
+    const uint32_t r = ax + 0xFFFu + ((ax >> 13) & 1u); /* ties to even at bit 13 */
+    return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+#endif
+}
+
+/* RoPE and the KV store in one pass: qkv (T, (Hq + 2 Hkv) D) -> q (T, Hq, D) rotated (as
+ * minisgl_rope_split), and k rotated and v written into the layer's pool at slots (T,) int64, as
+ * float32 or rounded to float16 (`half`), as the pool keeps them. */
+void minisgl_rope_store(const float *restrict qkv, const float *restrict cos, const float *restrict sin, int64_t T,
+                        int64_t Hq, int64_t Hkv, int64_t D, const int64_t *restrict slots, void *restrict k_pool,
+                        void *restrict v_pool, int half, float *restrict q) {
+    const int64_t hd2 = D / 2, width = (Hq + 2 * Hkv) * D, row = Hkv * D;
+#pragma omp parallel for if (T * width >= PAR_MIN_ELEMS)
+    for (int64_t t = 0; t < T; ++t) {
+        const float *x = qkv + t * width, *c = cos + t * hd2, *s = sin + t * hd2;
+        float kr[D > 0 ? row : 1];
+        for (int64_t hd = 0; hd < Hq + Hkv; ++hd) {
+            const float *xh = x + hd * D;
+            float *restrict o = hd < Hq ? q + (t * Hq + hd) * D : kr + (hd - Hq) * D;
+#pragma omp simd
+            for (int64_t i = 0; i < hd2; ++i) {
+                const float x1 = xh[i], x2 = xh[i + hd2];
+                o[i] = x1 * c[i] - x2 * s[i];
+                o[i + hd2] = x2 * c[i] + x1 * s[i];
+            }
+        }
+        const float *v = x + (Hq + Hkv) * D;
+        const int64_t at = slots[t] * row;
+        if (half) {
+            uint16_t *kp = (uint16_t *)k_pool + at, *vp = (uint16_t *)v_pool + at;
+            for (int64_t i = 0; i < row; ++i) kp[i] = float_to_half(kr[i]), vp[i] = float_to_half(v[i]);
+        } else {
+            memcpy((float *)k_pool + at, kr, sizeof(float) * (size_t)row);
+            memcpy((float *)v_pool + at, v, sizeof(float) * (size_t)row);
+        }
+    }
+}
+
 /* gate_up (T, 2I) laid out [gate | up] -> out (T, I) = silu(gate) * up, silu(g) = g / (1 + exp(-g)) */
 void minisgl_silu_mul(const float *restrict gate_up, int64_t T, int64_t I, float *restrict out) {
 #pragma omp parallel for if (T * I >= PAR_MIN_ELEMS)

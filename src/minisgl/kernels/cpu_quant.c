@@ -93,6 +93,22 @@ static inline float load_half(const uint8_t *p) {
 
 static inline int is_float_fmt(int fmt) { return fmt == F32 || fmt == F16 || fmt == BF16; }
 
+static int type_size(int fmt) {
+    switch (fmt) {
+    case F32: return 4;
+    case F16: case BF16: return 2;
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q5_0: return 22;
+    case Q5_1: return 24;
+    case Q8_0: return 34;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    case Q6_K: return 210;
+    default: return 0;
+    }
+}
+
 static int block_size(int fmt) {
     switch (fmt) {
     case F32: case F16: case BF16: return 1;
@@ -793,6 +809,22 @@ static inline void put(float *y, int64_t ldy, int64_t a, int64_t n, float v, con
     *o = accumulate ? *o + v : v;
 }
 
+/* Asks for rows n0 .. n0 + TILE_ROWS ahead of their use: weights stream from memory once per call,
+ * and the rows of a tile need not be adjacent (permuted or fused parts), which the hardware
+ * prefetcher cannot guess. */
+static void prefetch_tile(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t n0, int64_t K) {
+#if defined(MINISGL_AVX512) || defined(MINISGL_AVX2)
+    for (int64_t n = n0; n < n0 + TILE_ROWS && n < N; ++n) {
+        const int bs = block_size(row_fmts[n]);
+        const int64_t bytes = K / bs * type_size(row_fmts[n]);
+        const char *p = (const char *)(intptr_t)row_ptrs[n];
+        for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+    }
+#else
+    (void)row_ptrs, (void)row_fmts, (void)N, (void)n0, (void)K;
+#endif
+}
+
 /* Rows n0 .. n0 + TILE_ROWS (those < N) against all M activation rows */
 static void tile(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t n0, const Acts *A,
                  int64_t M, Decoded *dec, const float *bias, float *y, int64_t ldy, int accumulate) {
@@ -907,7 +939,10 @@ int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, 
             }
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; ++t)
-            if (scratch != NULL) tile(row_ptrs, row_fmts, N, t * TILE_ROWS, &A, M, dec, bias, y, ldy, accumulate);
+            if (scratch != NULL) {
+                if (M <= 8) prefetch_tile(row_ptrs, row_fmts, N, (t + 1) * TILE_ROWS, K);
+                tile(row_ptrs, row_fmts, N, t * TILE_ROWS, &A, M, dec, bias, y, ldy, accumulate);
+            }
         free(scratch);
     }
     free(qbuf);

@@ -173,6 +173,50 @@ def rope_split(
     return q, k, v
 
 
+def rope_store(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_q: int,
+    num_kv: int,
+    head_dim: int,
+    slots: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+) -> torch.Tensor:
+    """qkv (T, (Hq + 2 Hkv) D), cos/sin (T, D/2) -> q (T, Hq, D) rotated; k rotated and v written into
+    the pools (S, Hkv, D), float32 or float16, at slots (T,) int64 (the slots are not checked)."""
+    lib = _lib()
+    t = qkv.shape[0]
+    kv = k_pool.dtype
+    if (
+        qkv.shape[1] != (num_q + 2 * num_kv) * head_dim
+        or cos.shape != (t, head_dim // 2)
+        or sin.shape != cos.shape
+        or slots.shape != (t,)
+        or k_pool.shape != v_pool.shape
+        or k_pool.shape[1:] != (num_kv, head_dim)
+        or kv not in (torch.float32, torch.float16)
+    ):
+        raise ValueError(f"rope_store: shapes qkv {tuple(qkv.shape)}, pool {tuple(k_pool.shape)} {kv}")
+    q = qkv.new_empty(t, num_q, head_dim)
+    lib.minisgl_rope_store(
+        _check(qkv, "qkv"),
+        _check(cos, "cos"),
+        _check(sin, "sin"),
+        t,
+        num_q,
+        num_kv,
+        head_dim,
+        _check(slots, "slots", torch.int64),
+        _check(k_pool, "k_pool", kv),
+        _check(v_pool, "v_pool", kv),
+        kv == torch.float16,
+        q.data_ptr(),
+    )
+    return q
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up (T, 2I) laid out [gate | up] -> silu(gate) * up, (T, I)."""
     lib = _lib()
