@@ -51,7 +51,9 @@ def create_attention_backend(
     if name == "torch":
         return TorchAttentionBackend(pool, num_q_heads, num_kv_heads, head_dim, dtype)
     if name == "cpu":
-        return CpuAttentionBackend(pool, num_q_heads, num_kv_heads, head_dim, dtype)
+        return CpuAttentionBackend(
+            pool, num_q_heads, num_kv_heads, head_dim, dtype, max_batch_size, max_pages_per_row
+        )
     from .triton_backend import TritonAttentionBackend
 
     return TritonAttentionBackend(

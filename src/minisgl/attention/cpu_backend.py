@@ -42,7 +42,11 @@ class CpuAttentionBackend(TorchAttentionBackend):
         num_kv_heads: int,
         head_dim: int,
         dtype: torch.dtype | None = None,
+        max_batch_size: int = 0,
+        max_pages_per_row: int = 0,
     ) -> None:
+        """max_batch_size, max_pages_per_row: decode batches up to this size keep their metadata in
+        buffers whose addresses never change (what a recorded decode step, `engine.cpu_graph`, reads)."""
         super().__init__(pool, num_q_heads, num_kv_heads, head_dim, dtype)
         kernel = (
             self.device.type == "cpu"
@@ -58,6 +62,12 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self._fresh_rows: tuple[torch.Tensor, torch.Tensor] | None = None  # fresh, paged: as _token_rows
         self._causal: list[torch.Tensor] | None = None  # matmul prefill: additive (G * n, n) per request
         self._scores_mask: torch.Tensor | None = None  # matmul decode: additive (B * Hkv, G, Lmax)
+        # Decode metadata of up to max_batch_size requests: page rows (B, P) of a fixed width,
+        # lengths (B,), KV slots (B,) (-1: a padding row, nothing stored)
+        self.static_rows = max_batch_size if kernel else 0
+        self._dec_pages = torch.zeros(self.static_rows, max(max_pages_per_row, 1), dtype=torch.int32)
+        self._dec_lens = torch.zeros(self.static_rows, dtype=torch.int32)
+        self._dec_slots = torch.full((self.static_rows,), -1, dtype=torch.int64)
 
     # -- per batch ------------------------------------------------------------------------------------
     def _prepare_fresh(self, inp: AttnInput, common: dict) -> _Meta:
@@ -71,8 +81,16 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     def _prepare_decode(self, inp: AttnInput, common: dict) -> _Meta:
         if self.decode_kernel:
-            self._page_rows = inp.page_rows.contiguous()
-            self._seq_lens = torch.tensor(inp.seq_lens, dtype=torch.int32)
+            bsz, pages = inp.page_rows.shape
+            if bsz <= self.static_rows and pages <= self._dec_pages.shape[1]:  # into the fixed buffers
+                self._dec_pages[:bsz, :pages].copy_(inp.page_rows)
+                self._dec_lens[:bsz].copy_(torch.tensor(inp.seq_lens, dtype=torch.int32))
+                self._dec_slots[:bsz].copy_(inp.out_slots)
+                self._page_rows, self._seq_lens = self._dec_pages[:bsz], self._dec_lens[:bsz]
+                common = {**common, "out_slots": self._dec_slots[:bsz]}
+            else:
+                self._page_rows = inp.page_rows.contiguous()
+                self._seq_lens = torch.tensor(inp.seq_lens, dtype=torch.int32)
             return _Meta(kind="decode", **common)
         meta = super()._prepare_decode(inp, common)
         self._scores_mask = None

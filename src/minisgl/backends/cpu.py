@@ -162,6 +162,15 @@ class CpuOps(TorchOps):
             return quant.dequant_rows(weight, ids.contiguous())
         return super().embedding(ids, weight)
 
+    def rope_lookup(
+        self, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if kernels.fits(cos, sin) and positions.dtype == torch.int64 and positions.is_contiguous():
+            return kernels.gather_rows(cos, positions).unsqueeze(1), kernels.gather_rows(
+                sin, positions
+            ).unsqueeze(1)
+        return super().rope_lookup(cos, sin, positions)
+
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if x.dim() == 2 and kernels.fits(x, weight):
             return kernels.add_rmsnorm(x, None, weight, eps)

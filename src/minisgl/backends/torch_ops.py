@@ -65,6 +65,12 @@ class TorchOps:
             x = self.silu_and_mul(x)
         return residual.add_(self.linear(x, weight, bias))
 
+    def rope_lookup(
+        self, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (P, D/2) cos/sin tables at positions (T,) -> (cos, sin), each (T, 1, D/2)."""
+        return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+
     def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x (T, H, D), cos/sin (T, 1, D/2) -> rotated x (T, H, D), contiguous (HF's rotate-half)."""
         x1, x2 = x.chunk(2, dim=-1)  # (T, H, D/2) each

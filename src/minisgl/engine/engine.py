@@ -27,6 +27,7 @@ from minisgl.core import Batch, Context, Req, TokenLogprobs, set_global_ctx
 from minisgl.grammar import GrammarCompiler, apply_bitmask
 from minisgl.kvcache import KVPool, PageAllocator, PageTable, kv_bytes_per_page
 
+from .cpu_graph import CpuGraphRunner
 from .cuda_graph import CudaGraphRunner
 from .logprobs import LogprobTensors
 from .options import EngineOptions
@@ -217,8 +218,11 @@ class Engine:
         self._last_out: StepOutput | None = None
         self._last_arrival = 0.0
 
-    def _capture_graphs(self) -> CudaGraphRunner | None:
+    def _capture_graphs(self) -> CudaGraphRunner | CpuGraphRunner | None:
         max_bs = min(self.options.cuda_graph_max_bs, self.options.max_running_requests)
+        if self.device.type == "cpu" and max_bs >= 1 and self._cpu_graphs_apply():
+            prepare = lambda: self.ops.prepare(True)  # noqa: E731
+            return CpuGraphRunner(self._logits_of_all, max_bs, self.vocab_size, prepare)
         if self.device.type != "cuda" or max_bs < 1 or not self.attn_backend.supports_cuda_graph:
             return None
         runner = CudaGraphRunner(
@@ -227,6 +231,20 @@ class Engine:
         with torch.inference_mode():
             runner.capture()
         return runner
+
+    def _cpu_graphs_apply(self) -> bool:
+        """Whether a CPU decode step is all recordable kernels: the cpu ops and attention backends
+        with their kernels built, and every matrix a QuantizedWeight (the float32 path's matmuls are
+        torch's)."""
+        from minisgl.kernels import available
+        from minisgl.kernels.quant import quant_available
+        from minisgl.quant import QuantizedWeight
+
+        static = getattr(self.attn_backend, "static_rows", 0)
+        if self.ops.name != "cpu" or not available() or not quant_available() or static < 1:
+            return False
+        matrices = [m for m in self.model.modules() if hasattr(m, "weight") and m.weight is not None]
+        return all(isinstance(m.weight, QuantizedWeight) or m.weight.dim() == 1 for m in matrices)
 
     def _logits_of_all(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """A decode step's forward pass under the forward context: ids/positions (B,) -> (B, V) float32."""

@@ -40,7 +40,9 @@ class EngineOptions:
     seed: int = 42  # the engine's sampling seed for requests that give none
     attention_backend: str = "auto"  # see minisgl.attention.ATTENTION_BACKENDS
     ops_backend: str = "auto"  # see minisgl.backends.BACKENDS
-    cuda_graph_max_bs: int = 256  # decode batches up to this size replay CUDA graphs; 0: none
+    cuda_graph_max_bs: int = (
+        256  # decode batches up to this size replay CUDA graphs (CPU: recorded steps); 0: none
+    )
 
     @property
     def kv_dtype(self) -> torch.dtype:

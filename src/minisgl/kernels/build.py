@@ -76,6 +76,15 @@ _SIGNATURES: dict[str, list] = {
     "minisgl_pack_weight": [_ptr, ctypes.c_int64, ctypes.c_int64, _ptr],
     "minisgl_packed_matmul": [_ptr, ctypes.c_int64, ctypes.c_int64, _ptr, ctypes.c_int64] + [_ptr, _ptr],
 }
+# The packed entry points (one int64 argument array each; minisgl.kernels.graph) and their replay.
+_PACKED = [
+    "minisgl_decode_attention_packed",
+    "minisgl_rope_store_packed",
+    "minisgl_add_rmsnorm_packed",
+    "minisgl_gather_rows_packed",
+]
+_SIGNATURES.update({name: [_ptr] for name in _PACKED})
+_SIGNATURES["minisgl_graph_run"] = [_ptr, ctypes.c_int64]
 _VOID = {
     "minisgl_add_rmsnorm",
     "minisgl_rope_split",
@@ -153,6 +162,8 @@ _QUANT_SIGNATURES: dict[str, list] = {
     ]
     + [_ptr, _ptr, ctypes.c_int64, _ptr, _ptr, ctypes.c_int64, ctypes.c_int],
     "minisgl_dequant_rows": [_ptr, _ptr, ctypes.c_int64, _ptr, ctypes.c_int64, ctypes.c_int64, _ptr],
+    "minisgl_qlinear_packed": [_ptr],
+    "minisgl_dequant_rows_packed": [_ptr],
 }
 
 

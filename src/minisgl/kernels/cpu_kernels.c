@@ -219,6 +219,10 @@ INLINE int decode_attention(const float *q, const void *k, const void *v, const 
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
     for (int64_t b = 0; b < B; ++b) {
         const int64_t L = seq_lens[b];
+        if (L <= 0) { /* a padding row: nothing to attend to */
+            memset(out + b * Hq * D, 0, sizeof(float) * (size_t)(Hq * D));
+            continue;
+        }
         float *s = (float *)malloc(sizeof(float) * (size_t)(Hq * L)); /* (Hq, L) scores */
         int64_t *offs = (int64_t *)malloc(sizeof(int64_t) * (size_t)L);
         if (s == NULL || offs == NULL) {
@@ -371,6 +375,7 @@ void minisgl_rope_store(const float *restrict qkv, const float *restrict cos, co
             }
         }
         const float *v = x + (Hq + Hkv) * D;
+        if (slots[t] < 0) continue; /* a padding row: no KV slot */
         const int64_t at = slots[t] * row;
         if (half) {
             uint16_t *kp = (uint16_t *)k_pool + at, *vp = (uint16_t *)v_pool + at;
@@ -554,5 +559,57 @@ int minisgl_packed_matmul(const float *restrict x, int64_t M, int64_t K, const f
 #endif
     }
     free(xt);
+    return 0;
+}
+
+/* out (T, D2) = table[idx[t]] for t < T (the rotary cos/sin rows of each token's position) */
+void minisgl_gather_rows(const float *restrict table, int64_t rows, const int64_t *restrict idx, int64_t T,
+                         int64_t D2, float *restrict out) {
+    for (int64_t t = 0; t < T; ++t) {
+        const int64_t i = idx[t] < 0 ? 0 : (idx[t] >= rows ? rows - 1 : idx[t]);
+        memcpy(out + t * D2, table + i * D2, sizeof(float) * (size_t)D2);
+    }
+}
+
+/* ---- packed entry points (see cpu_quant.c) and the replay of a recorded program ---------------- */
+
+INLINE float arg_float(int64_t a) {
+    const int32_t bits = (int32_t)a;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+#define P(i) ((void *)(intptr_t)a[i])
+
+int minisgl_decode_attention_packed(const int64_t *a) { /* a[13]: the pool is float16 */
+    return decode_attention(P(0), P(1), P(2), P(3), a[4], P(5), a[6], a[7], a[8], a[9], a[10], arg_float(a[11]), P(12),
+                            (int)a[13]);
+}
+
+int minisgl_rope_store_packed(const int64_t *a) {
+    minisgl_rope_store(P(0), P(1), P(2), a[3], a[4], a[5], a[6], P(7), P(8), P(9), (int)a[10], P(11));
+    return 0;
+}
+
+int minisgl_add_rmsnorm_packed(const int64_t *a) {
+    minisgl_add_rmsnorm(P(0), P(1), P(2), arg_float(a[3]), a[4], a[5], P(6));
+    return 0;
+}
+
+int minisgl_gather_rows_packed(const int64_t *a) {
+    minisgl_gather_rows(P(0), a[1], P(2), a[3], a[4], P(5));
+    return 0;
+}
+
+/* Runs a recorded program: n ops laid out as [function, argument count, arguments...], each function
+ * a packed entry point. Returns 0, or the first nonzero result (the ops after it are not run). */
+typedef int (*packed_fn)(const int64_t *);
+int minisgl_graph_run(const int64_t *prog, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const packed_fn fn = (packed_fn)(intptr_t)prog[0];
+        const int rc = fn(prog + 2);
+        if (rc != 0) return rc;
+        prog += 2 + prog[1];
+    }
     return 0;
 }

@@ -949,3 +949,23 @@ int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, 
     free(xf);
     return failed ? -2 : 0;
 }
+
+/* ---- packed entry points: the arguments as one int64 array (floats as their bits in the low 32) --
+ * what minisgl.kernels.graph records and minisgl_graph_run (cpu_kernels.c) replays. */
+
+static inline float arg_float(int64_t a) {
+    const int32_t bits = (int32_t)a;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+#define P(i) ((void *)(intptr_t)a[i])
+
+int minisgl_qlinear_packed(const int64_t *a) {
+    return minisgl_qlinear(P(0), a[1], a[2], a[3], (int)a[4], P(5), arg_float(a[6]), P(7), P(8), a[9], P(10), P(11),
+                           a[12], (int)a[13]);
+}
+
+int minisgl_dequant_rows_packed(const int64_t *a) {
+    return minisgl_dequant_rows(P(0), P(1), a[2], P(3), a[4], a[5], P(6));
+}

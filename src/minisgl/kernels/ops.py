@@ -13,6 +13,7 @@ import ctypes
 
 import torch
 
+from . import graph
 from .build import load
 
 
@@ -62,10 +63,9 @@ def decode_attention(
         raise ValueError(
             f"decode_attention: shapes q {tuple(q.shape)}, pool {tuple(k_pool.shape)}, pages {tuple(page_rows.shape)}"
         )
-    out = torch.empty_like(q)
+    out = graph.empty(q.shape)
     kv = k_pool.dtype if k_pool.dtype in (torch.float32, torch.float16) else torch.float32
-    kernel = lib.minisgl_decode_attention_f16 if kv == torch.float16 else lib.minisgl_decode_attention
-    rc = kernel(
+    args = [
         _check(q, "q"),
         _check(k_pool, "k_pool", kv),
         _check(v_pool, "v_pool", kv),
@@ -77,9 +77,11 @@ def decode_attention(
         hkv,
         d,
         page_size,
-        scale,
+        graph.float_bits(scale),
         out.data_ptr(),
-    )
+        int(kv == torch.float16),
+    ]
+    rc = graph.call(lib.minisgl_decode_attention_packed, args, (q, k_pool, v_pool, page_rows, seq_lens, out))
     _check_scratch(rc, "decode_attention")
     return out
 
@@ -130,16 +132,11 @@ def add_rmsnorm(
     t, hid = h.shape
     if weight.shape != (hid,) or (delta is not None and delta.shape != h.shape):
         raise ValueError(f"add_rmsnorm: shapes h {tuple(h.shape)}, weight {tuple(weight.shape)}")
-    out = torch.empty_like(h)
-    lib.minisgl_add_rmsnorm(
-        _check(h, "h"),
-        None if delta is None else _check(delta, "delta"),
-        _check(weight, "weight"),
-        eps,
-        t,
-        hid,
-        out.data_ptr(),
-    )
+    out = graph.empty(h.shape)
+    args = [_check(h, "h"), 0 if delta is None else _check(delta, "delta"), _check(weight, "weight")]
+    args += [graph.float_bits(eps), t, hid, out.data_ptr()]
+    keep = [x for x in (h, delta, weight, out) if x is not None]
+    graph.call(lib.minisgl_add_rmsnorm_packed, args, keep)
     return out
 
 
@@ -199,22 +196,22 @@ def rope_store(
         or kv not in (torch.float32, torch.float16)
     ):
         raise ValueError(f"rope_store: shapes qkv {tuple(qkv.shape)}, pool {tuple(k_pool.shape)} {kv}")
-    q = qkv.new_empty(t, num_q, head_dim)
-    lib.minisgl_rope_store(
-        _check(qkv, "qkv"),
-        _check(cos, "cos"),
-        _check(sin, "sin"),
-        t,
-        num_q,
-        num_kv,
-        head_dim,
-        _check(slots, "slots", torch.int64),
-        _check(k_pool, "k_pool", kv),
-        _check(v_pool, "v_pool", kv),
-        kv == torch.float16,
-        q.data_ptr(),
-    )
+    q = graph.empty((t, num_q, head_dim))
+    args = [_check(qkv, "qkv"), _check(cos, "cos"), _check(sin, "sin"), t, num_q, num_kv, head_dim]
+    args += [_check(slots, "slots", torch.int64), _check(k_pool, "k_pool", kv), _check(v_pool, "v_pool", kv)]
+    args += [int(kv == torch.float16), q.data_ptr()]
+    graph.call(lib.minisgl_rope_store_packed, args, (qkv, cos, sin, slots, k_pool, v_pool, q))
     return q
+
+
+def gather_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """table (R, D) float32, idx (T,) int64 -> table[idx] (T, D) (indices clamped to the table)."""
+    lib = _lib()
+    rows, d = table.shape
+    out = graph.empty((idx.shape[0], d))
+    args = [_check(table, "table"), rows, _check(idx, "idx", torch.int64), idx.shape[0], d, out.data_ptr()]
+    graph.call(lib.minisgl_gather_rows_packed, args, (table, idx, out))
+    return out
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

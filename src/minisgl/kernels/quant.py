@@ -13,6 +13,7 @@ import torch
 
 from minisgl.quant import QuantizedWeight
 
+from . import graph
 from .build import load_quant
 
 PRE_NONE, PRE_RMSNORM, PRE_SILU_MUL = 0, 1, 2
@@ -56,26 +57,29 @@ def qlinear(
         raise ValueError(f"qlinear: bias {tuple(bias.shape)} for {n} outputs")
     if norm is not None and norm[0].shape != (k,):
         raise ValueError(f"qlinear: norm weight {tuple(norm[0].shape)} for {k} inputs")
-    y = residual if residual is not None else x.new_empty(m, n)
+    y = residual if residual is not None else graph.empty((m, n))
     if y.shape != (m, n):
         raise ValueError(f"qlinear: residual {tuple(y.shape)}, expected {(m, n)}")
     pre = PRE_RMSNORM if norm is not None else PRE_SILU_MUL if silu_mul else PRE_NONE
-    rc = _lib(isa).minisgl_qlinear(
+    nw = None if norm is None else norm[0]
+    args = [
         _f32(x, "x"),
         m,
         k,
         width,
         pre,
-        None if norm is None else _f32(norm[0], "norm weight"),
-        0.0 if norm is None else norm[1],
+        0 if nw is None else _f32(nw, "norm weight"),
+        graph.float_bits(0.0 if norm is None else norm[1]),
         weight.row_ptrs.data_ptr(),
         weight.row_fmts.data_ptr(),
         n,
-        None if bias is None else _f32(bias, "bias"),
+        0 if bias is None else _f32(bias, "bias"),
         _f32(y, "y"),
         n,
-        residual is not None,
-    )
+        int(residual is not None),
+    ]
+    keep = [t for t in (x, nw, weight.row_ptrs, weight.row_fmts, bias, y) if t is not None]
+    rc = graph.call(_lib(isa).minisgl_qlinear_packed, args, keep)
     if rc == -2:
         raise MemoryError("qlinear: out of scratch memory")
     if rc != 0:
@@ -88,8 +92,8 @@ def dequant_rows(weight: QuantizedWeight, ids: torch.Tensor, isa: str | None = N
     if ids.dtype is not torch.int64 or ids.dim() != 1 or not ids.is_contiguous():
         raise ValueError(f"dequant_rows: ids must be a contiguous 1-D int64 tensor, got {ids.dtype}")
     n, k = weight.shape
-    out = torch.empty(ids.shape[0], k)
-    rc = _lib(isa).minisgl_dequant_rows(
+    out = graph.empty((ids.shape[0], k))
+    args = [
         weight.row_ptrs.data_ptr(),
         weight.row_fmts.data_ptr(),
         n,
@@ -97,7 +101,8 @@ def dequant_rows(weight: QuantizedWeight, ids: torch.Tensor, isa: str | None = N
         ids.shape[0],
         k,
         out.data_ptr(),
-    )
+    ]
+    rc = graph.call(_lib(isa).minisgl_dequant_rows_packed, args, (weight.row_ptrs, weight.row_fmts, ids, out))
     if rc != 0:
         raise IndexError(f"dequant_rows: an id outside [0, {n})")
     return out
