@@ -132,9 +132,8 @@ def main() -> int:
     spans = [slice(len(p) - 1, len(p) - 1 + ns.tokens) for p in prompts]  # rows predicting the continuation
     refs = [sequence_logits(ref_llm, s)[sp] for s, sp in zip(seqs, spans, strict=True)]
     del ref_llm
-    engines = {
-        "minisgl (quantized, default)": lambda s, llm=LLM(str(gguf), device="cpu"): sequence_logits(llm, s)
-    }
+    quantized = LLM(str(gguf), device="cpu")
+    engines = {"minisgl (quantized, default)": lambda s: sequence_logits(quantized, s)}
     if (ns.llamacpp_dir / "vendor" / "llama.cpp" / "build" / "bin").is_dir():
         lc = LlamaCpp(ns.llamacpp_dir, gguf, ns.threads)
         engines["llama.cpp"] = lc.logits
