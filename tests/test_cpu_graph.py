@@ -32,7 +32,9 @@ def _tokens(llm: LLM, prompts: list[list[int]], params: SamplingParams = GREEDY)
     return [o["token_ids"] for o in llm.generate(prompts, params)]
 
 
-def test_replayed_steps_give_the_eager_tokens(q8_model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replayed_steps_give_the_eager_tokens(
+    q8_model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path))
     eager = LLM(q8_model, device="cpu", cuda_graph_max_bs=0)
     graphs = LLM(q8_model, device="cpu")
@@ -45,7 +47,9 @@ def test_replayed_steps_give_the_eager_tokens(q8_model: str, tmp_path: Path, mon
     assert _tokens(graphs, PROMPTS, sampled) == _tokens(eager, PROMPTS, sampled)
 
 
-def test_an_unrecorded_op_turns_the_graphs_off(q8_model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unrecorded_op_turns_the_graphs_off(
+    q8_model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A torch op between kernels runs at recording but not at replay: the check catches it, the
     steps run eagerly, and the tokens stay right."""
     monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path))

@@ -19,11 +19,10 @@ from dataclasses import MISSING
 from typing import Any, ClassVar, NoReturn, Union
 
 import msgspec
-import torch
 
 from minisgl.core import SamplingParams
 
-from .tensor import TensorFormatError, decode_tensor, tensor_to_map
+from .tensor import Tensor, TensorFormatError, decode_tensor, tensor_to_map
 
 __all__ = ["Message", "MessageDecodeError", "MessageGroup", "group_of"]
 
@@ -149,7 +148,7 @@ class MessageGroup:
                 if fault := self._why(t, x):
                     return f"[{k!r:.40}]{fault}"
             return None
-        if tp is torch.Tensor:
+        if tp is Tensor:
             try:
                 decode_tensor(v)
             except TensorFormatError as e:
@@ -216,7 +215,7 @@ class _Codec:
             return self.union[tp], "one", "one"
         if item in self.union:
             return list[self.union[item]], "many", "many"
-        if tp is torch.Tensor:  # the one type msgspec does not know; decoded by the dec_hook below
+        if tp is Tensor:  # the one type msgspec does not know; decoded by the dec_hook below
             return tp, "tensor_to_map", None
         if not _is_plain(tp):
             raise TypeError(f"message field type {tp!r} is not supported by the codec")

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 
 from minisgl.core import RequestRejected, SamplingParams, check_request
 from minisgl.message import TokenizeMsg, UserMsg
@@ -127,7 +127,7 @@ class TokenizeManager:
         choices = [_choice(params, i) for i in range(msg.n)]
         for p in choices:
             check_request(ids, p, self.limits.vocab_size, self.limits.max_seq_len)
-        input_ids = torch.tensor(ids, dtype=torch.int32)
+        input_ids = np.asarray(ids, dtype=np.int32)  # sent as a tensor; no torch in this process
         return [
             UserMsg(uid=msg.uid + i, input_ids=input_ids, sampling_params=p) for i, p in enumerate(choices)
         ]
