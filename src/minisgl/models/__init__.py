@@ -30,7 +30,18 @@ _WHERE = {
     "resolve_model_path": "resolve",
     "WeightLoadError": "weights",
 }
-__all__ = sorted(_WHERE)
+__all__ = [
+    "SUPPORTED_ARCHITECTURES",
+    "GGUFConversionError",
+    "LlamaForCausalLM",
+    "ModelConfig",
+    "ModelConfigError",
+    "WeightLoadError",
+    "embedded_gguf_path",
+    "fill_dummy_weights",
+    "load_model",
+    "resolve_model_path",
+]
 
 
 def __getattr__(name: str) -> Any:
