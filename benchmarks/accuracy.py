@@ -4,7 +4,9 @@ Teacher forcing: 16 chat prompts, each continued by the float32 reference's 64 g
 engine then reads each whole sequence in one pass, and at the 64 continuation positions we compare
 its next-token distribution with the reference's: how often the greedy token agrees, and the mean
 KL(reference || engine). Engines: minisgl's default (the GGUF's blocks through the quantized kernels,
-int8 activations, a float16 KV cache) and llama.cpp (libllama through llama-cpp-python's ctypes
+a float16 KV cache), once through the kernels its decode steps take (int8 activations: what
+generates the tokens) and once through its prefill kernels (on a CPU with AMX, bfloat16 tiles: what
+reads prompts), and llama.cpp (libllama through llama-cpp-python's ctypes
 bindings, both from `make llamacpp`), on the same token ids. The reference is minisgl's
 `--dtype float32` (the blocks dequantized, every op in float32; token-exact with transformers).
 
@@ -43,15 +45,17 @@ PROMPTS = [
 ]
 
 
-def sequence_logits(llm, ids: list[int]) -> torch.Tensor:  # noqa: ANN001 - minisgl's LLM
-    """minisgl's logits (n, V) float32 at every position of `ids`, read as one fresh prompt."""
+def sequence_logits(llm, ids: list[int], decode_kernels: bool = False) -> torch.Tensor:  # noqa: ANN001
+    """minisgl's logits (n, V) float32 at every position of `ids`, read as one fresh prompt;
+    `decode_kernels`: through the ops a decode step takes (the CPU backend picks its matmul kernels
+    by the pass: the int8 ones of decode, or prefill's, AMX-BF16 tiles where the CPU has them)."""
     from minisgl.attention import AttnInput
     from minisgl.core import Context, set_global_ctx
 
     eng = llm.engine
     n, ps = len(ids), eng.page_size
     pages = torch.arange(-(-n // ps), dtype=torch.int32)[None]  # (1, P): the first pages, nothing else runs
-    eng.ops.prepare(False)
+    eng.ops.prepare(decode_kernels)
     eng.attn_backend.prepare(
         AttnInput(seq_lens=[n], extend_lens=[n], out_slots=torch.arange(n), page_rows=pages, is_decode=False)
     )
@@ -133,7 +137,10 @@ def main() -> int:
     refs = [sequence_logits(ref_llm, s)[sp] for s, sp in zip(seqs, spans, strict=True)]
     del ref_llm
     quantized = LLM(str(gguf), device="cpu")
-    engines = {"minisgl (quantized, default)": lambda s: sequence_logits(quantized, s)}
+    engines = {
+        "minisgl, decode kernels": lambda s: sequence_logits(quantized, s, decode_kernels=True),
+        "minisgl, prefill kernels": lambda s: sequence_logits(quantized, s),
+    }
     if (ns.llamacpp_dir / "vendor" / "llama.cpp" / "build" / "bin").is_dir():
         lc = LlamaCpp(ns.llamacpp_dir, gguf, ns.threads)
         engines["llama.cpp"] = lc.logits

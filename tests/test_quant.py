@@ -93,14 +93,40 @@ def test_qlinear_matches_numpy(isa: str, fmt: GGMLType) -> None:
     assert (y - exact).abs().max() < 2e-2 * scale
 
 
+@pytest.mark.parametrize("prefill", [False, True])
 @pytest.mark.parametrize("isa", RUNNABLE_ISAS)
-def test_rows_are_batch_invariant(isa: str) -> None:
-    """Each row's outputs are bitwise the same alone, in any batch and at any position in it."""
-    w = QuantizedWeight([weight_of(f, 24, 512, seed=i)[0].parts[0] for i, f in enumerate(GGMLType)])
-    x = torch.randn(11, 512)
-    full = qlinear(x, w, isa=isa)
-    for rows in ([3], [0, 1], [4, 5, 6, 7, 8], list(range(10))):
-        torch.testing.assert_close(qlinear(x[rows].contiguous(), w, isa=isa), full[rows], rtol=0, atol=0)
+def test_rows_are_batch_invariant(isa: str, prefill: bool) -> None:
+    """Each row's outputs are bitwise the same alone, in any batch and at any position in it (prefill
+    passes too: the amx kernels' tiles, a mix of formats their other path)."""
+    for w in (
+        QuantizedWeight([weight_of(f, 24, 512, seed=i)[0].parts[0] for i, f in enumerate(GGMLType)]),
+        QuantizedWeight([weight_of(f, 24, 512, seed=i)[0].parts[0] for i, f in enumerate(BLOCK_FORMATS)]),
+    ):
+        x = torch.randn(37, 512)
+        full = qlinear(x, w, prefill=prefill, isa=isa)
+        for rows in ([3], [0, 1], [4, 5, 6, 7, 8], list(range(33)), list(range(36, -1, -1))):
+            got = qlinear(x[rows].contiguous(), w, prefill=prefill, isa=isa)
+            torch.testing.assert_close(got, full[rows], rtol=0, atol=0)
+
+
+@pytest.mark.skipif("amx" not in RUNNABLE_ISAS, reason="no AMX-BF16 here")
+@pytest.mark.parametrize("fmt", BLOCK_FORMATS, ids=lambda f: f.name)
+def test_amx_prefill_matches_numpy_in_bfloat16(fmt: GGMLType) -> None:
+    """The AMX tiles: weights and activations rounded to bfloat16, float32 sums; the norm, SiLU x up,
+    bias and residual as in the other path."""
+    w, ref = weight_of(fmt, 70, 512, seed=int(fmt))
+    torch.manual_seed(1)
+    x, bias, res = torch.randn(45, 512), torch.randn(70), torch.randn(45, 70)
+    bf = lambda t: t.to(torch.bfloat16).double()  # noqa: E731
+    want = (bf(x) @ bf(ref).T + bias.double()).float()
+    got = qlinear(x, w, bias, prefill=True, isa="amx")
+    torch.testing.assert_close(got, want, atol=1e-5 * want.abs().max(), rtol=0)
+    assert (got - (x.double() @ ref.double().T + bias.double())).abs().max() < 2e-2 * want.abs().max()
+    gu = torch.randn(45, 1024)
+    act = F.silu(gu[:, :512]) * gu[:, 512:]
+    want = res.double() + bf(act) @ bf(ref).T
+    got = qlinear(gu, w, silu_mul=True, residual=res.clone(), prefill=True, isa="amx")
+    torch.testing.assert_close(got, want.float(), atol=1e-4 * want.abs().max(), rtol=0)
 
 
 @pytest.mark.parametrize("isa", RUNNABLE_ISAS)

@@ -124,7 +124,7 @@ class CpuOps(TorchOps):
     def linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight):
             if _rows_fit(x):
-                return quant.qlinear(x, weight, bias)
+                return quant.qlinear(x, weight, bias, prefill=not self.decode)
             return super().linear(x, weight, bias)
         if weight.dtype != torch.float32 or not weight.is_cpu:
             return super().linear(x, weight, bias)
@@ -142,7 +142,7 @@ class CpuOps(TorchOps):
         bias: torch.Tensor | None,
     ) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight) and _rows_fit(x, norm_weight):
-            return quant.qlinear(x, weight, bias, norm=(norm_weight, eps))
+            return quant.qlinear(x, weight, bias, norm=(norm_weight, eps), prefill=not self.decode)
         return super().norm_linear(x, norm_weight, eps, weight, bias)
 
     def linear_add_(
@@ -154,7 +154,7 @@ class CpuOps(TorchOps):
         gated: bool = False,
     ) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight) and _rows_fit(x, residual):
-            return quant.qlinear(x, weight, bias, silu_mul=gated, residual=residual)
+            return quant.qlinear(x, weight, bias, silu_mul=gated, residual=residual, prefill=not self.decode)
         return super().linear_add_(x, weight, bias, residual, gated)
 
     def embedding(self, ids: torch.Tensor, weight: Weight) -> torch.Tensor:

@@ -8,9 +8,10 @@ build takes about a second. Without a compiler, or when the build fails, `load()
 why once in the log, and every caller keeps its plain-torch path. `MINISGL_CPU_KERNELS=0` turns the
 kernels off.
 
-`cpu_quant.c` is built for one instruction set, chosen once per process (`quant_isa()`): `avx512`
-(AVX-512 F/BW/VL/DQ with VNNI), `avx2` (AVX2, FMA, F16C) or `portable`, the best this CPU runs unless
-`MINISGL_CPU_ISA` names one; the tests build all three (`load_quant(isa)`).
+`cpu_quant.c` is built for one instruction set, chosen once per process (`quant_isa()`): `amx`
+(`avx512` plus AMX-BF16 tiles for prefill passes, where Linux grants the tile state), `avx512` (AVX-512
+F/BW/VL/DQ with VNNI), `avx2` (AVX2, FMA, F16C) or `portable`, the best this CPU runs unless
+`MINISGL_CPU_ISA` names one; the tests build every one the CPU runs (`load_quant(isa)`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ _COMMON = ["-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-std=gnu
 _FLAGS = ["-march=native", *_COMMON]
 # The instruction sets of cpu_quant.c: (compiler flags, the /proc/cpuinfo flags a CPU needs for them)
 ISAS: dict[str, tuple[list[str], set[str]]] = {
+    "amx": (  # avx512 plus AMX-BF16 tiles for prefill passes
+        ["-DMINISGL_AVX512", "-DMINISGL_AMX", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni"]
+        + ["-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mavx2", "-mfma", "-mf16c"],
+        {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"}
+        | {"avx2", "fma", "f16c"},
+    ),
     "avx512": (
         ["-DMINISGL_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni"]
         + ["-mavx2", "-mfma", "-mf16c"],
@@ -190,7 +197,10 @@ def quant_isa() -> str:
             raise ValueError(f"MINISGL_CPU_ISA={forced!r}: choose from auto, {', '.join(ISAS)}")
         return forced
     flags = cpu_flags()
-    return next(isa for isa, (_, need) in ISAS.items() if need <= flags)
+    for isa, (_, need) in ISAS.items():
+        if need <= flags and (isa != "amx" or load_quant("amx") is not None):  # AMX: if Linux grants it
+            return isa
+    return "portable"
 
 
 def load_quant(isa: str | None = None) -> ctypes.CDLL | None:
@@ -225,6 +235,9 @@ def _load_quant(isa: str) -> ctypes.CDLL | None:
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, ctypes.c_int
         lib.minisgl_quant_isa.restype = ctypes.c_char_p
+        if isa == "amx" and not lib.minisgl_amx_init():
+            logger.info("Linux refused the AMX tile state: the avx512 kernels are used")
+            return None
     except Exception as e:  # a failed build must never take the engine down
         logger.warning("could not build the %s quantized kernels (%s): the plain-torch path is used", isa, e)
         return None

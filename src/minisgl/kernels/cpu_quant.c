@@ -18,6 +18,12 @@
  * rows: the weight read from memory once) and prefill (many rows: the decoded tile stays in L1).
  * Float rows (F32, F16, BF16) are converted in registers and multiplied in float32.
  *
+ * Prefill passes (`prefill`), where the AMX build runs on a CPU with AMX-BF16: weights of every block
+ * format are decoded a tile of rows at a time to bfloat16 and multiplied by the activations rounded to
+ * bfloat16, float32 sums, in AMX tiles (16 x 16 outputs, 32 k per instruction); each output is again
+ * one fixed sequence of tile products whatever M. Decode passes keep the integer path (so a decode
+ * row never depends on its batch either).
+ *
  * Batch invariance: each output element is one fixed sequence of operations on its own accumulator,
  * whatever M, the tile it falls in, or the thread count, so a row's result never depends on the
  * rows batched with it. No fast-math (built with -ffp-contract=off).
@@ -47,7 +53,9 @@ enum { PRE_NONE = 0, PRE_RMSNORM = 1, PRE_SILU_MUL = 2 };
 #endif
 
 const char *minisgl_quant_isa(void) {
-#if defined(MINISGL_AVX512)
+#if defined(MINISGL_AMX)
+    return "amx";
+#elif defined(MINISGL_AVX512)
     return "avx512";
 #elif defined(MINISGL_AVX2)
     return "avx2";
@@ -869,14 +877,161 @@ static void tile(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, in
     }
 }
 
+#if defined(MINISGL_AMX)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Asks Linux for the AMX tile state (once per process; every thread may then use the tiles). */
+int minisgl_amx_init(void) {
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+}
+
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+/* tmm0-3: four 16 x 16 float32 sums, tmm4-5: two weight tiles (16 rows x 32 k), tmm6-7: two
+ * activation tiles (16 k pairs x 16 rows x 2) */
+static void amx_configure(void) {
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette_id = 1;
+    for (int i = 0; i < 8; ++i) c.rows[i] = 16, c.colsb[i] = 64;
+    _tile_loadconfig(&c);
+}
+
+/* Activations f32 (M rows, stride ld) -> bf16 in AMX's pair layout, zero past M (Mp rows, a multiple
+ * of 32): for k-step s and row tile r, 16 k pairs x 16 rows x 2: element (m, 2j + h) of the step at
+ * ((s * Mp / 16 + m / 16) * 16 + j) * 32 + (m % 16) * 2 + h. */
+static void amx_pack_acts(const float *x, int64_t ld, int64_t M, int64_t Mp, int64_t K, uint16_t *out) {
+#pragma omp parallel for if (M * K >= 65536)
+    for (int64_t m = 0; m < Mp; ++m) {
+        for (int64_t s = 0; s < K / 32; ++s) {
+            uint32_t *dst = (uint32_t *)(out + ((s * (Mp / 16) + m / 16) * 16) * 32) + (m % 16);
+            if (m >= M) {
+                for (int j = 0; j < 16; ++j) dst[j * 16] = 0;
+                continue;
+            }
+            const __m512 lo = _mm512_loadu_ps(x + m * ld + 32 * s), hi = _mm512_loadu_ps(x + m * ld + 32 * s + 16);
+            uint32_t pairs[16];
+            _mm512_storeu_si512((void *)pairs, (__m512i)_mm512_cvtne2ps_pbh(hi, lo)); /* k 0..31 in order */
+            for (int j = 0; j < 16; ++j) dst[j * 16] = pairs[j];
+        }
+    }
+}
+
+/* A decoded row (u, sc, bi) -> K bf16 weights, w = sc * u + bi per 16 */
+static void amx_row_bf16(const Decoded *r, int64_t K, uint16_t *out) {
+    for (int64_t c = 0; c < K / 16; c += 2) {
+        const __m512 u0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(r->u + 16 * c))));
+        const __m512 u1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(r->u + 16 * c + 16))));
+        const __m512 w0 = _mm512_fmadd_ps(_mm512_set1_ps(r->sc[c]), u0, _mm512_set1_ps(r->bi[c]));
+        const __m512 w1 = _mm512_fmadd_ps(_mm512_set1_ps(r->sc[c + 1]), u1, _mm512_set1_ps(r->bi[c + 1]));
+        _mm512_storeu_si512((void *)(out + 16 * c), (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+    }
+}
+
+/* Rows n0 .. n0 + 32 of the weight (decoded to bf16, rows past N zero) against all Mp activation
+ * rows: 2 x 2 tiles of 16 x 16 sums per step of 32 k. */
+static void amx_tile_pair(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t n0, int64_t M,
+                          int64_t Mp, int64_t K, const uint16_t *acts, Decoded *dec, uint16_t *wbf, float *cbuf,
+                          const float *bias, float *y, int64_t ldy, int accumulate) {
+    for (int i = 0; i < 32; ++i) {
+        const int64_t n = n0 + i;
+        if (n < N && decode_row(row_fmts[n], (const uint8_t *)(intptr_t)row_ptrs[n], K, dec, 0))
+            amx_row_bf16(dec, K, wbf + i * K);
+        else
+            memset(wbf + i * K, 0, sizeof(uint16_t) * (size_t)K);
+    }
+    const int64_t steps = K / 32, mt = Mp / 16;
+    for (int64_t m0 = 0; m0 < Mp; m0 += 32) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t s = 0; s < steps; ++s) {
+            _tile_loadd(4, wbf + 32 * s, K * 2);
+            _tile_loadd(5, wbf + 16 * K + 32 * s, K * 2);
+            _tile_loadd(6, acts + ((s * mt + m0 / 16) * 16) * 32, 64);
+            _tile_loadd(7, acts + ((s * mt + m0 / 16 + 1) * 16) * 32, 64);
+            _tile_dpbf16ps(0, 4, 6); /* weight rows 0..15 x act rows 0..15 */
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+        for (int t = 0; t < 4; ++t) { /* tile (w, a): C[n][m], weight rows 16 (t / 2), act rows 16 (t % 2) */
+            switch (t) {
+            case 0: _tile_stored(0, cbuf, 64); break;
+            case 1: _tile_stored(1, cbuf, 64); break;
+            case 2: _tile_stored(2, cbuf, 64); break;
+            default: _tile_stored(3, cbuf, 64); break;
+            }
+            /* column j of the tile (act row m) is y[m, nb .. nb + 16): gathered, then as put() does */
+            const int64_t nb = n0 + 16 * (t / 2);
+            if (nb >= N) continue;
+            const __mmask16 cols = nb + 16 <= N ? 0xFFFF : (__mmask16)((1u << (N - nb)) - 1);
+            const __m512i stride = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                      _mm512_set1_epi32(16));
+            const __m512 b = bias != NULL ? _mm512_maskz_loadu_ps(cols, bias + nb) : _mm512_setzero_ps();
+            for (int j = 0; j < 16; ++j) {
+                const int64_t m = m0 + 16 * (t % 2) + j;
+                if (m >= M) break;
+                __m512 v = _mm512_i32gather_ps(stride, cbuf + j, 4);
+                if (bias != NULL) v = _mm512_add_ps(v, b);
+                float *o = y + m * ldy + nb;
+                if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(cols, o), v);
+                _mm512_mask_storeu_ps(o, cols, v);
+            }
+        }
+    }
+}
+
+/* The prefill matmul in AMX tiles (see the file's comment); xf: the activations after the pre-op. */
+static int qlinear_amx(const float *xf, int64_t ldf, int64_t M, int64_t K, const int64_t *row_ptrs,
+                       const int32_t *row_fmts, int64_t N, const float *bias, float *y, int64_t ldy, int accumulate) {
+    const int64_t Mp = round_up(M, 32);
+    uint16_t *acts = (uint16_t *)aligned_alloc(64, sizeof(uint16_t) * (size_t)(Mp * K));
+    if (acts == NULL) return -2;
+    amx_pack_acts(xf, ldf, M, Mp, K, acts);
+    const int64_t pairs = (N + 31) / 32, K64 = round_up(K, 64), C16 = round_up(K64 / 16, 16);
+    int failed = 0;
+#pragma omp parallel if (pairs > 1 && M * N * K >= 32768) reduction(| : failed)
+    {
+        const size_t dec_bytes = (size_t)round_up(K64 + 8 * C16, 64), w_bytes = sizeof(uint16_t) * (size_t)(32 * K);
+        uint8_t *scratch = (uint8_t *)aligned_alloc(64, dec_bytes + w_bytes + 64 * 16 * 16);
+        if (scratch == NULL) failed = 1;
+        Decoded dec;
+        if (scratch != NULL) {
+            memset(scratch, 0, dec_bytes);
+            dec.u = scratch;
+            dec.sc = (float *)(scratch + K64);
+            dec.bi = dec.sc + C16;
+            amx_configure();
+        }
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < pairs; ++p)
+            if (scratch != NULL)
+                amx_tile_pair(row_ptrs, row_fmts, N, 32 * p, M, Mp, K, acts, &dec, (uint16_t *)(scratch + dec_bytes),
+                              (float *)(scratch + dec_bytes + w_bytes), bias, y, ldy, accumulate);
+        if (scratch != NULL) _tile_release();
+        free(scratch);
+    }
+    free(acts);
+    return failed ? -2 : 0;
+}
+#endif
+
 /* y (M, N; row stride ldy) (+)= op(x) @ W^T (+ bias).
  *   x: (M, K) with row stride ldx; for PRE_SILU_MUL (M, 2K) laid out [gate | up]
  *   pre: PRE_NONE, PRE_RMSNORM (pre_w: the norm's (K) weight, eps) or PRE_SILU_MUL
  *   row_ptrs, row_fmts (N): each weight row's address and ggml type; K a multiple of its block size
+ *   prefill: a prefill pass (the AMX build multiplies block formats in AMX tiles then)
  * Returns 0, -1 for an unknown type or a K the blocks do not divide, -2 without memory. */
 int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, const float *pre_w, float eps,
                     const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, const float *bias, float *y,
-                    int64_t ldy, int accumulate) {
+                    int64_t ldy, int accumulate, int prefill) {
     int has_int = 0, has_float = 0;
     for (int64_t n = 0; n < N; ++n) {
         const int bs = block_size(row_fmts[n]);
@@ -904,6 +1059,15 @@ int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, 
         A.xf = xf;
         A.ldf = K;
     }
+#if defined(MINISGL_AMX)
+    if (prefill && has_int && !has_float) {
+        const int rc = qlinear_amx(A.xf, A.ldf, M, K, row_ptrs, row_fmts, N, bias, y, ldy, accumulate);
+        free(xf);
+        return rc;
+    }
+#else
+    (void)prefill;
+#endif
     A.qx = NULL, A.dx = NULL, A.xs = NULL;
     void *qbuf = NULL;
     if (has_int) {
@@ -963,7 +1127,7 @@ static inline float arg_float(int64_t a) {
 
 int minisgl_qlinear_packed(const int64_t *a) {
     return minisgl_qlinear(P(0), a[1], a[2], a[3], (int)a[4], P(5), arg_float(a[6]), P(7), P(8), a[9], P(10), P(11),
-                           a[12], (int)a[13]);
+                           a[12], (int)a[13], (int)a[14]);
 }
 
 int minisgl_dequant_rows_packed(const int64_t *a) {

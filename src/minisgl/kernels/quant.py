@@ -44,11 +44,12 @@ def qlinear(
     norm: tuple[torch.Tensor, float] | None = None,
     silu_mul: bool = False,
     residual: torch.Tensor | None = None,
+    prefill: bool = False,
     isa: str | None = None,
 ) -> torch.Tensor:
     """x (M, K) @ W^T (+ bias) -> (M, N); with `norm` (weight (K,), eps) of rmsnorm(x); with
     `silu_mul` of silu(gate) * up, x (M, 2K) = [gate | up]; with `residual` (M, N) added into it in
-    place (and returned)."""
+    place (and returned). `prefill`: a prefill pass's (the amx kernels take AMX tiles then)."""
     n, k = weight.shape
     m, width = x.shape
     if width != (2 * k if silu_mul else k) or (norm is not None and silu_mul):
@@ -77,6 +78,7 @@ def qlinear(
         _f32(y, "y"),
         n,
         int(residual is not None),
+        int(prefill),
     ]
     keep = [t for t in (x, nw, weight.row_ptrs, weight.row_fmts, bias, y) if t is not None]
     rc = graph.call(_lib(isa).minisgl_qlinear_packed, args, keep)
