@@ -21,6 +21,7 @@ ROWS: list[tuple[str, ...]] = [
     ("utils",),
     ("grammar",),
     ("distributed",),
+    ("quant",),
     ("kernels",),
     ("backends",),
     ("kvcache",),

@@ -60,10 +60,16 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     decode_copy_budget = 512 << 20  # bytes; larger decode batches gather from the pool every layer
 
-    def __init__(self, pool: KVPool, num_q_heads: int, num_kv_heads: int, head_dim: int) -> None:
-        super().__init__(pool, num_q_heads, num_kv_heads, head_dim)
+    def __init__(
+        self,
+        pool: KVPool,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(pool, num_q_heads, num_kv_heads, head_dim, dtype)
         self.group = num_q_heads // num_kv_heads
-        self.dtype = pool.k[0].dtype
         self.meta: _Meta | None = None
         self._copy: _DecodeCopy | None = None
 
@@ -142,7 +148,7 @@ class TorchAttentionBackend(AttentionBackend):
             return None
         cap = max_len + _DECODE_CACHE_SLACK
         shape = (len(inp.seq_lens), self.num_kv_heads, cap, self.head_dim)
-        nbytes = 2 * self.pool.num_layers * torch.Size(shape).numel() * self.pool.k[0].element_size()
+        nbytes = 2 * self.pool.num_layers * torch.Size(shape).numel() * self.dtype.itemsize
         if nbytes > self.decode_copy_budget:
             return None
         old = self._copy
@@ -176,6 +182,9 @@ class TorchAttentionBackend(AttentionBackend):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         m = self.meta
         assert m is not None, "prepare() must run before forward()"
+        if self.pool.dtype != k.dtype:  # rounded as the pool keeps them, so that every path (this
+            # step's own tokens, or later steps reading the pool) attends to the same K/V
+            k, v = k.to(self.pool.dtype).to(k.dtype), v.to(self.pool.dtype).to(v.dtype)
         self.pool.store(layer_id, m.out_slots, k, v)
         if m.kind == "fresh":
             return self._fresh_prefill(q, k, v, m)
@@ -189,7 +198,7 @@ class TorchAttentionBackend(AttentionBackend):
         shape = (m.batch_size, m.max_seq_len, self.num_kv_heads, self.head_dim)
         kk = self.pool.k[layer_id].index_select(0, m.kv_idx).view(shape).transpose(1, 2)
         vv = self.pool.v[layer_id].index_select(0, m.kv_idx).view(shape).transpose(1, 2)
-        return kk, vv
+        return kk.to(self.dtype), vv.to(self.dtype)
 
     def _decode_kv(
         self, k: torch.Tensor, v: torch.Tensor, layer_id: int, m: _Meta

@@ -14,7 +14,7 @@ import torch
 from minisgl.kernels.triton import elementwise as tk
 from minisgl.kernels.triton.gemv import GemvConfig, gemv
 
-from .torch_ops import TorchOps
+from .torch_ops import TorchOps, Weight
 
 GEMV_MAX_ROWS = 16  # decode batches of up to this many rows take the GEMV (one tensor-core tile)
 GEMV_DTYPES = (torch.bfloat16, torch.float16)
@@ -40,9 +40,9 @@ def gemv_config(x: torch.Tensor, weight: torch.Tensor) -> GemvConfig | None:
 class CudaOps(TorchOps):
     name = "cuda"
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        config = gemv_config(x, weight)
-        if config is None:
+    def linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
+        config = gemv_config(x, weight) if isinstance(weight, torch.Tensor) else None
+        if config is None or not isinstance(weight, torch.Tensor):
             return super().linear(x, weight, bias)
         return gemv(x, weight, bias, config=config)
 
@@ -54,11 +54,13 @@ class CudaOps(TorchOps):
     def linear_add_(
         self,
         x: torch.Tensor,
-        weight: torch.Tensor,
+        weight: Weight,
         bias: torch.Tensor | None,
         residual: torch.Tensor,
         gated: bool = False,
     ) -> torch.Tensor:
+        if not isinstance(weight, torch.Tensor):  # a CPU checkpoint format: the reference
+            return super().linear_add_(x, weight, bias, residual, gated)
         if gated:
             x = self.silu_and_mul(x)
         config = gemv_config(x, weight)

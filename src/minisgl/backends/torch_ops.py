@@ -1,11 +1,19 @@
 """The reference ops in plain torch: what every layer computes, written to match Hugging Face's
 Llama/Qwen code (so float32 greedy decoding is token-identical to transformers). Faster backends
-subclass `TorchOps` and override what they fuse; anything they don't take falls back here."""
+subclass `TorchOps` and override what they fuse; anything they don't take falls back here.
+
+A weight is a tensor or a `QuantizedWeight` (a checkpoint's block format kept, `minisgl.quant`): the
+reference dequantizes the latter to the activations' dtype at each use (correct, slow: the fast
+backends read it as it is)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from minisgl.quant import QuantizedWeight
+
+Weight = torch.Tensor | QuantizedWeight
 
 
 class TorchOps:
@@ -14,9 +22,17 @@ class TorchOps:
     def prepare(self, is_decode: bool) -> None:
         """Called by the engine before each forward pass (a backend may pick kernels per pass)."""
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
         """x (..., in) @ weight (out, in)^T (+ bias) -> (..., out)."""
+        if isinstance(weight, QuantizedWeight):
+            weight = weight.dequantize(x.dtype)
         return F.linear(x, weight, bias)
+
+    def embedding(self, ids: torch.Tensor, weight: Weight) -> torch.Tensor:
+        """ids (T,) -> rows of the (vocab, hidden) table, (T, hidden)."""
+        if isinstance(weight, QuantizedWeight):
+            return weight.lookup(ids)
+        return F.embedding(ids, weight)
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """(..., N) -> weight * (x * rsqrt(mean(x^2) + eps)): statistics in float32, product in x's dtype."""
@@ -29,7 +45,7 @@ class TorchOps:
         x: torch.Tensor,
         norm_weight: torch.Tensor,
         eps: float,
-        weight: torch.Tensor,
+        weight: Weight,
         bias: torch.Tensor | None,
     ) -> torch.Tensor:
         """A projection of the normed residual stream: linear(rmsnorm(x)), (T, in) -> (T, out)."""
@@ -38,7 +54,7 @@ class TorchOps:
     def linear_add_(
         self,
         x: torch.Tensor,
-        weight: torch.Tensor,
+        weight: Weight,
         bias: torch.Tensor | None,
         residual: torch.Tensor,
         gated: bool = False,
@@ -48,6 +64,12 @@ class TorchOps:
         if gated:
             x = self.silu_and_mul(x)
         return residual.add_(self.linear(x, weight, bias))
+
+    def rope_lookup(
+        self, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (P, D/2) cos/sin tables at positions (T,) -> (cos, sin), each (T, 1, D/2)."""
+        return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
 
     def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x (T, H, D), cos/sin (T, 1, D/2) -> rotated x (T, H, D), contiguous (HF's rotate-half)."""

@@ -10,6 +10,7 @@ decode step's bandwidth floor (weights + KV read per step over a device copy's b
 the same run) and the fraction of it reached.
 
     minisgl bench offline [--num-prompts 16] [--output-len 64] [--repeats 3]          (CPU, embedded model)
+    minisgl bench offline --device cpu --dtype float32                      (the float32 reference path)
     minisgl bench offline --device cuda --model-config llama3-8b --batch-sizes 1,8 \\
         --min-input-len 256 --max-input-len 256 --output-len 256                     (random weights)
 
@@ -34,6 +35,7 @@ from torch import nn
 from tqdm import tqdm
 
 from minisgl.engine import Engine
+from minisgl.engine.options import resolve_dtype
 
 from .offline_args import add_arguments
 
@@ -110,27 +112,42 @@ def _time_hf(
     return dt, cpu, out[:, width:].tolist()
 
 
+def _weights(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """name -> (weights, bytes) of each distinct weight of minisgl's model: parameters, and the
+    QuantizedWeights kept in a checkpoint's format (a tied LM head counted once, under its name)."""
+    from minisgl.quant import QuantizedWeight
+
+    out: dict[str, tuple[int, int]] = {}
+    seen: set[int] = set()
+    for mod_name, mod in model.named_modules():
+        for attr, w in [
+            *mod.named_parameters(recurse=False),
+            *((k, v) for k, v in vars(mod).items() if isinstance(v, QuantizedWeight)),
+        ]:
+            key = id(w) if isinstance(w, QuantizedWeight) else w.data_ptr()
+            if key in seen:
+                continue
+            seen.add(key)
+            n, k = w.shape[0], (w.shape[1] if len(w.shape) > 1 else 1)
+            nbytes = w.nbytes if isinstance(w, QuantizedWeight) else w.numel() * w.element_size()
+            out[f"{mod_name}.{attr}"] = (n * k, nbytes)
+    return out
+
+
 def _matmul_params(model: nn.Module) -> tuple[int, int]:
-    """(weights of the decoder layers' matmuls, weights of the LM head): 2 flops per weight per row,
-    of transformers' model or minisgl's (the same parameter names)."""
-    layers = sum(
-        p.numel() for n, p in model.named_parameters() if n.startswith("model.layers.") and p.dim() == 2
-    )
-    return layers, model.get_parameter("lm_head.weight").numel()
+    """(weights of the decoder layers' matmuls, weights of the LM head): 2 flops per weight per row."""
+    ws = _weights(model)
+    layers = sum(n for name, (n, _) in ws.items() if name.startswith("model.layers.") and "norm" not in name)
+    head = ws.get("lm_head.weight") or ws["model.embed_tokens.weight"]
+    return layers, head[0]
 
 
 def _decode_weight_bytes(model: nn.Module) -> int:
-    """Bytes of weights a decode step reads: every parameter once, except the embedding table (a
+    """Bytes of weights a decode step reads: every weight once, except the embedding table (a
     lookup reads B rows) unless the LM head shares it."""
-    seen: set[int] = set()
-    total = 0
-    lm = model.get_parameter("lm_head.weight").data_ptr()
-    for name, p in model.named_parameters():
-        if p.data_ptr() in seen or (name == "model.embed_tokens.weight" and p.data_ptr() != lm):
-            continue
-        seen.add(p.data_ptr())
-        total += p.numel() * p.element_size()
-    return total
+    ws = _weights(model)
+    tied = "lm_head.weight" not in ws
+    return sum(b for name, (_, b) in ws.items() if tied or name != "model.embed_tokens.weight")
 
 
 def copy_bandwidth(device: str, nbytes: int = 2 << 30) -> float:
@@ -160,7 +177,7 @@ class _Models:
 
 
 def _load(
-    model: str | None, model_config: str | None, device: str, dtype: torch.dtype, skip_hf: bool, tmp: Path,
+    model: str | None, model_config: str | None, device: str, dtype: torch.dtype | str, skip_hf: bool, tmp: Path,
     **llm_options: Any,
 ) -> _Models:  # fmt: skip
     """minisgl's LLM and (unless skipped) transformers' model, with the same weights."""
@@ -181,11 +198,16 @@ def _load(
     if not skip_hf:  # first: minisgl sizes its KV pool from the device memory left
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        hf_dtype = resolve_dtype(
+            "float32" if dtype == "auto" else dtype, device
+        )  # (auto: the quantized CPU path)
         if model_config is not None:
             with torch.device(device):
-                hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype)
+                hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=hf_dtype)
         else:
-            hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+            from minisgl.models.reference import transformers_model
+
+            hf = transformers_model(model_dir, hf_dtype).to(device)
         hf.eval()
     llm = LLM(
         str(model_dir), device=device, dtype=dtype, dummy_weights=model_config is not None, **llm_options
@@ -242,10 +264,10 @@ def _bench_one(
         "minisgl_tok_s": total / best_m,
     }
     engine = getattr(ms.llm, "engine", None)
-    if phases and isinstance(engine, Engine):
+    if phases and isinstance(engine, Engine) and hasattr(engine.model, "lm_head"):
         layer_w, head_w = _matmul_params(engine.model)
-        bytes_per_w = engine.model.get_parameter("lm_head.weight").element_size()
-        res["phases"] = dict(phases, layer_weights=layer_w, head_weights=head_w, bytes_per_weight=bytes_per_w)
+        weight_bytes = _decode_weight_bytes(engine.model)
+        res["phases"] = dict(phases, layer_weights=layer_w, head_weights=head_w, weight_bytes=weight_bytes)
     if hf is not None:
         same = sum(a == b for a, b in zip(toks_m, toks_h, strict=True))
         res.update(
@@ -319,6 +341,7 @@ def run_offline_bench(
     model_config: str | None = None,
     batch_sizes: list[int] | None = None,
     max_output_len: int | None = None,
+    dtype: str = "auto",
     **llm_options: Any,
 ) -> dict[str, Any]:
     """Run both engines `repeats` times on one seeded workload per batch size (default: one of
@@ -327,7 +350,9 @@ def run_offline_bench(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if threads:
         torch.set_num_threads(threads)
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    if dtype == "auto" and device != "cpu":
+        dtype = "bfloat16"
+    dtype = dtype if dtype == "auto" else getattr(torch, dtype)  # auto on the CPU: weights as stored
     with tempfile.TemporaryDirectory(prefix="msgl-bench-") as tmp:
         ms = _load(model, model_config, device, dtype, skip_hf, Path(tmp), **llm_options)
         cuda = device.startswith("cuda")
@@ -343,7 +368,9 @@ def run_offline_bench(
     return {
         "device": device,
         "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor(),
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": "auto (weights as stored, float32 activations)"
+        if dtype == "auto"
+        else str(dtype).removeprefix("torch."),
         "model": ms.label,
         "output_len_range": (output_len, max_output_len or output_len),
         "input_len_range": (min_input_len, max_input_len),
@@ -411,7 +438,7 @@ def print_report(res: dict[str, Any]) -> None:
 
 def print_phases(ph: dict[str, float], num_prompts: int) -> None:
     """minisgl's prefill and decode phases with what the matmuls achieved (attention not counted)."""
-    lw, hw, nb = ph["layer_weights"], ph["head_weights"], ph["bytes_per_weight"]
+    lw, hw, wb = ph["layer_weights"], ph["head_weights"], ph["weight_bytes"]
     if ph["prefill_s"] > 0:
         flops = 2 * lw * ph["prefill_tokens"] + 2 * hw * num_prompts  # the head runs on sampled rows only
         print(
@@ -426,7 +453,7 @@ def print_phases(ph: dict[str, float], num_prompts: int) -> None:
         print(
             f"  decode     : {ph['decode_s']:.2f} s for {int(steps)} steps of ~{rows / steps:.0f} rows, "
             f"{step_ms:.2f} ms/step = {rows / ph['decode_s']:.0f} tok/s, matmuls "
-            f"{flops / ph['decode_s'] / 1e9:.0f} GFLOP/s, weights read {(lw + hw) * nb * steps / ph['decode_s'] / 1e9:.1f} GB/s"
+            f"{flops / ph['decode_s'] / 1e9:.0f} GFLOP/s, weights read {wb * steps / ph['decode_s'] / 1e9:.1f} GB/s"
         )
 
 
@@ -464,6 +491,7 @@ def main(ns: argparse.Namespace) -> int:
         ns.model_config,
         sizes,
         ns.max_output_len,
+        ns.dtype,
         **extra,
     )
     print_report(res)

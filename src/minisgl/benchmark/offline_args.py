@@ -30,8 +30,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--seed", type=int, default=0, help="of the random prompts and lengths")
     ap.add_argument("--threads", type=int, default=None, help="torch threads for both engines")
     ap.add_argument("--skip-hf", action="store_true", help="measure minisgl only")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda when a GPU is visible")
     ap.add_argument(
-        "--device", default="auto", choices=["auto", "cpu", "cuda"], help="float32 on CPU, bf16 on CUDA"
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="as for `minisgl serve` (auto: on the CPU the weights as stored, GGUF blocks or 16-bit; bf16 on "
+        "CUDA); transformers runs in float32 on the CPU",
     )
     ap.add_argument(
         "--model-config",

@@ -27,6 +27,7 @@ from minisgl.core import Batch, Context, Req, set_global_ctx
 from minisgl.grammar import GrammarCompiler, apply_bitmask
 from minisgl.kvcache import KVPool, PageAllocator, PageTable, kv_bytes_per_page
 
+from .cpu_graph import CpuGraphRunner
 from .cuda_graph import CudaGraphRunner
 from .logprobs import LogprobTensors
 from .options import EngineOptions
@@ -74,13 +75,14 @@ class Engine:
         self.model_config = model_config
         self.device = torch.device(options.device)
         self.dtype = options.dtype
+        self.kv_dtype = options.kv_dtype
         self.vocab_size: int = model_config.vocab_size
         self.eos_token_ids: list[int] = list(model_config.eos_token_ids)
         self.page_size = options.page_size
         num_kv_heads = getattr(model, "num_local_kv_heads", model_config.num_kv_heads)
         num_q_heads = getattr(model, "num_local_heads", model_config.num_heads)
         per_page = kv_bytes_per_page(
-            model_config.num_layers, num_kv_heads, model_config.head_dim, self.page_size, self.dtype
+            model_config.num_layers, num_kv_heads, model_config.head_dim, self.page_size, self.kv_dtype
         )
         self.num_pages = self._size_pool(per_page)
         context = options.max_seq_len or model_config.max_position_embeddings
@@ -92,7 +94,7 @@ class Engine:
             self.page_size,
             num_kv_heads,
             model_config.head_dim,
-            self.dtype,
+            self.kv_dtype,
             self.device,
         )
         self.page_table = PageTable(
@@ -109,6 +111,7 @@ class Engine:
             model_config.head_dim,
             options.max_running_requests,
             self.page_table.max_pages_per_row,
+            self.dtype,
         )
         self.sampler = Sampler(self.device, options.seed)
         self.grammars = GrammarCompiler(options.model_path, self.vocab_size, self.eos_token_ids)
@@ -125,8 +128,11 @@ class Engine:
         self.graphs = self._capture_graphs()
         self._last_arrival = 0.0
 
-    def _capture_graphs(self) -> CudaGraphRunner | None:
+    def _capture_graphs(self) -> CudaGraphRunner | CpuGraphRunner | None:
         max_bs = min(self.options.cuda_graph_max_bs, self.options.max_running_requests)
+        if self.device.type == "cpu" and max_bs >= 1 and self._cpu_graphs_apply():
+            prepare = lambda: self.ops.prepare(True)  # noqa: E731
+            return CpuGraphRunner(self._logits_of_all, max_bs, self.vocab_size, prepare)
         if self.device.type != "cuda" or max_bs < 1 or not self.attn_backend.supports_cuda_graph:
             return None
         runner = CudaGraphRunner(
@@ -135,6 +141,22 @@ class Engine:
         with torch.inference_mode():
             runner.capture()
         return runner
+
+    def _cpu_graphs_apply(self) -> bool:
+        """Whether a CPU decode step is all recordable kernels: the cpu ops and attention backends
+        with their kernels built, and every matrix a QuantizedWeight (the float32 path's matmuls are
+        torch's)."""
+        from minisgl.kernels import available
+        from minisgl.kernels.quant import quant_available
+        from minisgl.quant import QuantizedWeight
+
+        static = getattr(self.attn_backend, "static_rows", 0)
+        if self.ops.name != "cpu" or not available() or not quant_available() or static < 1:
+            return False
+        weights = [w for m in self.model.modules() if (w := getattr(m, "weight", None)) is not None]
+        return all(
+            isinstance(w, QuantizedWeight) or (isinstance(w, torch.Tensor) and w.dim() == 1) for w in weights
+        )
 
     def _logits_of_all(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """A decode step's forward pass under the forward context: ids/positions (B,) -> (B, V) float32."""

@@ -12,10 +12,12 @@ from .ops import (
     available,
     decode_attention,
     fits,
+    gather_rows,
     pack_weight,
     packed_matmul,
     prefill_attention,
     rope_split,
+    rope_store,
     silu_mul,
 )
 from .triton import interpreting, triton_available
@@ -27,11 +29,13 @@ __all__ = [
     "decode_attention",
     "device_kernels",
     "fits",
+    "gather_rows",
     "load",
     "pack_weight",
     "packed_matmul",
     "prefill_attention",
     "rope_split",
+    "rope_store",
     "silu_mul",
 ]
 

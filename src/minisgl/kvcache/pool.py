@@ -45,6 +45,10 @@ class KVPool:
             self.v.append(v)
 
     def store(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write new tokens' K/V. slots: (T,) int64; k/v: (T, Hkv, D)."""
-        self.k[layer_id].index_copy_(0, slots, k)
-        self.v[layer_id].index_copy_(0, slots, v)
+        """Write new tokens' K/V (rounded to the pool's dtype). slots: (T,) int64; k/v: (T, Hkv, D)."""
+        self.k[layer_id].index_copy_(0, slots, k.to(self.dtype))
+        self.v[layer_id].index_copy_(0, slots, v.to(self.dtype))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k[0].dtype

@@ -100,7 +100,7 @@ def load_checkpoint(
                     if name in seen:
                         raise WeightLoadError(f"{f}: tensor {name!r} appears in more than one file")
                     seen.add(name)
-                    _load_one(f, name, fh.get_slice(name), slots[name])
+                    load_whole(f, name, fh.get_slice(name), slots[name])
     finally:
         bar.close()
     missing = sorted(set(slots) - seen)
@@ -111,8 +111,9 @@ def load_checkpoint(
         )
 
 
-def _load_one(f: Path, name: str, sl: Any, targets: list[WeightSlot]) -> None:
-    """sl: a safetensors slice, or a whole tensor (both slice the same way)."""
+def load_whole(f: Path, name: str, sl: Any, targets: list[WeightSlot]) -> None:
+    """Tensor `name` of file `f` into its slots. sl: a safetensors slice, or a whole tensor (both
+    slice the same way)."""
     shape = tuple(sl.shape) if isinstance(sl, torch.Tensor) else tuple(sl.get_shape())
     for slot in targets:
         if shape != slot.full_shape:
@@ -128,7 +129,7 @@ def load_generated(
     """Fill every slot from whole tensors made one at a time by `make(name, shape in the checkpoint)`
     (random weights), each rank keeping its shard as from a checkpoint."""
     for name, targets in slots.items():
-        _load_one(Path("generated"), name, make(name, targets[0].full_shape), targets)
+        load_whole(Path("generated"), name, make(name, targets[0].full_shape), targets)
 
 
 def load_tensors(
@@ -141,7 +142,7 @@ def load_tensors(
             continue
         if name not in slots:
             raise WeightLoadError(f"state dict: unexpected tensor {name!r} (not part of this model)")
-        _load_one(Path("state dict"), name, t, slots[name])
+        load_whole(Path("state dict"), name, t, slots[name])
     missing = sorted(set(slots) - set(tensors))
     if missing:
         raise WeightLoadError(f"state dict: missing tensor(s) {missing[:5]}")
