@@ -30,7 +30,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--seed", type=int, default=0, help="of the random prompts and lengths")
     ap.add_argument("--threads", type=int, default=None, help="torch threads for both engines")
     ap.add_argument("--skip-hf", action="store_true", help="measure minisgl only")
-    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda when a GPU is visible")
+    ap.add_argument(
+        "--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda when a GPU is visible"
+    )
     ap.add_argument(
         "--dtype",
         default="auto",

@@ -38,7 +38,15 @@ _FLAGS = ["-march=native", *_COMMON]
 # The instruction sets of cpu_quant.c: (compiler flags, the /proc/cpuinfo flags a CPU needs for them)
 ISAS: dict[str, tuple[list[str], set[str]]] = {
     "amx": (  # avx512 plus AMX-BF16 tiles for prefill passes
-        ["-DMINISGL_AVX512", "-DMINISGL_AMX", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni"]
+        [
+            "-DMINISGL_AVX512",
+            "-DMINISGL_AMX",
+            "-mavx512f",
+            "-mavx512bw",
+            "-mavx512vl",
+            "-mavx512dq",
+            "-mavx512vnni",
+        ]
         + ["-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mavx2", "-mfma", "-mf16c"],
         {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"}
         | {"avx2", "fma", "f16c"},
