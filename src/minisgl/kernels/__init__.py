@@ -8,10 +8,12 @@ import torch
 
 from .build import load
 from .ops import (
+    MOE_MAX_K,
     add_rmsnorm,
     available,
     decode_attention,
     fits,
+    moe,
     pack_weight,
     packed_matmul,
     prefill_attention,
@@ -21,6 +23,7 @@ from .ops import (
 from .triton import interpreting, triton_available
 
 __all__ = [
+    "MOE_MAX_K",
     "add_rmsnorm",
     "available",
     "check_device",
@@ -28,6 +31,7 @@ __all__ = [
     "device_kernels",
     "fits",
     "load",
+    "moe",
     "pack_weight",
     "packed_matmul",
     "prefill_attention",

@@ -50,6 +50,7 @@ _SIGNATURES: dict[str, list] = {
     "minisgl_silu_mul": [_ptr, ctypes.c_int64, ctypes.c_int64, _ptr],
     "minisgl_pack_weight": [_ptr, ctypes.c_int64, ctypes.c_int64, _ptr],
     "minisgl_packed_matmul": [_ptr, ctypes.c_int64, ctypes.c_int64, _ptr, ctypes.c_int64] + [_ptr, _ptr],
+    "minisgl_moe": [_ptr, ctypes.c_int64, ctypes.c_int64, _ptr, _ptr] + [ctypes.c_int64] * 3 + [_ptr] * 7,
 }
 _VOID = {"minisgl_add_rmsnorm", "minisgl_rope_split", "minisgl_silu_mul", "minisgl_pack_weight"}
 
