@@ -3,7 +3,9 @@
 The weights are dequantized (Q4_1, Q8_0, ... -> float32) with the `gguf` package and renamed to HF's
 names; for Llama, llama.cpp's converter permutes the rows of attn_q/attn_k for its interleaved rope
 layout, and we undo that so the result is HF's layout (Qwen2/Qwen3 files are not permuted). The tokenizer is rebuilt from the GGUF metadata by
-transformers' GGUF tokenizer loader (chat template included)."""
+transformers' GGUF tokenizer loader (chat template included). Mixtures of experts (`qwen3moe`,
+`qwen2moe`, `llama` with experts): their config fields and tensor names are in `gguf_moe`; each
+stacked expert tensor is dequantized whole and written as one tensor per expert."""
 
 from __future__ import annotations
 
@@ -19,12 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from minisgl.models.gguf_moe import MOE_ARCHITECTURES, is_moe, moe_config, moe_tensor_names
+
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
 logger = logging.getLogger(__name__)
 
-CONVERTER_VERSION = 2  # bump when the output changes, so old cache entries are not reused
+CONVERTER_VERSION = 3  # bump when the output changes, so old cache entries are not reused
 
 # GGUF tensor names (after "blk.N.") -> HF names (after "model.layers.N.")
 _LAYER_NAMES = {
@@ -42,8 +46,9 @@ _LAYER_NAMES = {
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-# Only llama.cpp's Llama converter permutes attn_q/attn_k rows (its rope is interleaved for Llama only).
-_PERMUTED_ROPE = {"llama"}
+# Only llama.cpp's Llama converter permutes attn_q/attn_k rows (its rope is interleaved for Llama only;
+# it converts Mixtral too).
+_PERMUTED_ROPE = {"llama", "mixtral"}
 
 
 class GGUFConversionError(ValueError):
@@ -92,9 +97,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
         raise GGUFConversionError(f"{gguf_path}: not a readable GGUF file: {e}") from None
     meta = _metadata(reader)
     arch = meta.get("general.architecture")
-    if arch not in _ARCHITECTURES:
+    if arch not in _ARCHITECTURES and not is_moe(meta, arch):
+        supported = ", ".join(sorted(set(_ARCHITECTURES) | set(MOE_ARCHITECTURES)))
         raise GGUFConversionError(
-            f"{gguf_path}: GGUF architecture {arch!r} is not supported (supported: {', '.join(_ARCHITECTURES)})"
+            f"{gguf_path}: GGUF architecture {arch!r} is not supported (supported: {supported})"
         )
     config = _hf_config(meta, arch, reader, gguf_path)
     tensors = _dequantized_tensors(reader, config, gguf_path, progress)
@@ -143,12 +149,14 @@ def _hf_config(meta: dict[str, Any], arch: str, reader: GGUFReader, gguf_path: P
         raise GGUFConversionError(f"{gguf_path}: no tokenizer in the GGUF metadata (tokenizer.ggml.tokens)")
     vocab = int(meta.get(f"{arch}.vocab_size") or len(tokens.data))
     bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
-    return {
-        "architectures": [_ARCHITECTURES[arch]],
+    moe = is_moe(meta, arch)
+    ffn = meta.get(f"{arch}.feed_forward_length") if moe else get("feed_forward_length")
+    config = {
+        "architectures": [_ARCHITECTURES.get(arch)],
         "model_type": arch,
         "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": int(get("feed_forward_length")),
+        "intermediate_size": int(ffn or get("expert_feed_forward_length")),
         "num_hidden_layers": int(get("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(get("attention.head_count_kv", heads)),
@@ -165,6 +173,9 @@ def _hf_config(meta: dict[str, Any], arch: str, reader: GGUFReader, gguf_path: P
         "torch_dtype": "float32",
         "converted_from": gguf_path.name,
     }
+    if moe:
+        config.update(moe_config(meta, arch, names, int(get("block_count"))))
+    return config
 
 
 def _f32_to_decimal(x: float) -> float:
@@ -206,8 +217,11 @@ def _dequantized_tensors(
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
     if config["model_type"] not in _PERMUTED_ROPE:
         heads = {}
+    hf_arch = config["architectures"][0]
+    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
     for t in tqdm(reader.tensors, desc=f"Converting {gguf_path.name}", unit="tensor", disable=not progress):
-        hf = _hf_name(t.name)
+        moe_names = moe_tensor_names(t.name, hf_arch, experts)
+        hf = _hf_name(t.name) if moe_names is None else moe_names[0]
         if hf is None:
             raise GGUFConversionError(
                 f"{gguf_path}: unexpected tensor {t.name!r} for a {config['model_type']} model"
@@ -219,11 +233,21 @@ def _dequantized_tensors(
                 f"{gguf_path}: cannot dequantize {t.name!r} ({t.tensor_type.name}): {e}"
             ) from None
         w = w.reshape([int(x) for x in reversed(t.shape)])  # GGUF lists dims innermost first
+        if moe_names is not None:
+            out.update(_moe_tensors(moe_names, w))
+            continue
         proj = hf.split(".")[-2]
         if proj in heads and hf.endswith(".weight"):
             w = unpermute_rope_rows(w, heads[proj])
         out[hf] = np.ascontiguousarray(w)
     return out
+
+
+def _moe_tensors(names: list[str], w: np.ndarray) -> dict[str, np.ndarray]:
+    """A stacked expert tensor (E, r, c) as its E experts; the shared expert's gate (H,) as (1, H)."""
+    if w.ndim == 3:
+        return {name: np.ascontiguousarray(w[e]) for e, name in enumerate(names)}
+    return {names[0]: np.ascontiguousarray(w.reshape(1, -1) if w.ndim == 1 else w)}
 
 
 def _save_tokenizer(gguf_path: Path, out_dir: Path) -> None:
