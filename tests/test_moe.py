@@ -372,3 +372,135 @@ def test_llm_prefix_cache_overlap_and_grammar(tmp_path: Path) -> None:
     out = llm.generate([[40, 41, 42]], held)[0]
     assert out["finish_reason"] == "stop", out
     assert isinstance(json.loads(out["text"])["n"], int)
+
+
+# ---------------------------------------------------------------------------------------------------
+# GGUF files with stacked experts (llama.cpp's layout), written by the gguf package
+
+
+def _gguf_name(hf: str, arch: str) -> tuple[str, int | None]:
+    """(GGUF name, expert index or None) of a Hugging Face tensor name, as llama.cpp converts it."""
+    from test_gguf import GGUF_NAMES
+
+    globals_ = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    if hf in globals_ or hf == "lm_head.weight":
+        return globals_.get(hf, "output.weight"), None
+    _, _, layer, rest = hf.split(".", 3)
+    moe = {
+        "mlp.gate": "ffn_gate_inp",
+        "block_sparse_moe.gate": "ffn_gate_inp",
+        "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+        "mlp.shared_expert.up_proj": "ffn_up_shexp",
+        "mlp.shared_expert.down_proj": "ffn_down_shexp",
+        "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    }
+    part, kind = rest.rsplit(".", 1)
+    if ".experts." in part:
+        _, e, proj = part.rsplit(".", 2)
+        stacked = {
+            "gate_proj": "gate",
+            "w1": "gate",
+            "up_proj": "up",
+            "w3": "up",
+            "down_proj": "down",
+            "w2": "down",
+        }
+        return f"blk.{layer}.ffn_{stacked[proj]}_exps.{kind}", int(e)
+    return f"blk.{layer}.{moe.get(part) or GGUF_NAMES[part]}.{kind}", None
+
+
+def write_moe_gguf(hf_dir: Path, out: Path, arch: str, qtype: str = "F32") -> None:
+    """A GGUF of a tiny MoE checkpoint: experts stacked per layer (in `qtype`), the rest F32, Llama's
+    q/k rows permuted as llama.cpp permutes them; the byte-level tokenizer of test_gguf."""
+    import gguf
+
+    from test_gguf import _byte_level_vocab, llamacpp_permute
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    hf = load_file(str(hf_dir / "model.safetensors"))
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    w.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    if "moe_intermediate_size" in cfg:
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    if cfg.get("shared_expert_intermediate_size"):
+        w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    tokens = ["<|endoftext|>", "<|im_end|>"] + _byte_level_vocab() + ["hi"]
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3] + [1] * (len(tokens) - 2))
+    w.add_token_merges(["h i"])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    experts: dict[str, dict[int, np.ndarray]] = {}
+    for name, t in hf.items():
+        gname, e = _gguf_name(name, arch)
+        a = t.numpy().astype(np.float32)
+        if e is not None:
+            experts.setdefault(gname, {})[e] = a
+            continue
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = cfg["num_attention_heads"] if "q_proj" in name else cfg["num_key_value_heads"]
+            a = llamacpp_permute(a, heads)
+        w.add_tensor(gname, np.ascontiguousarray(a.reshape(-1) if gname.endswith("inp_shexp.weight") else a))
+    qt = gguf.GGMLQuantizationType[qtype]
+    for gname, per_expert in experts.items():
+        stacked = np.stack([per_expert[e] for e in range(len(per_expert))])  # (E, rows, cols)
+        if qt == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(gname, stacked)
+        else:
+            w.add_tensor(gname, gguf.quants.quantize(stacked, qt), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+GGUF_CASES = {"qwen3-moe": "qwen3moe", "mixtral": "llama", "qwen2-moe-shared": "qwen2moe"}
+
+
+@pytest.mark.parametrize("case", list(GGUF_CASES))
+def test_gguf_moe_gives_the_same_model(case: str, tmp_path: Path) -> None:
+    import minisgl.models.gguf_convert as gc
+
+    hf_dir = save_tiny_moe(case, tmp_path / "hf", vocab_size=259)
+    write_moe_gguf(hf_dir, tmp_path / "m.gguf", GGUF_CASES[case])
+    out = gc.convert_gguf_cached(tmp_path / "m.gguf", tmp_path / "cache", progress=False)
+    cfg, want_cfg = ModelConfig.from_dir(out), ModelConfig.from_dir(hf_dir)
+    for c in (cfg, want_cfg):
+        assert c.moe is not None
+    assert (cfg.architecture, cfg.attention_bias) == (want_cfg.architecture, want_cfg.attention_bias)
+    assert [cfg.moe.is_sparse(i) for i in range(2)] == [want_cfg.moe.is_sparse(i) for i in range(2)]
+    fields = ("num_experts", "top_k", "intermediate_size", "norm_topk_prob", "shared_intermediate_size")
+    assert [getattr(cfg.moe, f) for f in fields] == [getattr(want_cfg.moe, f) for f in fields]
+    want = run_prompts(load_model(hf_dir, torch.float32, "cpu", progress=False)[0], PROMPTS)
+    got = run_prompts(load_model(out, torch.float32, "cpu", progress=False)[0], PROMPTS)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+
+
+def test_gguf_quantized_experts_are_dequantized_per_expert(tmp_path: Path) -> None:
+    import gguf
+
+    import minisgl.models.gguf_convert as gc
+
+    hf_dir = save_tiny_moe("qwen3-moe", tmp_path / "hf", vocab_size=259)
+    write_moe_gguf(hf_dir, tmp_path / "m.gguf", "qwen3moe", qtype="Q8_0")
+    out = gc.convert_gguf_cached(tmp_path / "m.gguf", tmp_path / "cache", progress=False)
+    got, hf = load_file(str(out / "model.safetensors")), load_file(str(hf_dir / "model.safetensors"))
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    for e in (0, 5):
+        name = f"model.layers.0.mlp.experts.{e}.down_proj.weight"
+        want = gguf.quants.dequantize(gguf.quants.quantize(hf[name].numpy(), q8), q8)
+        assert np.array_equal(got[name].numpy(), want) and not np.array_equal(want, hf[name].numpy())
+    (logits,) = run_prompts(load_model(out, torch.float32, "cpu", progress=False)[0], PROMPTS[:1])
+    torch.testing.assert_close(logits, hf_logits(hf_dir, PROMPTS[:1])[0], atol=0.05, rtol=0.05)
