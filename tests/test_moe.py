@@ -20,7 +20,7 @@ from minisgl.backends import bind_ops, create_ops
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.distributed import DistributedInfo
 from minisgl.engine import Engine, EngineOptions
-from minisgl.kernels.triton import triton_available
+from minisgl.kernels.triton import interpreting, triton_available
 from minisgl.models import LlamaForCausalLM, ModelConfig, ModelConfigError, load_model
 from test_models import hf_logits
 from test_models_support import run_prompts, save_byte_tokenizer, save_tiny_hf_model
@@ -48,7 +48,10 @@ CASES = {
     ),
 }
 PROMPTS = [[3, 17, 99, 5, 8], list(range(10, 47)), [120, 7, 7, 7, 64, 33, 2, 90, 11]]
-BACKENDS = [("torch", "torch"), ("cpu", "cpu")] + ([("cuda", "triton")] if triton_available() else [])
+# The CUDA backend on CPU tensors in Triton's interpreter (without a GPU; test_moe_gpu.py runs it compiled)
+INTERPRETED = triton_available() and interpreting()
+BACKENDS = [("torch", "torch"), ("cpu", "cpu")] + ([("cuda", "triton")] if INTERPRETED else [])
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # where the Triton kernels' own tests run
 
 
 def save_tiny_moe(case: str, out: Path, **extra: object) -> Path:
@@ -146,19 +149,30 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], n: int) -> tuple[list[l
 
 
 def engine_greedy(
-    model_dir: Path, ops: str, attention: str, prompts: list[list[int]], n: int
+    model_dir: Path,
+    ops: str,
+    attention: str,
+    prompts: list[list[int]],
+    n: int,
+    device: str = "cpu",
+    graphs: int = 0,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[list[list[int]], list[list[float]]]:
-    """The engine's greedy tokens and their log probabilities: chunked prefill, then batched decode."""
-    model, cfg = load_model(model_dir, torch.float32, "cpu", progress=False)
+    """The engine's greedy tokens and their log probabilities: chunked prefill, then batched decode
+    (from CUDA graphs of up to `graphs` rows)."""
+    model, cfg = load_model(model_dir, dtype, device, progress=False)
     opts = EngineOptions(
-        device="cpu",
+        device=device,
         page_size=4,
         num_pages=64,
         max_running_requests=8,
         ops_backend=ops,
         attention_backend=attention,
+        cuda_graph_max_bs=graphs,
+        dtype=dtype,
     )
     engine = Engine(model, cfg, opts)
+    assert (engine.graphs is not None) == (graphs > 0)
     reqs = [
         Req(uid=i, token_ids=list(p), sampling_params=SamplingParams(max_tokens=n, logprobs=1))
         for i, p in enumerate(prompts)
@@ -217,7 +231,7 @@ def test_routing_ties_are_broken_as_transformers_breaks_them(tmp_path: Path) -> 
     probs = torch.softmax(F.linear(x, model.model.layers[0].mlp.router), -1)
     assert torch.equal(probs[:, 0], probs[:, 1]) and torch.equal(probs[:, 2], probs[:, 3])
     ref = hf_logits(d, PROMPTS)
-    for ops in ("torch", "cpu") + (("cuda",) if triton_available() else ()):
+    for ops in ("torch", "cpu") + (("cuda",) if INTERPRETED else ()):
         bind_ops(model, create_ops(ops, "cpu"))
         for got, want in zip(run_prompts(model, PROMPTS), ref, strict=True):
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
@@ -291,10 +305,11 @@ def test_triton_moe_matches_the_reference(shape: tuple[int, ...], case: str) -> 
     from minisgl.kernels.triton.moe import MoeConfig, fused_moe
 
     x, w13, w2, weights, ids = _inputs(*shape, case, seed=2)
+    on = [t.to(DEV) for t in (x, w13, w2, weights, ids)]
     for cfg in (None, MoeConfig(32, 32, 32, 4, 1)):
         for renormalize in (False, True):
             w = weights / weights.sum(-1, keepdim=True) if renormalize else weights
-            got = fused_moe(x, w13, w2, weights, ids, renormalize, cfg)
+            got = fused_moe(*on, renormalize, cfg).cpu()
             torch.testing.assert_close(got.double(), experts_f64(x, w13, w2, w, ids), atol=2e-5, rtol=2e-5)
 
 
@@ -306,7 +321,7 @@ def test_align_pairs_sorts_and_pads_on_the_device() -> None:
     for p, e, bm in ((1, 8, 16), (7, 4, 4), (300, 16, 16), (64, 3, 32)):
         ids = torch.randint(0, e, (p,), generator=gen)
         ids[: p // 2] = e - 1  # skewed: half the pairs on the last expert
-        sorted_ids, block_expert, total = align_pairs(ids, e, bm)
+        sorted_ids, block_expert, total = (t.cpu() for t in align_pairs(ids.to(DEV), e, bm))
         counts = torch.bincount(ids, minlength=e)
         assert int(total) == int(((counts + bm - 1) // bm * bm).sum())
         assert sorted_ids.shape[0] == p + min(p, e) * (bm - 1)  # the grid's worst case
