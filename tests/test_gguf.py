@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -16,6 +17,9 @@ import minisgl.models.gguf_convert as gc
 from minisgl.models import GGUFConversionError, ModelConfig, load_model, resolve_model_path
 from minisgl.utils.hf import apply_chat_template, load_tokenizer
 from test_models_support import run_prompts, save_tiny_hf_model
+
+if TYPE_CHECKING:
+    import gguf
 
 # ---------------------------------------------------------------------------------------------------
 # A synthetic GGUF
@@ -47,12 +51,10 @@ def _byte_level_vocab() -> list[str]:
     return sorted(set(bytes_to_unicode().values()))
 
 
-def write_tiny_gguf(hf_dir: Path, out: Path, arch: str = "llama") -> dict[str, np.ndarray]:
-    """A GGUF of the tiny HF checkpoint (F32), q/k permuted like llama.cpp; returns the HF tensors."""
+def gguf_writer(out: Path, arch: str, cfg: dict) -> gguf.GGUFWriter:
+    """A GGUFWriter with the model metadata of HF config `cfg` and a byte-level tokenizer (vocab 259)."""
     import gguf
 
-    cfg = json.loads((hf_dir / "config.json").read_text())
-    hf = load_file(str(hf_dir / "model.safetensors"))
     tokens = ["<|endoftext|>", "<|im_end|>"] + _byte_level_vocab() + ["hi"]
     assert len(tokens) == cfg["vocab_size"]
     w = gguf.GGUFWriter(str(out), arch)
@@ -74,6 +76,14 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str = "llama") -> dict[str, n
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
     w.add_chat_template("{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}")
+    return w
+
+
+def write_tiny_gguf(hf_dir: Path, out: Path, arch: str = "llama") -> dict[str, np.ndarray]:
+    """A GGUF of the tiny HF checkpoint (F32), q/k permuted like llama.cpp; returns the HF tensors."""
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    hf = load_file(str(hf_dir / "model.safetensors"))
+    w = gguf_writer(out, arch, cfg)
     for name, t in hf.items():
         a = t.astype(np.float32)
         if name == "model.embed_tokens.weight":

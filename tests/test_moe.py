@@ -429,33 +429,17 @@ def write_moe_gguf(hf_dir: Path, out: Path, arch: str, qtype: str = "F32") -> No
     q/k rows permuted as llama.cpp permutes them; the byte-level tokenizer of test_gguf."""
     import gguf
 
-    from test_gguf import _byte_level_vocab, llamacpp_permute
+    from test_gguf import gguf_writer, llamacpp_permute
 
     cfg = json.loads((hf_dir / "config.json").read_text())
     hf = load_file(str(hf_dir / "model.safetensors"))
-    w = gguf.GGUFWriter(str(out), arch)
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_key_length(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    w = gguf_writer(out, arch, cfg)
     w.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
     w.add_expert_used_count(cfg["num_experts_per_tok"])
     if "moe_intermediate_size" in cfg:
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     if cfg.get("shared_expert_intermediate_size"):
         w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
-    tokens = ["<|endoftext|>", "<|im_end|>"] + _byte_level_vocab() + ["hi"]
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(tokens)
-    w.add_token_types([3, 3] + [1] * (len(tokens) - 2))
-    w.add_token_merges(["h i"])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(1)
     experts: dict[str, dict[int, np.ndarray]] = {}
     for name, t in hf.items():
         gname, e = _gguf_name(name, arch)

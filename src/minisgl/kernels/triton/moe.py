@@ -48,6 +48,16 @@ def moe_config(pairs: int, dtype: torch.dtype) -> MoeConfig:
 
 
 @triton.jit
+def _dot_t(a, w, IEEE: tl.constexpr):
+    """a (M, K) @ w (N, K)^T in float32; IEEE: full-precision float32 dots (the tests' dtype)."""
+    if IEEE:
+        out = tl.dot(a, tl.trans(w), input_precision="ieee")
+    else:
+        out = tl.dot(a, tl.trans(w))
+    return out
+
+
+@triton.jit
 def _align_kernel(
     Ids,  # (P,) each pair's expert
     SortedIds,  # (max_padded,) out: pairs grouped by expert, P in the padding
@@ -61,6 +71,7 @@ def _align_kernel(
     E_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     CHUNK: tl.constexpr,
+    BLOCKS_CHUNK: tl.constexpr,
 ):
     experts = tl.arange(0, E_PAD)
     counts = tl.zeros([E_PAD], tl.int32)
@@ -76,8 +87,8 @@ def _align_kernel(
     for r0 in range(0, max_padded, CHUNK):
         rows = r0 + tl.arange(0, CHUNK)
         tl.store(SortedIds + rows, tl.zeros([CHUNK], tl.int32) + p, mask=rows < max_padded)
-    for b0 in range(0, max_blocks, CHUNK):
-        blocks = b0 + tl.arange(0, CHUNK)
+    for b0 in range(0, max_blocks, BLOCKS_CHUNK):  # (BLOCKS_CHUNK, E_PAD) compares at a time
+        blocks = b0 + tl.arange(0, BLOCKS_CHUNK)
         # a block's expert: how many experts' ranges end at or before its first row
         done = (ends[None, :] <= blocks[:, None] * BLOCK_M) & (experts[None, :] < num_experts)
         tl.store(BlockExpert + blocks, tl.sum(done.to(tl.int32), 1), mask=blocks < max_blocks)
@@ -132,12 +143,8 @@ def _gate_up_kernel(
         w_mask = n_mask[:, None] & k_mask[None, :]
         wg = tl.load(g_rows + offs_k[None, :], mask=w_mask, other=0.0)
         wu = tl.load(u_rows + offs_k[None, :], mask=w_mask, other=0.0)
-        if IEEE:  # float32 weights: full-precision dots (the tests' dtype)
-            acc_g += tl.dot(x, tl.trans(wg), input_precision="ieee")
-            acc_u += tl.dot(x, tl.trans(wu), input_precision="ieee")
-        else:
-            acc_g += tl.dot(x, tl.trans(wg))
-            acc_u += tl.dot(x, tl.trans(wu))
+        acc_g += _dot_t(x, wg, IEEE)
+        acc_u += _dot_t(x, wu, IEEE)
     act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # silu(gate) * up, rounded once
     a_ptrs = Act + pairs[:, None].to(tl.int64) * stride_am + offs_n[None, :]
     tl.store(a_ptrs, act.to(Act.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
@@ -182,10 +189,7 @@ def _down_kernel(
         k_mask = offs_k < k
         a = tl.load(a_rows + offs_k[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        if IEEE:
-            acc += tl.dot(a, tl.trans(w), input_precision="ieee")
-        else:
-            acc += tl.dot(a, tl.trans(w))
+        acc += _dot_t(a, w, IEEE)
     weight = tl.load(Weights + pairs, mask=valid, other=0.0)  # (BLOCK_M,) float32
     if RENORMALIZE:  # divided by the sum of the token's K weights, summed in slot order
         first = pairs // TOP_K * TOP_K
@@ -214,7 +218,7 @@ def align_pairs(
     cursor = torch.empty(e_pad, dtype=torch.int32, device=dev)
     _align_kernel[(1,)](
         ids, sorted_ids, block_expert, total, cursor, p, num_experts, max_padded, max_blocks,
-        E_PAD=e_pad, BLOCK_M=block_m, CHUNK=256, num_warps=4,
+        E_PAD=e_pad, BLOCK_M=block_m, CHUNK=256, BLOCKS_CHUNK=max(1, 4096 // e_pad), num_warps=4,
     )  # fmt: skip
     return sorted_ids, block_expert, total
 
