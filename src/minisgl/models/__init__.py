@@ -1,5 +1,6 @@
-"""minisgl.models: model definitions (Llama, Mistral, Qwen2, Qwen3) and weight loading
-(Hugging Face safetensors directories; GGUF files converted once into a cached directory)."""
+"""minisgl.models: model definitions (Llama, Mistral, Qwen2, Qwen3; the mixtures of experts Mixtral,
+Qwen2-MoE, Qwen3-MoE) and weight loading (Hugging Face safetensors directories; GGUF files converted
+once into a cached directory)."""
 
 from minisgl.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, ModelConfigError
 from minisgl.models.gguf_convert import GGUFConversionError
