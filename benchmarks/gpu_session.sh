@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine session: install the carried wheels, run the GPU tests, profile, benchmark.
 # Run from the project root on the device machine (logs under $OUT):
-#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [gemv] [pprof] [wprof] [bs256] [serve] [tp] [dp]
+#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [gemv] [pprof] [wprof] [bs256] [serve] [tp] [dp] [moe] [moe-tp]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -119,5 +119,32 @@ for step in $steps; do
       done
       [ -n "${MINISGL_CPROFILE:-}" ] && python3 benchmarks/print_profiles.py "$MINISGL_CPROFILE" --top 30 > "$OUT/sprof.log" 2>&1
       ;;
+    moe)  # mixtures of experts: the GPU tests (bf16 against transformers, CUDA graphs), the fused MoE's
+      # launch shapes, then issue 26's targets on Qwen3-30B-A3B shapes (batch 1 decode against the
+      # floor; batch 64 against transformers' generate; the 256-request workload) and Mixtral-8x7B's
+      # (too large for transformers beside minisgl on one H200: --skip-hf)
+      timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_moe_gpu.py tests/test_moe.py -k "not llm_tp2" 2>&1 \
+        | tail -30 | tee "$OUT/moe_tests.log"
+      for cfg in qwen3-30b-a3b mixtral-8x7b; do
+        timeout 300 python3 benchmarks/bench_moe.py --model-config $cfg --tokens 1,8,64,256,2048 --sweep 2>&1 \
+          | tee -a "$OUT/moe_kernel.log"
+      done
+      timeout 500 python3 -m minisgl bench offline --device cuda --model-config qwen3-30b-a3b --batch-sizes 1,64 \
+        --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 1 --kv-cache-memory 8 2>&1 \
+        | grep -v "it/s\]" | tail -24 | tee "$OUT/moe_bench.log"
+      timeout 300 python3 -m minisgl bench offline --device cuda --model-config qwen3-30b-a3b --num-prompts 256 --skip-hf \
+        --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 2 2>&1 \
+        | grep -v "it/s\]" | tail -12 | tee -a "$OUT/moe_bench.log"
+      timeout 400 python3 -m minisgl bench offline --device cuda --model-config mixtral-8x7b --batch-sizes 1,64 --skip-hf \
+        --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 1 --kv-cache-memory 16 2>&1 \
+        | grep -v "it/s\]" | tail -16 | tee -a "$OUT/moe_bench.log" ;;
+    moe-tp)  # on nvidia-h200-x2: the MoE NCCL test, then Qwen3-30B-A3B shapes at TP=2 (tokens of TP=1 on the
+      # same random weights: transformers' greedy tokens in each run)
+      timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_moe_gpu.py -k two_gpus 2>&1 | tail -3 | tee "$OUT/moe_tp.log"
+      for tp in 1 2; do
+        timeout 500 python3 -m minisgl bench offline --device cuda --model-config qwen3-30b-a3b --batch-sizes 1,64 --tp $tp \
+          --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 1 --kv-cache-memory 8 2>&1 \
+          | grep -v "it/s\]" | tail -16 | tee -a "$OUT/moe_tp.log"
+      done ;;
   esac
 done

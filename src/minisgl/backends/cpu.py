@@ -189,6 +189,22 @@ class CpuOps(TorchOps):
             return kernels.silu_mul(gate_up)  # one pass, no temporaries
         return super().silu_and_mul(gate_up)
 
+    def moe(
+        self,
+        x: torch.Tensor,
+        router: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+    ) -> torch.Tensor:
+        """The experts in one C call (`kernels.moe`): pairs grouped per expert, each expert's weights
+        streamed once per call, in their own (E, 2I, H) / (E, H, I) layout (no packed copy)."""
+        if x.dim() != 2 or top_k > kernels.MOE_MAX_K or not kernels.fits(x, w13, w2):
+            return super().moe(x, router, w13, w2, top_k, renormalize)
+        weights, ids = self.route(x, router, top_k, renormalize)
+        return kernels.moe(x, w13, w2, weights, ids)
+
 
 def _rows_fit(x: torch.Tensor, *more: torch.Tensor) -> bool:
     """Whether the quantized kernels take these: built here, 2-D rows, contiguous float32 CPU tensors."""

@@ -1,5 +1,5 @@
 """The CUDA backend: Triton kernels for the element-wise work of a layer (RMSNorm, RoPE + q/k/v split,
-SiLU x up); the projections of a few rows (decode batches) in minisgl's Triton GEMV, the others in
+SiLU x up) and for the routed experts of a mixture-of-experts layer (a fused MoE: two grouped GEMMs); the projections of a few rows (decode batches) in minisgl's Triton GEMV, the others in
 cuBLAS with the residual add after a projection in the GEMM's epilogue (`addmm_`, beta = 1). In
 bf16/fp16 the Triton kernels round once where the reference rounds after each op, and the epilogue
 adds the unrounded product, so results agree within that dtype's tolerance.
@@ -13,6 +13,7 @@ import torch
 
 from minisgl.kernels.triton import elementwise as tk
 from minisgl.kernels.triton.gemv import GemvConfig, gemv
+from minisgl.kernels.triton.moe import fused_moe
 
 from .torch_ops import TorchOps, Weight
 
@@ -80,3 +81,19 @@ class CudaOps(TorchOps):
         if gate_up.dim() == 2 and gate_up.stride(-1) == 1:
             return tk.silu_and_mul(gate_up)
         return super().silu_and_mul(gate_up)
+
+    def moe(
+        self,
+        x: torch.Tensor,
+        router: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+    ) -> torch.Tensor:
+        """Routing in torch (its topk breaks ties as transformers does), the experts in the fused
+        Triton MoE, which also renormalizes the weights in its epilogue; no host sync."""
+        if x.dim() != 2 or x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
+            return super().moe(x, router, w13, w2, top_k, renormalize)
+        weights, ids = self.route(x, router, top_k, renormalize=False)
+        return fused_moe(x, w13, w2, weights, ids, renormalize)

@@ -92,6 +92,40 @@ class TorchOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return torch.mul(F.silu(gate, inplace=True), up)
 
+    def route(
+        self, x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (T, H), router (E, H) -> each token's top-k experts: weights (T, K) float32 and ids
+        (T, K) int64, as transformers routes: logits in x's dtype, a float32 softmax over all E,
+        torch.topk (which breaks ties), with `renormalize` the k weights divided by their sum."""
+        probs = torch.softmax(F.linear(x, router), dim=-1, dtype=torch.float32)  # (T, E)
+        weights, ids = torch.topk(probs, top_k, dim=-1)  # (T, K) each
+        if renormalize:
+            weights /= weights.sum(dim=-1, keepdim=True)
+        return weights, ids
+
+    def moe(
+        self,
+        x: torch.Tensor,
+        router: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+    ) -> torch.Tensor:
+        """Routed experts: x (T, H), router (E, H), w13 (E, 2I, H) each expert's [gate | up] rows, w2
+        (E, H, I) -> (T, H) = sum over each token's top-k experts e of weight * w2[e] @
+        (silu(gate_e x) * up_e x). Written as transformers' loop: one pass per expert that has
+        tokens, its outputs added in expert order."""
+        weights, ids = self.route(x, router, top_k, renormalize)
+        out = torch.zeros_like(x)
+        for e in ids.unique().tolist():  # ascending
+            rows, slot = torch.where(ids == e)  # the tokens sent to expert e, and which of their k
+            h = self.silu_and_mul(F.linear(x[rows], w13[e]))  # (n, I)
+            y = F.linear(h, w2[e]) * weights[rows, slot, None]  # (n, H), float32
+            out.index_add_(0, rows, y.to(out.dtype))
+        return out
+
 
 REFERENCE_OPS = TorchOps()
 

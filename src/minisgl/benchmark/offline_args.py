@@ -44,7 +44,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "--model-config",
         default=None,
         metavar="PRESET|config.json",
-        help="random weights of these shapes (presets: llama3-8b, llama3-70b, smollm2-135m) instead of --model",
+        help="random weights of these shapes (presets: llama3-8b, llama3-70b, smollm2-135m, qwen3-30b-a3b, mixtral-8x7b) instead of --model",
     )
     ap.add_argument(
         "--batch-sizes",

@@ -1,6 +1,6 @@
-"""minisgl.models: model definitions (Llama, Mistral, Qwen2, Qwen3) and weight loading
-(Hugging Face safetensors directories; GGUF files read in place, their config and tokenizer derived
-once into a cached directory).
+"""minisgl.models: model definitions (Llama, Mistral, Qwen2, Qwen3; the mixtures of experts Mixtral,
+Qwen2-MoE, Qwen3-MoE) and weight loading (Hugging Face safetensors directories; GGUF files read in
+place, their config and tokenizer derived once into a cached directory).
 
 The names load on first access (PEP 562): `minisgl.models.resolve` (what the launcher and the
 workers use) does not pull in torch through the model code."""

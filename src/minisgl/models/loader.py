@@ -29,9 +29,7 @@ logger = logging.getLogger(__name__)
 
 # config.family -> implementation (all current families share the Llama code, flags differ)
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
-    "llama": LlamaForCausalLM,
-    "qwen2": LlamaForCausalLM,
-    "qwen3": LlamaForCausalLM,
+    family: LlamaForCausalLM for family in ("llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
 }
 
 

@@ -43,6 +43,31 @@ class WeightSlot:
         self.param.narrow(0, self.dst, t.shape[0]).copy_(t)
 
 
+def whole(param: torch.Tensor) -> WeightSlot:
+    """A replicated tensor: the checkpoint shape is the parameter's shape."""
+    return WeightSlot(param, tuple(param.shape))
+
+
+def swiglu_slots(
+    names: tuple[str, str, str],
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    inter: int,
+    hidden: int,
+    rank: int,
+) -> dict[str, list[WeightSlot]]:
+    """A SwiGLU MLP's three checkpoint tensors (`names`: gate, up, down) into this rank's fused
+    `gate_up` (2 I/N, hidden) [gate rows | up rows] and `down` (hidden, I/N); `inter` = I."""
+    local = down.shape[1]
+    first = rank * local
+    gate, up, down_name = names
+    return {
+        gate: [WeightSlot(gate_up, (inter, hidden), 0, first, local, 0)],
+        up: [WeightSlot(gate_up, (inter, hidden), 0, first, local, local)],
+        down_name: [WeightSlot(down, (hidden, inter), 1, first, local)],
+    }
+
+
 def checkpoint_files(model_dir: Path) -> list[Path]:
     """The checkpoint's files: those the shard index names when there is one (Mistral repos also ship a
     `consolidated.safetensors` in another layout, which the index leaves out), else every *.safetensors."""
