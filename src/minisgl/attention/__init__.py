@@ -45,7 +45,12 @@ def create_attention_backend(
     max_batch_size: int,
     max_pages_per_row: int,
 ) -> AttentionBackend:
-    name = resolve_attention_backend(name, pool.k[0].device)
+    device = pool.k[0].device
+    if pool.quantized and name == "auto" and device_kernels(device) == "cpu":
+        name = "torch"  # the C kernels read float32 pools only
+    name = resolve_attention_backend(name, device)
+    if pool.quantized and name == "cpu":
+        raise ValueError("an fp8 KV cache needs the triton or the torch attention backend, not cpu")
     if name == "torch":
         return TorchAttentionBackend(pool, num_q_heads, num_kv_heads, head_dim)
     if name == "cpu":

@@ -5,15 +5,22 @@ bf16/fp16 the Triton kernels round once where the reference rounds after each op
 adds the unrounded product, so results agree within that dtype's tolerance.
 
 A Triton matmul for decode batches with the norm and SiLU x up fused in as prologues lost to cuBLAS
-(README, "GPU"): the GEMV takes only the residual add, as its epilogue."""
+(README, "GPU"): the GEMV takes only the residual add, as its epilogue.
+
+fp8 weights (`Fp8Weight`): up to 16 rows in the GEMV's fp8 variant (the weight widened in registers,
+x as it is); more rows quantize x per token (a Triton kernel) and take `torch._scaled_mm` (per-channel
+weight scales: CUTLASS/cuBLASLt fp8 with row and column scales) or minisgl's Triton block-scaled fp8
+matmul (DeepSeek-style blocks), the residual added after."""
 
 from __future__ import annotations
 
 import torch
 
 from minisgl.kernels.triton import elementwise as tk
-from minisgl.kernels.triton.gemv import GemvConfig, gemv
+from minisgl.kernels.triton import fp8 as tf8
+from minisgl.kernels.triton.gemv import GemvConfig, gemv, gemv_fp8
 
+from .fp8 import Fp8Weight, Weight
 from .torch_ops import TorchOps
 
 GEMV_MAX_ROWS = 16  # decode batches of up to this many rows take the GEMV (one tensor-core tile)
@@ -37,10 +44,58 @@ def gemv_config(x: torch.Tensor, weight: torch.Tensor) -> GemvConfig | None:
     return GemvConfig(32, 512, 4, 4) if k >= 8192 else GemvConfig(32, 256, 2, 4)
 
 
+def fp8_gemv_config(x: torch.Tensor, weight: Fp8Weight) -> GemvConfig | None:
+    """The fp8 GEMV's launch shape for this projection, or None where the fp8 matmul takes it (more
+    than 16 rows). Every width takes the GEMV: with half the bytes per weight the GEMV's streaming
+    stays ahead of a quantize kernel plus a matmul tuned for many rows."""
+    if x.dim() != 2 or x.shape[0] > GEMV_MAX_ROWS or x.dtype not in (*GEMV_DTYPES, torch.float32):
+        return None
+    if x.stride(1) != 1 or weight.qweight.stride(1) != 1:
+        return None
+    n, k = weight.shape
+    if weight.block is not None:  # a step of the loop is one block's columns
+        return GemvConfig(64, weight.block[1], 4, 4)
+    if n * k < 1 << 22:
+        return GemvConfig(16, 512, 4, 3)
+    return GemvConfig(32, 1024, 4, 4) if k >= 8192 else GemvConfig(32, 512, 4, 4)
+
+
+def fp8_matmul(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """x (M, K) @ W^T (+ bias) -> (M, N) in x's dtype with x quantized per token (per group of the
+    block's columns for block scales); None where neither fp8 matmul takes it (then: the reference)."""
+    n, k = weight.shape
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or n % 16 or k % 16:
+        return None
+    if weight.block is None:
+        xq, xs = tf8.quant_rows(x)  # (M, K) fp8, (M, 1)
+        return torch._scaled_mm(
+            xq, weight.qweight.t(), scale_a=xs, scale_b=weight.scale.view(1, n), bias=bias, out_dtype=x.dtype
+        )
+    xq, xs = tf8.quant_rows(x, weight.block[1])  # (M, K) fp8, (M, K / bk)
+    return tf8.block_matmul(xq, xs, weight.qweight, weight.scale, weight.block, bias, x.dtype)
+
+
 class CudaOps(TorchOps):
     name = "cuda"
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _fp8_linear(
+        self, x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None, residual: torch.Tensor | None
+    ) -> torch.Tensor:
+        """`linear` (residual None) or `residual += linear` with an fp8 weight."""
+        x2 = x.reshape(-1, x.shape[-1])  # (T, K)
+        config = fp8_gemv_config(x2, weight)
+        if config is not None and (residual is None or residual.is_contiguous()):
+            y = gemv_fp8(x2, weight.qweight, weight.scale, weight.block, bias, residual, config)
+            return y if residual is not None else y.view(*x.shape[:-1], -1)
+        y = fp8_matmul(x2, weight, bias)
+        if y is None:
+            y = super().linear(x2, weight, bias)  # the reference: dequantized
+        y = y.view(*x.shape[:-1], -1)
+        return y if residual is None else residual.add_(y)
+
+    def linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
+        if isinstance(weight, Fp8Weight):
+            return self._fp8_linear(x, weight, bias, None)
         config = gemv_config(x, weight)
         if config is None:
             return super().linear(x, weight, bias)
@@ -54,13 +109,15 @@ class CudaOps(TorchOps):
     def linear_add_(
         self,
         x: torch.Tensor,
-        weight: torch.Tensor,
+        weight: Weight,
         bias: torch.Tensor | None,
         residual: torch.Tensor,
         gated: bool = False,
     ) -> torch.Tensor:
         if gated:
             x = self.silu_and_mul(x)
+        if isinstance(weight, Fp8Weight):
+            return self._fp8_linear(x, weight, bias, residual)
         config = gemv_config(x, weight)
         if config is not None and residual.is_contiguous():
             return gemv(x, weight, bias, residual, config)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .fp8 import Fp8Weight, Weight
+
 
 class TorchOps:
     name = "torch"
@@ -14,8 +16,11 @@ class TorchOps:
     def prepare(self, is_decode: bool) -> None:
         """Called by the engine before each forward pass (a backend may pick kernels per pass)."""
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x (..., in) @ weight (out, in)^T (+ bias) -> (..., out)."""
+    def linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
+        """x (..., in) @ weight (out, in)^T (+ bias) -> (..., out). An fp8 weight is dequantized (the
+        reference: what the checkpoint's numbers mean; no activation quantization)."""
+        if isinstance(weight, Fp8Weight):
+            weight = weight.dequantize(x.dtype)
         return F.linear(x, weight, bias)
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -29,7 +34,7 @@ class TorchOps:
         x: torch.Tensor,
         norm_weight: torch.Tensor,
         eps: float,
-        weight: torch.Tensor,
+        weight: Weight,
         bias: torch.Tensor | None,
     ) -> torch.Tensor:
         """A projection of the normed residual stream: linear(rmsnorm(x)), (T, in) -> (T, out)."""
@@ -38,7 +43,7 @@ class TorchOps:
     def linear_add_(
         self,
         x: torch.Tensor,
-        weight: torch.Tensor,
+        weight: Weight,
         bias: torch.Tensor | None,
         residual: torch.Tensor,
         gated: bool = False,

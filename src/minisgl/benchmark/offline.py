@@ -236,8 +236,9 @@ def _bench_one(
     model = getattr(getattr(ms.llm, "engine", None), "model", None)
     if phases and model is not None and hasattr(model, "lm_head"):
         layer_w, head_w = _matmul_params(model)
-        bytes_per_w = model.lm_head.weight.element_size()
-        res["phases"] = dict(phases, layer_weights=layer_w, head_weights=head_w, bytes_per_weight=bytes_per_w)
+        res["phases"] = dict(
+            phases, layer_weights=layer_w, head_weights=head_w, weight_bytes=_decode_weight_bytes(model)
+        )
     if hf is not None:
         same = sum(a == b for a, b in zip(toks_m, toks_h, strict=True))
         res.update(
@@ -342,6 +343,8 @@ def run_offline_bench(
         "matmul_rate": flops,
         "overlap": getattr(ms.llm, "overlap", None),
         "tp": llm_options.get("tp", 1),
+        "quantization": llm_options.get("quantization"),
+        "kv_cache_dtype": llm_options.get("kv_cache_dtype", "auto"),
         "runs": runs,
     }
 
@@ -360,6 +363,10 @@ def print_report(res: dict[str, Any]) -> None:
     olo, ohi = res["output_len_range"]
     outs = f"{olo}" if olo == ohi else f"uniform random in [{olo}, {ohi}]"
     tp = f", tensor-parallel over {res['tp']} ranks" if res["tp"] > 1 else ""
+    if res.get("quantization"):
+        tp += f", minisgl's weights {res['quantization']} (transformers keeps {res['dtype']})"
+    if res.get("kv_cache_dtype", "auto") != "auto":
+        tp += f", minisgl's KV cache {res['kv_cache_dtype']}"
     print(
         f"model: {res['model']}, {res['dtype']}{tp}; input lengths uniform random in [{lo}, {hi}], output "
         f"lengths {outs} (greedy, ignore EOS); transformers (equal output lengths only): the same "
@@ -401,7 +408,7 @@ def print_report(res: dict[str, Any]) -> None:
 
 def print_phases(ph: dict[str, float], num_prompts: int) -> None:
     """minisgl's prefill and decode phases with what the matmuls achieved (attention not counted)."""
-    lw, hw, nb = ph["layer_weights"], ph["head_weights"], ph["bytes_per_weight"]
+    lw, hw, nbytes = ph["layer_weights"], ph["head_weights"], ph["weight_bytes"]
     if ph["prefill_s"] > 0:
         flops = 2 * lw * ph["prefill_tokens"] + 2 * hw * num_prompts  # the head runs on sampled rows only
         print(
@@ -416,7 +423,7 @@ def print_phases(ph: dict[str, float], num_prompts: int) -> None:
         print(
             f"  decode     : {ph['decode_s']:.2f} s for {int(steps)} steps of ~{rows / steps:.0f} rows, "
             f"{step_ms:.2f} ms/step = {rows / ph['decode_s']:.0f} tok/s, matmuls "
-            f"{flops / ph['decode_s'] / 1e9:.0f} GFLOP/s, weights read {(lw + hw) * nb * steps / ph['decode_s'] / 1e9:.1f} GB/s"
+            f"{flops / ph['decode_s'] / 1e9:.0f} GFLOP/s, weights read {nbytes * steps / ph['decode_s'] / 1e9:.1f} GB/s"
         )
 
 
@@ -440,6 +447,10 @@ def main(ns: argparse.Namespace) -> int:
         extra.update(tp=ns.tp, cache_type="naive")
     if ns.kv_cache_memory is not None:
         extra["kv_cache_memory"] = int(ns.kv_cache_memory * (1 << 30))
+    if ns.quantization is not None:
+        extra["quantization"] = ns.quantization
+    if ns.kv_cache_dtype != "auto":
+        extra["kv_cache_dtype"] = ns.kv_cache_dtype
     res = run_offline_bench(
         ns.num_prompts,
         ns.output_len,

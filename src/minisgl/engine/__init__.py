@@ -36,6 +36,7 @@ def create_engine(options: EngineOptions) -> Engine | DummyEngine:
         torch.device(options.device),
         tp_info=tp_info,
         dummy=options.dummy_weights,
+        quantization=options.quantization,
     )
     return Engine(model, model_config, options)
 

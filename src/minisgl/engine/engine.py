@@ -26,6 +26,8 @@ from minisgl.backends import bind_ops, create_ops
 from minisgl.core import Batch, Context, Req, TokenLogprobs, set_global_ctx
 from minisgl.grammar import GrammarCompiler, apply_bitmask
 from minisgl.kvcache import KVPool, PageAllocator, PageTable, kv_bytes_per_page
+from minisgl.kvcache.pool import FP8_KV
+from minisgl.layers import AttentionLayer
 
 from .cuda_graph import CudaGraphRunner
 from .logprobs import LogprobTensors
@@ -166,8 +168,9 @@ class Engine:
         self.page_size = options.page_size
         num_kv_heads = getattr(model, "num_local_kv_heads", model_config.num_kv_heads)
         num_q_heads = getattr(model, "num_local_heads", model_config.num_heads)
+        self.kv_dtype = FP8_KV if options.kv_cache_dtype == "fp8_e4m3" else self.dtype
         per_page = kv_bytes_per_page(
-            model_config.num_layers, num_kv_heads, model_config.head_dim, self.page_size, self.dtype
+            model_config.num_layers, num_kv_heads, model_config.head_dim, self.page_size, self.kv_dtype
         )
         self.num_pages = self._size_pool(per_page)
         context = options.max_seq_len or model_config.max_position_embeddings
@@ -179,8 +182,10 @@ class Engine:
             self.page_size,
             num_kv_heads,
             model_config.head_dim,
-            self.dtype,
+            self.kv_dtype,
             self.device,
+            scales=self._kv_scales(num_kv_heads) if self.kv_dtype == FP8_KV else None,
+            value_dtype=self.dtype,
         )
         self.page_table = PageTable(
             PageAllocator(self.num_pages), self.page_size, options.max_running_requests, self.max_seq_len
@@ -201,10 +206,11 @@ class Engine:
         self.grammars = GrammarCompiler(options.model_path, self.vocab_size, self.eos_token_ids)
         self.stats = EngineStats()
         logger.info(
-            "KV pool: %d pages x %d tokens (%.1f MiB), context limit %d tokens; ops %s, attention %s",
+            "KV pool: %d pages x %d tokens (%.1f MiB, %s), context limit %d tokens; ops %s, attention %s",
             self.num_pages,
             self.page_size,
             self.num_pages * per_page / 2**20,
+            str(self.kv_dtype).removeprefix("torch."),
             self.max_seq_len,
             self.ops.name,
             self.attn_backend.name,
@@ -214,6 +220,23 @@ class Engine:
         self._last_rows: dict[int, int] = {}  # uid -> row in _last_tokens
         self._last_out: StepOutput | None = None
         self._last_arrival = 0.0
+
+    def _kv_scales(self, num_kv_heads: int) -> list[torch.Tensor]:
+        """An fp8 KV pool's scales per layer, (2, Hkv): the checkpoint's where it has them, else 1
+        (vLLM's and SGLang's default too: K/V of common models stay well inside fp8's +-448)."""
+        n = self.model_config.num_layers
+        given: list[torch.Tensor | None] = [
+            m.kv_scale for m in self.model.modules() if isinstance(m, AttentionLayer)
+        ]
+        if len(given) != n:  # a model without minisgl's attention layers (tests' toy models)
+            given = [None] * n
+        ones = torch.ones(2, num_kv_heads, dtype=torch.float32)
+        logger.info(
+            "fp8 KV cache: scales from the checkpoint for %d of %d layers (1.0 for the rest)",
+            sum(s is not None for s in given),
+            n,
+        )
+        return [ones if s is None else s for s in given]
 
     def _capture_graphs(self) -> CudaGraphRunner | None:
         max_bs = min(self.options.cuda_graph_max_bs, self.options.max_running_requests)

@@ -14,6 +14,8 @@ import torch
 from minisgl.distributed import DistributedInfo
 
 ENGINES = ("model", "dummy")
+QUANTIZATIONS = (None, "fp8")  # see minisgl.models.quant
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # auto: the model's dtype
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -38,6 +40,8 @@ class EngineOptions:
     attention_backend: str = "auto"  # see minisgl.attention.ATTENTION_BACKENDS
     ops_backend: str = "auto"  # see minisgl.backends.BACKENDS
     cuda_graph_max_bs: int = 256  # decode batches up to this size replay CUDA graphs; 0: none
+    quantization: str | None = None  # "fp8": quantize a 16/32-bit checkpoint's projections at load
+    kv_cache_dtype: str = "auto"  # "fp8_e4m3": the KV pool in fp8 (scales from the checkpoint or 1)
 
     def __post_init__(self) -> None:
         """Raise TypeError or ValueError naming the first bad field."""
@@ -47,6 +51,10 @@ class EngineOptions:
             raise TypeError(f"dtype must be a torch.dtype, got {self.dtype!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be fp8 or None, got {self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.num_pages is not None and self.kv_cache_memory is not None:
             raise ValueError("num_pages and kv_cache_memory both size the KV pool: give one of them")
         _at_least(self, 1, "page_size", "max_running_requests")

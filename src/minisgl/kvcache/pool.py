@@ -3,11 +3,19 @@
 Layout per layer: (num_slots + page_size, Hkv, D). The extra last page is a zeroed padding page:
 attention backends point padded gather positions at it, so uninitialised memory never reaches a
 softmax (masked garbage can be NaN, and NaN survives a -inf mask).
+
+An fp8 pool (dtype float8_e4m3fn, `--kv-cache-dtype fp8_e4m3`) stores `value / scale` rounded to
+fp8, with `scales[layer]` (2, Hkv) float32: K's and V's scale per KV head (a checkpoint's per-tensor
+scale spread over the heads; 1 where it gives none). Readers multiply back (`load`; the Triton
+kernels fold the scales into their softmax scale and output).
 """
 
 from __future__ import annotations
 
 import torch
+
+FP8_KV = torch.float8_e4m3fn
+_FP8_MAX = 448.0
 
 
 def kv_bytes_per_page(
@@ -27,8 +35,21 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        scales: list[torch.Tensor] | None = None,
+        value_dtype: torch.dtype | None = None,
     ) -> None:
+        """`scales`: an fp8 pool's (2, Hkv) float32 per layer (default ones); `value_dtype`: the dtype
+        K/V are written and read in (the model's; default `dtype`)."""
         self.num_layers = num_layers
+        self.dtype = dtype
+        self.value_dtype = value_dtype or dtype
+        self.quantized = dtype == FP8_KV
+        self.scales: list[torch.Tensor] | None = None
+        if self.quantized:
+            ones = [torch.ones(2, num_kv_heads, dtype=torch.float32) for _ in range(num_layers)]
+            self.scales = [s.to(device, torch.float32).contiguous() for s in scales or ones]
+            if len(self.scales) != num_layers or any(s.shape != (2, num_kv_heads) for s in self.scales):
+                raise ValueError(f"KVPool: fp8 scales must be {num_layers} tensors of (2, {num_kv_heads})")
         self.num_pages = num_pages
         self.page_size = page_size
         self.num_slots = num_pages * page_size
@@ -46,5 +67,26 @@ class KVPool:
 
     def store(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write new tokens' K/V. slots: (T,) int64; k/v: (T, Hkv, D)."""
-        self.k[layer_id].index_copy_(0, slots, k)
-        self.v[layer_id].index_copy_(0, slots, v)
+        if self.scales is None:
+            self.k[layer_id].index_copy_(0, slots, k)
+            self.v[layer_id].index_copy_(0, slots, v)
+            return
+        scale = self.scales[layer_id][:, None, :, None]  # (2, 1, Hkv, 1)
+        k = (k.float() / scale[0]).clamp(-_FP8_MAX, _FP8_MAX).to(self.dtype)
+        v = (v.float() / scale[1]).clamp(-_FP8_MAX, _FP8_MAX).to(self.dtype)
+        # as bytes: torch's index ops do not take fp8
+        self.k[layer_id].view(torch.uint8).index_copy_(0, slots, k.view(torch.uint8))
+        self.v[layer_id].view(torch.uint8).index_copy_(0, slots, v.view(torch.uint8))
+
+    def load(
+        self, layer_id: int, slots: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of `slots` (N,) int64 as `dtype` values (N, Hkv, D), dequantized from an fp8 pool."""
+        if self.scales is None:
+            return self.k[layer_id].index_select(0, slots).to(dtype), self.v[layer_id].index_select(
+                0, slots
+            ).to(dtype)
+        k = self.k[layer_id].view(torch.uint8).index_select(0, slots).view(self.dtype)
+        v = self.v[layer_id].view(torch.uint8).index_select(0, slots).view(self.dtype)
+        scale = self.scales[layer_id][:, None, :, None]  # (2, 1, Hkv, 1)
+        return (k.float() * scale[0]).to(dtype), (v.float() * scale[1]).to(dtype)

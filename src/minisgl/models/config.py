@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from minisgl.models.quant import Fp8Scheme, parse_scheme
+
 logger = logging.getLogger(__name__)
 
 # Architectures we run, and the one implementation each maps to (Mistral is Llama with GQA).
@@ -52,6 +54,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     torch_dtype: str | None = None
     sliding_window: int | None = None  # recorded, not applied: attention is always full
+    quantization: Fp8Scheme | None = None  # the checkpoint's fp8 scheme (`quantization_config`)
 
     @property
     def family(self) -> str:
@@ -115,6 +118,7 @@ def _parse(raw: dict[str, Any], arch: str) -> ModelConfig:
         bos_token_id=raw.get("bos_token_id") if isinstance(raw.get("bos_token_id"), int) else None,
         torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         sliding_window=int(sliding) if sliding else None,
+        quantization=parse_scheme(raw),
     )
     _check(cfg)
     return cfg

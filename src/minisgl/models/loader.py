@@ -14,7 +14,14 @@ from torch import nn
 from minisgl.distributed import DistributedInfo
 from minisgl.models.config import ModelConfig
 from minisgl.models.llama import LlamaForCausalLM
-from minisgl.models.weights import load_checkpoint, load_generated
+from minisgl.models.quant import apply_fp8, fp8_slots, kv_scale_slots, resolve_scheme, unused_scales
+from minisgl.models.weights import (
+    WeightSlot,
+    checkpoint_files,
+    iter_tensor_names,
+    load_checkpoint,
+    load_generated,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -33,23 +40,36 @@ def load_model(
     tp_info: DistributedInfo | None = None,
     dummy: bool = False,
     progress: bool = True,
+    quantization: str | None = None,
 ) -> tuple[nn.Module, ModelConfig]:
-    """The model for this rank and its config. `dummy`: random weights, only config.json is read."""
+    """The model for this rank and its config. `dummy`: random weights, only config.json is read.
+    An fp8 checkpoint loads as published; `quantization="fp8"` quantizes a 16/32-bit one as it loads
+    (`minisgl.models.quant`)."""
     model_dir = Path(model_dir)
     t0 = time.perf_counter()
     cfg = ModelConfig.from_dir(model_dir)
     tp = tp_info or DistributedInfo(0, 1)
     model = MODEL_CLASSES[cfg.family](cfg, tp, dtype, torch.device(device))
+    scheme = resolve_scheme(cfg.quantization, quantization, dummy)
+    if scheme is not None:
+        apply_fp8(model, scheme)
+    slots = model.weight_slots()
+    if scheme is not None:
+        fp8_slots(model, slots, scheme)
     if dummy:
-        fill_dummy_weights(model)
+        fill_dummy_weights(model, slots=slots)
     else:
-        load_checkpoint(model_dir, model.weight_slots(), model.checkpoint_ignored(), progress=progress)
+        names = {n for _, n in iter_tensor_names(checkpoint_files(model_dir))}
+        slots.update(kv_scale_slots(model, names, cfg.num_kv_heads, model.heads.kv_start))
+        ignored = model.checkpoint_ignored() | unused_scales(names)
+        load_checkpoint(model_dir, slots, ignored, progress=progress)
     model.eval()
     logger.info(
-        "loaded %s (%s%s) in %.2f s",
+        "loaded %s (%s%s%s) in %.2f s",
         model_dir,
         cfg.architecture,
         ", dummy" if dummy else "",
+        f", {scheme.source}" if scheme is not None else "",
         time.perf_counter() - t0,
     )
     return model, cfg
@@ -69,11 +89,15 @@ def dummy_tensor(
     return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=gen)
 
 
-def fill_dummy_weights(model: LlamaForCausalLM, seed: int = 0) -> None:
+def fill_dummy_weights(
+    model: LlamaForCausalLM, seed: int = 0, slots: dict[str, list[WeightSlot]] | None = None
+) -> None:
     """Random weights (`dummy_tensor`): each checkpoint tensor drawn whole and sharded as from a
     checkpoint, so every tensor-parallel size holds the same model (TP=2 can be checked against TP=1,
-    and transformers given the same weights, without a checkpoint)."""
+    and transformers given the same weights, without a checkpoint). `slots`: the model's, or ones
+    that quantize its fp8 projections as they are filled."""
     like = model.model.embed_tokens.weight
     load_generated(
-        model.weight_slots(), lambda name, shape: dummy_tensor(name, shape, like.dtype, like.device, seed)
+        slots if slots is not None else model.weight_slots(),
+        lambda name, shape: dummy_tensor(name, shape, like.dtype, like.device, seed),
     )

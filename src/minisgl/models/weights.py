@@ -39,6 +39,10 @@ class WeightSlot:
             return sl[self.start : self.start + self.length]
         return sl[:, self.start : self.start + self.length]
 
+    def accepts(self, shape: tuple[int, ...]) -> bool:
+        """Whether a checkpoint tensor of `shape` fits this slot."""
+        return shape == self.full_shape
+
     def copy_in(self, t: torch.Tensor) -> None:
         self.param.narrow(0, self.dst, t.shape[0]).copy_(t)
 
@@ -115,7 +119,7 @@ def _load_one(f: Path, name: str, sl: Any, targets: list[WeightSlot]) -> None:
     """sl: a safetensors slice, or a whole tensor (both slice the same way)."""
     shape = tuple(sl.shape) if isinstance(sl, torch.Tensor) else tuple(sl.get_shape())
     for slot in targets:
-        if shape != slot.full_shape:
+        if not slot.accepts(shape):
             raise WeightLoadError(
                 f"{f}: tensor {name!r} has shape {list(shape)}, the model expects {list(slot.full_shape)}"
             )

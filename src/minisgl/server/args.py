@@ -26,6 +26,8 @@ class ServerArgs:
     node_rank: int = 0  # this machine's place; node 0 runs the API server, tokenizer and detokenizer
     dist_init_addr: str | None = None  # HOST:PORT on node 0 (--nnodes > 1): every node meets there
     dtype: str = "auto"
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
     num_tokenizer: int = 0
     max_running_requests: int | None = None
     max_prefill_tokens: int | None = None
@@ -152,6 +154,20 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=d.dtype,
         choices=["auto", "float32", "float16", "bfloat16"],
         help="weights and activations (auto: bfloat16 on GPU, float32 on CPU)",
+    )
+    g.add_argument(
+        "--quantization",
+        choices=["fp8"],
+        help="fp8: quantize a 16/32-bit checkpoint's projections to fp8 as it loads (one scale per "
+        "output channel, activations per token); fp8 checkpoints (quantization_config) load as "
+        "published without it",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        default=d.kv_cache_dtype,
+        choices=["auto", "fp8_e4m3"],
+        help="the KV cache's dtype (auto: the model's); fp8_e4m3 halves its bytes, with K/V scales "
+        "from the checkpoint where it has them, else 1.0",
     )
     g.add_argument(
         "--tool-call-parser",

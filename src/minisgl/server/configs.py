@@ -75,6 +75,8 @@ def scheduler_config(args: ServerArgs, model_dir: Path, device: str) -> Schedule
         dummy_weights=args.dummy_weights,
         dummy_step_ms=args.dummy_step_ms,
         attention_backend=args.attention_backend,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
         overlap_schedule=False if args.disable_overlap else None,
         cache_type=args.cache_type,
         **_set_only(
