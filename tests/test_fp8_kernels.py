@@ -91,12 +91,25 @@ def test_block_matmul_matches_the_dequantized_operands(m: int, n: int, k: int) -
     ref_x = xq.cpu().float() * xs.cpu().repeat_interleave(block[1], 1)[:, :k]
     bias = torch.randn(n, generator=gen)
     out = block_matmul(xq, xs, q, s, block, bias.to(DEV), torch.float32)
-    assert _rel(out, ref_x.double() @ ref_w.double().T + bias.double()) < 1e-5
+    # the GPU's fp8 tensor cores keep fewer bits than float32 while summing a block's products
+    tol = 1e-3 if DEV == "cuda" else 1e-5
+    assert _rel(out, ref_x.double() @ ref_w.double().T + bias.double()) < tol
     # and close to the unquantized product: per-group activation scales lose little
     assert _rel(out, x.double() @ ref_w.double().T + bias.double()) < 0.05
 
 
 # -- the paged attention kernels over an fp8 KV cache ----------------------------------------------
+
+
+def _by_page(v: torch.Tensor, ps: int) -> torch.Tensor:
+    """A (S, Hkv, D) V cache in the fp8 pool's layout, by page transposed: (S / ps, Hkv, D, ps)."""
+    s, hkv, d = v.shape
+    return v.view(torch.uint8).view(s // ps, ps, hkv, d).permute(0, 2, 3, 1).contiguous().view(v.dtype)
+
+
+def _by_slot(vt: torch.Tensor) -> torch.Tensor:
+    pages, hkv, d, ps = vt.shape
+    return vt.view(torch.uint8).permute(0, 3, 1, 2).reshape(pages * ps, hkv, d).view(vt.dtype)
 
 
 def _fp8_cache(slots: int, hkv: int, d: int, gen: torch.Generator):
@@ -126,7 +139,7 @@ def test_decode_attention_reads_an_fp8_cache(
     q = torch.randn(len(lens), hq, d, generator=gen).to(dtype)
     out = torch.full_like(q, float("nan"), device=DEV)
     decode_attention(
-        q.to(DEV), kq.to(DEV), vq.to(DEV), pages.to(DEV), torch.tensor(lens, dtype=torch.int32).to(DEV),
+        q.to(DEV), kq.to(DEV), _by_page(vq, ps).to(DEV), pages.to(DEV), torch.tensor(lens, dtype=torch.int32).to(DEV),
         ps, d**-0.5, splits, out=out, scales=(ks.to(DEV), vs.to(DEV)),
     )  # fmt: skip
     for b, n in enumerate(lens):
@@ -160,14 +173,15 @@ def test_decode_attention_stores_the_new_token_in_fp8_and_attends_over_it_as_sto
             want_k[slot] = (k_new[b].float() / ks[:, None]).clamp(-448, 448).to(FP8)
             want_v[slot] = (v_new[b].float() / vs[:, None]).clamp(-448, 448).to(FP8)
     q = torch.randn(len(lens), hq, d, generator=gen).to(dtype)
-    kc, vc = kq.to(DEV), vq.to(DEV)
+    kc, vc = kq.to(DEV), _by_page(vq, ps).to(DEV)
     out = decode_attention(
         q.to(DEV), kc, vc, pages.to(DEV), torch.tensor(lens, dtype=torch.int32).to(DEV), ps, d**-0.5, splits,
         new_kv=(k_new.to(DEV), v_new.to(DEV), torch.tensor(slots, dtype=torch.int32).to(DEV)),
         scales=(ks.to(DEV), vs.to(DEV)),
     )  # fmt: skip
     # the stored bytes: the reference's rounding (ties aside, which random data does not hit)
-    assert torch.equal(kc.cpu().float(), want_k.float()) and torch.equal(vc.cpu().float(), want_v.float())
+    assert torch.equal(kc.cpu().float(), want_k.float())
+    assert torch.equal(_by_slot(vc.cpu()).float(), want_v.float())
     kref, vref = want_k.float() * ks[None, :, None], want_v.float() * vs[None, :, None]
     for b, n in enumerate(lens):
         if n:
@@ -194,13 +208,14 @@ def test_extend_attention_reads_an_fp8_cache(dtype: torch.dtype, hq: int, hkv: i
     )
     k_new = torch.randn(sum(ext), hkv, d, generator=gen).to(dtype)
     v_new = torch.randn(sum(ext), hkv, d, generator=gen).to(dtype)
-    kc, vc = kq.to(DEV), vq.to(DEV)
+    kc, vc = kq.to(DEV), _by_page(vq, ps).to(DEV)
     scales = (ks.to(DEV), vs.to(DEV))
     store_kv(k_new.to(DEV), v_new.to(DEV), kc, vc, new_slots.int().to(DEV), scales)
     want_k, want_v = kq.clone(), vq.clone()
     want_k[new_slots] = (k_new.float() / ks[None, :, None]).clamp(-448, 448).to(FP8)
     want_v[new_slots] = (v_new.float() / vs[None, :, None]).clamp(-448, 448).to(FP8)
-    assert torch.equal(kc.cpu().float(), want_k.float()) and torch.equal(vc.cpu().float(), want_v.float())
+    assert torch.equal(kc.cpu().float(), want_k.float())
+    assert torch.equal(_by_slot(vc.cpu()).float(), want_v.float())
     q = torch.randn(sum(ext), hq, d, generator=gen).to(dtype)
     starts = torch.tensor([0, *ext]).cumsum(0).int()
     out = extend_attention(

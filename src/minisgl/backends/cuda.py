@@ -8,9 +8,11 @@ A Triton matmul for decode batches with the norm and SiLU x up fused in as prolo
 (README, "GPU"): the GEMV takes only the residual add, as its epilogue.
 
 fp8 weights (`Fp8Weight`): up to 16 rows in the GEMV's fp8 variant (the weight widened in registers,
-x as it is); more rows quantize x per token (a Triton kernel) and take `torch._scaled_mm` (per-channel
-weight scales: CUTLASS/cuBLASLt fp8 with row and column scales) or minisgl's Triton block-scaled fp8
-matmul (DeepSeek-style blocks), the residual added after."""
+x not quantized); where the GEMV's input comes from minisgl's RMSNorm or SiLU x up kernel (qkv,
+gate/up, down) those write it in fp16, to which the weight widens in one instruction a pair. More rows
+quantize x per token (a Triton kernel) and take `torch._scaled_mm` (per-channel weight scales:
+cuBLASLt's fp8 with row and column scales) or minisgl's Triton block-scaled fp8 matmul
+(DeepSeek-style blocks), the residual added after."""
 
 from __future__ import annotations
 
@@ -46,8 +48,9 @@ def gemv_config(x: torch.Tensor, weight: torch.Tensor) -> GemvConfig | None:
 
 def fp8_gemv_config(x: torch.Tensor, weight: Fp8Weight) -> GemvConfig | None:
     """The fp8 GEMV's launch shape for this projection, or None where the fp8 matmul takes it (more
-    than 16 rows). Every width takes the GEMV: with half the bytes per weight the GEMV's streaming
-    stays ahead of a quantize kernel plus a matmul tuned for many rows."""
+    than 16 rows). Every width takes the GEMV (a quantize kernel plus a matmul tuned for many rows
+    would not stream the weight faster). Shapes: the best of `benchmarks/bench_fp8_linear.py --sweep`
+    on an H200 for the 8B shapes (README, "fp8")."""
     if x.dim() != 2 or x.shape[0] > GEMV_MAX_ROWS or x.dtype not in (*GEMV_DTYPES, torch.float32):
         return None
     if x.stride(1) != 1 or weight.qweight.stride(1) != 1:
@@ -57,7 +60,9 @@ def fp8_gemv_config(x: torch.Tensor, weight: Fp8Weight) -> GemvConfig | None:
         return GemvConfig(64, weight.block[1], 4, 4)
     if n * k < 1 << 22:
         return GemvConfig(16, 512, 4, 3)
-    return GemvConfig(32, 1024, 4, 4) if k >= 8192 else GemvConfig(32, 512, 4, 4)
+    if k >= 8192:
+        return GemvConfig(32, 1024, 4, 3)
+    return GemvConfig(64, 512, 4, 3) if n > k else GemvConfig(32, 512, 4, 4)
 
 
 def fp8_matmul(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -66,6 +71,8 @@ def fp8_matmul(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) ->
     n, k = weight.shape
     if x.dtype != torch.bfloat16 or x.dim() != 2 or n % 16 or k % 16:
         return None
+    if weight.block is not None and (weight.block[1] < 32 or weight.block[1] & (weight.block[1] - 1)):
+        return None  # the fp8 tensor-core dot takes 32 columns at least
     if weight.block is None:
         xq, xs = tf8.quant_rows(x)  # (M, K) fp8, (M, 1)
         return torch._scaled_mm(
@@ -93,6 +100,27 @@ class CudaOps(TorchOps):
         y = y.view(*x.shape[:-1], -1)
         return y if residual is None else residual.add_(y)
 
+    def _fp16_gemv(self, x: torch.Tensor, weight: Weight) -> GemvConfig | None:
+        """The fp8 GEMV's launch shape where x (bf16, from a kernel that can write fp16) goes to it."""
+        if not isinstance(weight, Fp8Weight) or x.dtype != torch.bfloat16 or x.dim() != 2:
+            return None
+        return fp8_gemv_config(x, weight) if x.is_contiguous() else None
+
+    def norm_linear(
+        self,
+        x: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        weight: Weight,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        config = self._fp16_gemv(x, weight)
+        if config is None:
+            return super().norm_linear(x, norm_weight, eps, weight, bias)
+        assert isinstance(weight, Fp8Weight)
+        h = tk.rmsnorm(x, norm_weight, eps, out_dtype=torch.float16)  # (T, K)
+        return gemv_fp8(h, weight.qweight, weight.scale, weight.block, bias, None, config, out_dtype=x.dtype)
+
     def linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
         if isinstance(weight, Fp8Weight):
             return self._fp8_linear(x, weight, bias, None)
@@ -114,6 +142,11 @@ class CudaOps(TorchOps):
         residual: torch.Tensor,
         gated: bool = False,
     ) -> torch.Tensor:
+        config = self._fp16_gemv(x, weight) if gated and residual.is_contiguous() else None
+        if config is not None:
+            assert isinstance(weight, Fp8Weight)
+            h = tk.silu_and_mul(x, out_dtype=torch.float16)  # (T, I)
+            return gemv_fp8(h, weight.qweight, weight.scale, weight.block, bias, residual, config)
         if gated:
             x = self.silu_and_mul(x)
         if isinstance(weight, Fp8Weight):

@@ -318,6 +318,21 @@ class Engine:
         self._last_out = StepOutput(tokens, self, batch, t0, logprobs)
         return self._last_out
 
+    @torch.inference_mode()
+    def forward_logits(self, batch: Batch) -> torch.Tensor:
+        """Logits (T, V) float32 of every token the batch feeds, nothing sampled: scoring a given
+        text, teacher forcing (`benchmarks/bench_fp8_accuracy.py`). Eager, the step's kernels; the
+        caller advances `cached_len` as after a step."""
+        input_ids, positions, attn_input, _ = self._prepare(batch)
+        self.ops.prepare(batch.is_decode)
+        self.attn_backend.prepare(attn_input)
+        set_global_ctx(Context(attn_backend=self.attn_backend))
+        try:
+            hidden = self.model.forward(input_ids.to(self.device), positions.to(self.device))  # (T, H)
+            return self.model.compute_logits(hidden)
+        finally:
+            set_global_ctx(None)
+
     def _grammar_masks(self, reqs: list[Req]) -> tuple[list[int], torch.Tensor] | None:
         """(rows, their bitmasks (G, W) int32 on the CPU) for the rows with a grammar; None if none.
         A request's matcher is first fed its output so far, including a token the previous launch

@@ -7,7 +7,11 @@ softmax (masked garbage can be NaN, and NaN survives a -inf mask).
 An fp8 pool (dtype float8_e4m3fn, `--kv-cache-dtype fp8_e4m3`) stores `value / scale` rounded to
 fp8, with `scales[layer]` (2, Hkv) float32: K's and V's scale per KV head (a checkpoint's per-tensor
 scale spread over the heads; 1 where it gives none). Readers multiply back (`load`; the Triton
-kernels fold the scales into their softmax scale and output).
+kernels fold the scales into their softmax scale and output). Its V is stored by page transposed,
+(num_pages + 1, Hkv, D, page_size): a page's tokens side by side for each head and channel, so the
+attention kernels' V tiles reach the tensor cores with their token axis contiguous, the axis an
+(attention weights x V) product runs along; an 8-bit tile laid the other way can only be
+transposed on its way there a byte at a time. K keeps the slot-major layout.
 """
 
 from __future__ import annotations
@@ -55,13 +59,17 @@ class KVPool:
         self.num_slots = num_pages * page_size
         self.pad_slot = self.num_slots  # first slot of the zeroed padding page
         shape = (self.num_slots + page_size, num_kv_heads, head_dim)
+        v_shape = (num_pages + 1, num_kv_heads, head_dim, page_size) if self.quantized else shape
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
+        # An fp8 pool starts zeroed: its kernels read whole pages of V, and what lies past a request's
+        # end must be finite (uninitialised bytes can be fp8 NaNs; every write saturates).
+        alloc = torch.zeros if self.quantized else torch.empty
         for _ in range(num_layers):
-            k = torch.empty(shape, dtype=dtype, device=device)
-            v = torch.empty(shape, dtype=dtype, device=device)
+            k = alloc(shape, dtype=dtype, device=device)
+            v = alloc(v_shape, dtype=dtype, device=device)
             k[self.num_slots :].zero_()
-            v[self.num_slots :].zero_()
+            v[num_pages if self.quantized else self.num_slots :].zero_()
             self.k.append(k)
             self.v.append(v)
 
@@ -76,7 +84,8 @@ class KVPool:
         v = (v.float() / scale[1]).clamp(-_FP8_MAX, _FP8_MAX).to(self.dtype)
         # as bytes: torch's index ops do not take fp8
         self.k[layer_id].view(torch.uint8).index_copy_(0, slots, k.view(torch.uint8))
-        self.v[layer_id].view(torch.uint8).index_copy_(0, slots, v.view(torch.uint8))
+        page, off = slots // self.page_size, slots % self.page_size
+        self.v[layer_id].view(torch.uint8)[page, :, :, off] = v.view(torch.uint8)  # V by page, transposed
 
     def load(
         self, layer_id: int, slots: torch.Tensor, dtype: torch.dtype
@@ -87,6 +96,7 @@ class KVPool:
                 0, slots
             ).to(dtype)
         k = self.k[layer_id].view(torch.uint8).index_select(0, slots).view(self.dtype)
-        v = self.v[layer_id].view(torch.uint8).index_select(0, slots).view(self.dtype)
+        page, off = slots // self.page_size, slots % self.page_size
+        v = self.v[layer_id].view(torch.uint8)[page, :, :, off].view(self.dtype)  # (N, Hkv, D)
         scale = self.scales[layer_id][:, None, :, None]  # (2, 1, Hkv, 1)
         return (k.float() * scale[0]).to(dtype), (v.float() * scale[1]).to(dtype)

@@ -2,7 +2,9 @@
 
 The KV pool holds, per layer, K and V as (slots, Hkv, D); token `i` of the request whose page-table
 row is `r` lives in slot `pages[r, i // PS] * PS + i % PS`. Kernels gather K/V through the page
-table themselves, so nothing is copied or padded on the host.
+table themselves, so nothing is copied or padded on the host. V may also come by page transposed,
+(pages, Hkv, D, PS) (a 4-d cache: the fp8 pool's, see `minisgl.kvcache.pool`): the same slot is
+page `slot // PS`, column `slot % PS`.
 
 - `store_kv`: the new tokens' K/V into their slots (a slot < 0 is skipped: padding rows of a
   CUDA-graph batch write nothing).
@@ -24,10 +26,14 @@ An fp8 pool (float8_e4m3fn, with `scales` (k_scale, v_scale), each (Hkv,) float3
 scale): the writers store value / scale rounded to fp8; the readers widen K/V tiles to q's dtype for
 the dots and fold the scales in, K's into the softmax scale and V's into the output, so the scales cost
 no arithmetic per element. The decode kernel attends over the new token as stored (rounded), as the
-next step will read it.
+next step will read it. With 16-bit q the dots of an fp8 cache run in fp16 (q converted once per
+program, each fp8 pair widened in one instruction; q, p in [0, 1] and fp8's +-448 all fit fp16);
+MINISGL_FP8_ATTN_DOT=bf16 takes bf16 through `fp8.widen_fp8` instead (for measurements).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -35,11 +41,30 @@ import triton.language as tl
 
 from .fp8 import WIDEN, quantize_fp8, widen_fp8
 
+_FP8_DOT_BF16 = os.environ.get("MINISGL_FP8_ATTN_DOT") == "bf16"
+
+
+@triton.jit
+def _v_at(VCache, page, off, head, d, stride_cs, stride_ch, stride_vp, D: tl.constexpr, PS: tl.constexpr,
+          V_T: tl.constexpr):  # fmt: skip
+    """Pointers to V of slot page * PS + off, head, channel d, in either layout (slot-major, or by
+    page transposed)."""
+    if V_T:
+        return VCache + page * stride_vp + head * (D * PS) + d * PS + off
+    return VCache + (page * PS + off) * stride_cs + head * stride_ch + d
+
+
+@triton.jit
+def _v_slot(VCache, slot, head, d, stride_cs, stride_ch, stride_vp, D: tl.constexpr, PS: tl.constexpr,
+            V_T: tl.constexpr):  # fmt: skip
+    return _v_at(VCache, slot // PS, slot % PS, head, d, stride_cs, stride_ch, stride_vp, D, PS, V_T)
+
 
 @triton.jit
 def _store_kv_kernel(
-    K, V, KCache, VCache, Slots, KScale, VScale, stride_k, stride_v, stride_c,
-    HD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, QUANT: tl.constexpr,
+    K, V, KCache, VCache, Slots, KScale, VScale, stride_k, stride_v, stride_c, stride_vp,
+    HD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, QUANT: tl.constexpr, PS: tl.constexpr,
+    V_T: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(Slots + t).to(tl.int64)
@@ -51,7 +76,7 @@ def _store_kv_kernel(
         k = quantize_fp8(k, tl.load(KScale + offs // D, mask=mask, other=1.0))
         v = quantize_fp8(v, tl.load(VScale + offs // D, mask=mask, other=1.0))
     tl.store(KCache + slot * stride_c + offs, k, mask=mask)
-    tl.store(VCache + slot * stride_c + offs, v, mask=mask)
+    tl.store(_v_slot(VCache, slot, offs // D, offs % D, stride_c, D, stride_vp, D, PS, V_T), v, mask=mask)
 
 
 def _scale_args(
@@ -67,6 +92,28 @@ def _scale_args(
     ):
         raise ValueError(f"an fp8 KV cache needs (k_scale, v_scale), each ({hkv},) float32")
     return scales[0], scales[1], True
+
+
+def _v_layout(k_cache: torch.Tensor, v_cache: torch.Tensor, page_size: int | None = None) -> tuple[bool, int]:
+    """(whether V is by page transposed, its page size; 1 for slot-major V, where it is unused)."""
+    if v_cache.dim() == 3:
+        if v_cache.shape != k_cache.shape:
+            raise ValueError(f"V cache {tuple(v_cache.shape)} against K cache {tuple(k_cache.shape)}")
+        return False, 1
+    slots, hkv, d = k_cache.shape
+    ps = v_cache.shape[3]
+    if (
+        v_cache.shape != (slots // ps, hkv, d, ps)
+        or not v_cache.is_contiguous()
+        or page_size not in (None, ps)
+    ):
+        raise ValueError(f"V cache {tuple(v_cache.shape)} by page against K cache {tuple(k_cache.shape)}")
+    return True, ps
+
+
+def _kv_f16(quant: bool, q: torch.Tensor) -> bool:
+    """Whether an fp8 cache's dots run in fp16 (16-bit q), see the module's docstring."""
+    return quant and q.dtype != torch.float32 and not _FP8_DOT_BF16
 
 
 def store_kv(
@@ -86,9 +133,11 @@ def store_kv(
         raise ValueError("store_kv: each token's K/V heads must be contiguous")
     k_scale, v_scale, quant = _scale_args(k_cache, scales)
     block = triton.next_power_of_2(hkv * d)
+    v_t, ps = _v_layout(k_cache, v_cache)
     _store_kv_kernel[(t,)](
         k, v, k_cache, v_cache, slots, k_scale, v_scale, k.stride(0), v.stride(0), k_cache.stride(0),
-        HD=hkv * d, D=d, BLOCK=block, QUANT=quant, num_warps=max(1, min(8, block // 256)),
+        v_cache.stride(0), HD=hkv * d, D=d, BLOCK=block, QUANT=quant, PS=ps, V_T=v_t,
+        num_warps=max(1, min(8, block // 256)),
     )  # fmt: skip
 
 
@@ -144,6 +193,7 @@ def _decode_kernel(
     stride_ch,
     stride_pt,
     stride_rope,
+    stride_vp,  # V_T: V's stride between pages
     sm_scale,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -156,15 +206,17 @@ def _decode_kernel(
     HAS_NEW: tl.constexpr,
     ROPE: tl.constexpr,
     QUANT: tl.constexpr,
+    KV_F16: tl.constexpr,
+    V_T: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(SeqLens + b)
-    # An fp8 cache: scores and outputs in the cache's units, scaled once (and, for bf16, in
-    # `widen_fp8`'s: the cached tiles are 2^-112 times their fp8 values, `unit` puts that back).
-    wide: tl.constexpr = QUANT and Q.dtype.element_ty == tl.bfloat16
+    # An fp8 cache: scores and outputs in the cache's units, scaled once; the dots in fp16 (KV_F16)
+    # or, for bf16 q, in `widen_fp8`'s units (the tiles 2^-112 times their values: `unit` puts it back).
+    wide: tl.constexpr = QUANT and not KV_F16 and Q.dtype.element_ty == tl.bfloat16
     unit = WIDEN if wide else 1.0
     if QUANT:
         k_scale = tl.load(KScale + kvh)
@@ -197,6 +249,8 @@ def _decode_kernel(
         sin[None, :],
         ROPE,
     )  # fmt: skip  (BLOCK_H, BLOCK_HALF) each
+    if KV_F16:
+        q1, q2 = q1.to(tl.float16), q2.to(tl.float16)
 
     v_new = VNew + b.to(tl.int64) * stride_vn + kvh * D + offs_d  # (BLOCK_D,) pointers
     if HAS_NEW:
@@ -212,7 +266,7 @@ def _decode_kernel(
             tl.store(dst + offs_j, kn1, mask=w_mask)
             tl.store(dst + HALF + offs_j, kn2, mask=w_mask)
             v_mask = offs_d < tl.where(new_slot >= 0, D, 0)
-            dst = VCache + new_slot * stride_cs + kvh * stride_ch + offs_d
+            dst = _v_slot(VCache, new_slot, kvh, offs_d, stride_cs, stride_ch, stride_vp, D, PS, V_T)
             vn = tl.load(v_new, mask=v_mask)
             if QUANT:
                 vn = quantize_fp8(vn, v_scale)
@@ -231,7 +285,10 @@ def _decode_kernel(
     for n0 in range(start, cached_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         n_mask = pos < cached_end
-        page = tl.load(pt_row + pos // PS, mask=n_mask, other=0).to(tl.int64)
+        # V by page transposed loads whole pages (a page's tokens are one vector; the positions past
+        # the end weigh 0, and an fp8 pool holds no NaN: zeroed at start, written saturating)
+        page_mask = (pos // PS) * PS < cached_end
+        page = tl.load(pt_row + pos // PS, mask=page_mask, other=0).to(tl.int64)
         slot_off = (page * PS + pos % PS)[:, None] * stride_cs + kvh * stride_ch  # (BLOCK_N, 1)
         k_mask = n_mask[:, None] & j_mask[None, :]
         k1 = tl.load(KCache + slot_off + offs_j[None, :], mask=k_mask, other=0.0)  # (BLOCK_N, BLOCK_HALF)
@@ -245,8 +302,10 @@ def _decode_kernel(
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(VCache + slot_off + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        v = _widen(v, q1.dtype, wide)
+        v_ptr = _v_at(VCache, page[:, None], (pos % PS)[:, None], kvh, offs_d[None, :], stride_cs, stride_ch,
+                      stride_vp, D, PS, V_T)  # fmt: skip
+        v_mask = (page_mask if V_T else n_mask)[:, None] & d_mask[None, :]
+        v = _widen(tl.load(v_ptr, mask=v_mask, other=0.0), q1.dtype, wide)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)  # in `unit`s
         m_i = m_new
     if HAS_NEW:
@@ -386,10 +445,11 @@ def decode_attention(
         q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, cos, sin, k_scale, v_scale, out,
         partial, lse, done,
         q.stride(0), q.stride(1), k_new.stride(0), v_new.stride(0), k_cache.stride(0), k_cache.stride(1),
-        page_table.stride(0), cos.stride(0), sm_scale,
+        page_table.stride(0), cos.stride(0), v_cache.stride(0), sm_scale,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d,
         BLOCK_HALF=max(16, triton.next_power_of_2(d // 2)), PS=page_size, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, ROPE=rope is not None, QUANT=quant, IEEE=ieee,
+        NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, ROPE=rope is not None, QUANT=quant,
+        KV_F16=_kv_f16(quant, q), V_T=_v_layout(k_cache, v_cache, page_size)[0], IEEE=ieee,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
@@ -413,6 +473,7 @@ def _extend_kernel(
     stride_cs,
     stride_ch,
     stride_pt,
+    stride_vp,  # V_T: V's stride between pages
     sm_scale,
     GROUP: tl.constexpr,
     D: tl.constexpr,
@@ -421,6 +482,8 @@ def _extend_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     QUANT: tl.constexpr,
+    KV_F16: tl.constexpr,
+    V_T: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     mb = tl.program_id(0)
@@ -431,7 +494,7 @@ def _extend_kernel(
     seq_len = tl.load(SeqLens + b)
     prefix = seq_len - ext
     kvh = h // GROUP
-    wide: tl.constexpr = QUANT and Q.dtype.element_ty == tl.bfloat16  # as in the decode kernel
+    wide: tl.constexpr = QUANT and not KV_F16 and Q.dtype.element_ty == tl.bfloat16  # as in decode
     if QUANT:
         qk_scale = sm_scale * tl.load(KScale + kvh) * (WIDEN if wide else 1.0)
         v_scale = tl.load(VScale + kvh) * (WIDEN if wide else 1.0)
@@ -450,6 +513,8 @@ def _extend_kernel(
         mask=m_mask[:, None] & d_mask[None, :],
         other=0.0,
     )  # (BLOCK_M, BLOCK_D)
+    if KV_F16:
+        q = q.to(tl.float16)
     # Keys up to the block's last query (causal); nothing for a block past this request's tokens.
     kv_end = tl.where(mb * BLOCK_M < ext, tl.minimum(seq_len, prefix + (mb + 1) * BLOCK_M), 0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -459,7 +524,8 @@ def _extend_kernel(
     for n0 in range(0, kv_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         n_mask = pos < kv_end
-        page = tl.load(pt_row + pos // PS, mask=n_mask, other=0).to(tl.int64)
+        page_mask = (pos // PS) * PS < kv_end  # as in the decode kernel
+        page = tl.load(pt_row + pos // PS, mask=page_mask, other=0).to(tl.int64)
         slot = page * PS + pos % PS
         kv_off = slot[:, None] * stride_cs + kvh * stride_ch + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
@@ -472,7 +538,10 @@ def _extend_kernel(
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _widen(tl.load(VCache + kv_off, mask=kv_mask, other=0.0), q.dtype, wide)
+        v_ptr = _v_at(VCache, page[:, None], (pos % PS)[:, None], kvh, offs_d[None, :], stride_cs, stride_ch,
+                      stride_vp, D, PS, V_T)  # fmt: skip
+        v_mask = (page_mask if V_T else n_mask)[:, None] & d_mask[None, :]
+        v = _widen(tl.load(v_ptr, mask=v_mask, other=0.0), q.dtype, wide)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
         m_i = m_new
     out = acc * (v_scale / tl.where(l_i > 0, l_i, 1.0))[:, None]
@@ -516,8 +585,9 @@ def extend_attention(
     _extend_kernel[grid](
         q, k_cache, v_cache, out, page_table, q_starts, seq_lens, k_scale, v_scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
-        page_table.stride(0), sm_scale,
+        page_table.stride(0), v_cache.stride(0), sm_scale,
         GROUP=hq // hkv, D=d, BLOCK_D=block_d, PS=page_size, BLOCK_M=block_m, BLOCK_N=block_n,
-        QUANT=quant, IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2,
+        QUANT=quant, KV_F16=_kv_f16(quant, q), V_T=_v_layout(k_cache, v_cache, page_size)[0],
+        IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2,
     )  # fmt: skip
     return out

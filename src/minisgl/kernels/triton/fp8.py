@@ -92,8 +92,8 @@ else:
 
 @triton.jit
 def quantize_fp8(x, scale):
-    """x / scale rounded to float8e4nv, saturating at +-448."""
-    return to_fp8(tl.clamp(x.to(tl.float32) / scale, -FP8_MAX, FP8_MAX))
+    """x / scale rounded to float8e4nv, saturating at +-448 (an IEEE division, as the reference's)."""
+    return to_fp8(tl.clamp(tl.div_rn(x.to(tl.float32), scale), -FP8_MAX, FP8_MAX))
 
 
 @triton.jit
@@ -103,7 +103,7 @@ def _quant_rows_kernel(X, Q, S, k, stride_x, stride_q, stride_s, GROUP: tl.const
     offs = g * GROUP + tl.arange(0, BLOCK)
     mask = (tl.arange(0, BLOCK) < GROUP) & (offs < k)
     x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), 0) / FP8_MAX, _MIN_SCALE)
+    scale = tl.maximum(tl.div_rn(tl.max(tl.abs(x), 0), FP8_MAX), _MIN_SCALE)
     tl.store(Q + row * stride_q + offs, quantize_fp8(x, scale), mask=mask)
     tl.store(S + row * stride_s + g, scale)
 
@@ -207,8 +207,8 @@ def block_matmul(
         raise ValueError(
             f"block_matmul: x {tuple(xq.shape)} / {tuple(xs.shape)}, w {tuple(wq.shape)} / {tuple(ws.shape)}"
         )
-    if bk < 16 or bk & (bk - 1) or xq.stride(1) != 1 or wq.stride(1) != 1:
-        raise ValueError(f"block_matmul: block {block} needs a power-of-two column size >= 16, unit strides")
+    if bk < 32 or bk & (bk - 1) or xq.stride(1) != 1 or wq.stride(1) != 1:
+        raise ValueError(f"block_matmul: block {block} needs a power-of-two column size >= 32, unit strides")
     out = torch.empty(m, n, dtype=out_dtype, device=xq.device)
     if m == 0:
         return out

@@ -122,18 +122,21 @@ def gemv_fp8(
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
     config: GemvConfig = GemvConfig(),
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """`gemv` with an fp8 weight (N, K) and its float32 scales: (N,) per row, or per `block` (bn, bk)
-    (ceil(N / bn), ceil(K / bk)), bk a power of two >= 16 (each step of the loop is one block)."""
+    (ceil(N / bn), ceil(K / bk)), bk a power of two >= 16 (each step of the loop is one block).
+    out_dtype: a new output's (default x's). fp16 x is the fast one: the weight widens to fp16 in one
+    instruction a pair (a bf16 x takes `widen_fp8`'s few more)."""
     n, k = weight.shape
     if block is None:
         if scale.shape != (n,) or scale.dtype != torch.float32:
             raise ValueError(f"gemv_fp8: scale {tuple(scale.shape)} {scale.dtype} for {n} rows")
-        return _launch(x, weight, scale, 1, 1, _block_k(x, k, config), bias, residual, config)
+        return _launch(x, weight, scale, 1, 1, _block_k(x, k, config), bias, residual, config, out_dtype)
     bn, bk = block
     if bk < 16 or bk & (bk - 1) or scale.shape != (triton.cdiv(n, bn), triton.cdiv(k, bk)):
         raise ValueError(f"gemv_fp8: block {block} with scales {tuple(scale.shape)} for ({n}, {k})")
-    return _launch(x, weight, scale, 2, bn, bk, bias, residual, config)
+    return _launch(x, weight, scale, 2, bn, bk, bias, residual, config, out_dtype)
 
 
 def _launch(
@@ -146,13 +149,14 @@ def _launch(
     bias: torch.Tensor | None,
     residual: torch.Tensor | None,
     config: GemvConfig,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
     if m > MAX_ROWS or x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError(f"gemv: x {tuple(x.shape)} against weight {tuple(weight.shape)}")
     if residual is not None and (residual.shape != (m, n) or not residual.is_contiguous()):
         raise ValueError(f"gemv: residual {tuple(residual.shape)} for an output ({m}, {n})")
-    out = x.new_empty(m, n) if residual is None else residual
+    out = x.new_empty(m, n, dtype=out_dtype or x.dtype) if residual is None else residual
     if m == 0:
         return out
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
