@@ -183,8 +183,12 @@ def run(ns: argparse.Namespace) -> None:
     prompts = [[rng.randrange(300, vocab) for _ in range(ns.prompt_len)] for _ in range(ns.prompts)]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir(cfg, Path(tmp) / "m")
-        common = dict(device=ns.device, dummy_weights=True, kv_cache_memory=ns.kv_gib << 30, cuda_graph_max_bs=0,
+        pages = (
+            ns.prompts * (-(-(ns.prompt_len + ns.decode_len + 1) // 16)) + 16
+        )  # every engine's pool holds them all
+        common = dict(device=ns.device, dummy_weights=True, num_pages=pages, page_size=16, cuda_graph_max_bs=0,
                       max_running_requests=max(256, ns.prompts))  # fmt: skip
+
         ref = LLM(str(model_dir), **common)
         kinds = {
             "fp8": ("fp8 weights (per channel, activations per token) + fp8 KV", dict(quantization="fp8", kv_cache_dtype="fp8_e4m3")),
@@ -223,7 +227,6 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--decode-len", type=int, default=32)
     ap.add_argument("--prefill-batch", type=int, default=8, help="prompts per prefill pass")
-    ap.add_argument("--kv-gib", type=int, default=4, help="each engine's KV pool")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--compare", default="fp8,fp32", help="engines against bf16: fp8 (weights + KV), fp8w, kv, fp32"

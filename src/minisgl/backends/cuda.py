@@ -60,9 +60,11 @@ def fp8_gemv_config(x: torch.Tensor, weight: Fp8Weight) -> GemvConfig | None:
         return GemvConfig(64, weight.block[1], 4, 4)
     if n * k < 1 << 22:
         return GemvConfig(16, 512, 4, 3)
-    if k >= 8192:
+    if k >= 8192:  # down
         return GemvConfig(32, 1024, 4, 3)
-    return GemvConfig(64, 512, 4, 3) if n > k else GemvConfig(32, 512, 4, 4)
+    if n >= 4 * k:  # gate/up
+        return GemvConfig(128, 256, 8, 3)
+    return GemvConfig(64, 512, 4, 3) if n > k else GemvConfig(32, 512, 4, 4)  # qkv; o
 
 
 def fp8_matmul(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor | None:
