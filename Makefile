@@ -42,8 +42,8 @@ clean:
 # tests run against each mutant, MUTANTS the functions mutated. Prints the surviving mutants, counted
 # per module. About 20 minutes on 2 cores; mutmut keeps its results in mutants/, so a rerun cut
 # short by MUTATE_TIMEOUT goes on where it stopped (`rm -rf mutants` to start over).
-MUTANTS ?= 'minisgl.engine.sampler.*' 'minisgl.tokenizer.stop.*' 'minisgl.server.protocol.*' \
-	'minisgl.tokenizer.tokenize.x__choice*' 'minisgl.server.frontend.xǁRequestStreamǁnext_chunk*' \
+MUTANTS ?= 'minisgl.engine.sampler.*' 'minisgl.tokenizer.stop.*' 'minisgl.entrypoints.openai.protocol.*' \
+	'minisgl.tokenizer.tokenize.x__choice*' 'minisgl.frontend.stream.xǁRequestStreamǁnext_chunk*' \
 	'minisgl.message.codec.xǁMessageGroupǁ_why*' 'minisgl.message.codec.xǁMessageGroupǁexplain*' \
 	'minisgl.message.codec.xǁMessageGroupǁchecked*' 'minisgl.message.codec.xǁMessageGroupǁdecode*' \
 	'minisgl.message.codec.xǁMessageGroupǁfrom_bytes*'

@@ -37,11 +37,11 @@ class StepLog:
     def __enter__(self) -> StepLog:
         log = self
 
-        def launch(engine: Engine, batch: Any) -> Any:
+        def launch(engine: Engine, batch: Any, pending: Any = None) -> Any:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             t0 = time.perf_counter()
-            out = log._real(engine, batch)
+            out = log._real(engine, batch, pending)
             log.rows.append((batch.is_decode, len(batch.reqs), time.perf_counter() - t0, ev))
             return out
 

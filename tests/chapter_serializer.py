@@ -9,6 +9,7 @@ which is what makes it a fair picture of "generic": one walk, one isinstance cha
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -66,3 +67,35 @@ def pack(obj: Any) -> bytes:
 
 def unpack(classes: dict[str, type], raw: bytes) -> Any:
     return from_tagged(classes, msgpack.unpackb(raw, raw=False))
+
+
+# The chapters' per-token messages, as the chapters define them (three fields each), and their batches;
+# named on the wire as there (`CHAPTER_CLASSES` is the class table that decodes them).
+@dataclass
+class ChapterDetokenizeMsg:
+    uid: int
+    next_token: int
+    finished: bool
+
+
+@dataclass
+class ChapterUserReply:
+    uid: int
+    incremental_output: str
+    finished: bool
+
+
+@dataclass
+class ChapterBatchTokenizerMsg:
+    data: list[Any]
+
+
+@dataclass
+class ChapterBatchFrontendMsg:
+    data: list[Any]
+
+
+_CHAPTER = [ChapterDetokenizeMsg, ChapterUserReply, ChapterBatchTokenizerMsg, ChapterBatchFrontendMsg]
+for _cls in _CHAPTER:
+    _cls.__name__ = _cls.__name__.removeprefix("Chapter")
+CHAPTER_CLASSES: dict[str, type] = {cls.__name__: cls for cls in _CHAPTER}

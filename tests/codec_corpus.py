@@ -9,6 +9,9 @@ same. It was made by running this file against that commit's package:
 Since then SamplingParams gained `grammar` and TokenizeMsg `tools` (structured output and tools):
 the 107 entries that carry them were rewritten by the same command on today's package, where
 `golden()` first checks each message's bytes against msgpack of its reference `encoder()` dict.
+Issue 24 took the per-token messages' rare fields off a plain token's bytes (DetokenizeMsg and
+UserReply leave out what holds its default, the rare fields grouped in an optional `extra`): the 80
+entries that carry one of the two were rewritten the same way, and two entries were added.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from minisgl.message import (
     BatchBackendMsg,
     BatchFrontendMsg,
     BatchTokenizerMsg,
+    DetokenizeExtra,
     DetokenizeMsg,
     ErrorMsg,
     ExitMsg,
@@ -36,6 +40,7 @@ from minisgl.message import (
     TokenizeMsg,
     UserMsg,
     UserReply,
+    UserReplyExtra,
 )
 
 # where msgpack switches between formats: fixint/uint8/16/32/64, negative fixint/int8/16/32/64
@@ -96,18 +101,20 @@ def corpus() -> dict[str, Any]:
         msgs[f"UserMsg tensor {name}"] = UserMsg(3, t, params["chapter"])
     for i, s in enumerate(STRINGS):
         msgs[f"TokenizeMsg text {i}"] = TokenizeMsg(4, s, params["default"], n=3)
-        msgs[f"UserReply text {i}"] = UserReply(5, s, i % 2 == 0, "stop", 1, 2, s, 3)
+        msgs[f"UserReply text {i}"] = UserReply(5, s, i % 2 == 0, "stop", 1, 2, s, UserReplyExtra(3))
         msgs[f"ErrorMsg {i}"] = ErrorMsg(6, s)
-        msgs[f"DetokenizeMsg reason {i}"] = DetokenizeMsg(7, 8, True, s, 9)
+        msgs[f"DetokenizeMsg reason {i}"] = DetokenizeMsg(7, 8, True, s, DetokenizeExtra(9))
     msgs["TokenizeMsg chat"] = TokenizeMsg(
         8, [{"role": "user", "content": "你好"}, {"role": "system", "content": ""}], params["default"]
     )
     msgs["TokenizeMsg ids"] = TokenizeMsg(9, [0, 1, 2**31, 2**63 - 1], params["default"])
     msgs["TokenizeMsg empty ids"] = TokenizeMsg(10, [], params["default"])
     for v in INTS:
-        msgs[f"ints {v}"] = BatchTokenizerMsg([DetokenizeMsg(v, v, False, "", v), AbortMsg(v)])
+        msgs[f"ints {v}"] = BatchTokenizerMsg(
+            [DetokenizeMsg(v, v, False, "", DetokenizeExtra(v)), AbortMsg(v)]
+        )
         msgs[f"AbortBackendMsg {v}"] = AbortBackendMsg(v)
-        msgs[f"UserReply ints {v}"] = UserReply(v, "", False, "", v, v, "", v)
+        msgs[f"UserReply ints {v}"] = UserReply(v, "", False, "", v, v, "", UserReplyExtra(v))
     msgs["ExitMsg"] = ExitMsg()
     for n in LENGTHS:
         msgs[f"BatchTokenizerMsg {n}"] = BatchTokenizerMsg(
@@ -139,21 +146,24 @@ def _since_logprobs() -> dict[str, Any]:
     """The fields and classes added with logprobs, penalties and data parallelism (main 8779c94)."""
     msgs: dict[str, Any] = {}
     for i, v in enumerate(FLOATS):
-        msgs[f"DetokenizeMsg logprob {i}"] = DetokenizeMsg(1, 2, False, logprob=v, top_logprobs=[v, -v])
+        extra = DetokenizeExtra(logprob=v, top_logprobs=[v, -v])
+        msgs[f"DetokenizeMsg logprob {i}"] = DetokenizeMsg(1, 2, False, extra=extra)
     msgs["DetokenizeMsg prompt logprobs"] = DetokenizeMsg(
         1,
         2,
         True,
         "stop",
-        3,
-        13,
-        -0.25,
-        [4, 5],
-        [-0.5, -2.5],
-        [6, 7, 8],
-        [-1.0, -2.0],
-        [[9], [10, 11]],
-        [[-0.75], [-1.5, -3.0]],
+        DetokenizeExtra(
+            3,
+            13,
+            -0.25,
+            [4, 5],
+            [-0.5, -2.5],
+            [6, 7, 8],
+            [-1.0, -2.0],
+            [[9], [10, 11]],
+            [[-0.75], [-1.5, -3.0]],
+        ),
     )
     msgs["UserReply logprobs"] = UserReply(
         1,
@@ -163,18 +173,23 @@ def _since_logprobs() -> dict[str, Any]:
         1,
         2,
         "",
-        0,
-        13,
-        "prompt",
-        [b"a", b"\xff"],
-        [-0.5],
-        [[b"a", b"b"]],
-        [[-0.5, -1.0]],
-        [b"x", b""],
-        [-2.0],
-        [[b""]],
-        [[0.0]],
+        UserReplyExtra(
+            0,
+            13,
+            "prompt",
+            [b"a", b"\xff"],
+            [-0.5],
+            [[b"a", b"b"]],
+            [[-0.5, -1.0]],
+            [b"x", b""],
+            [-2.0],
+            [[b""]],
+            [[0.0]],
+        ),
     )
+    # Per-token messages leave out what holds its default (issue 24), an extra of defaults included.
+    msgs["DetokenizeMsg extra of defaults"] = DetokenizeMsg(1, 2, False, extra=DetokenizeExtra())
+    msgs["UserReply extra of defaults"] = UserReply(1, "a", False, extra=UserReplyExtra())
     msgs["TokenizeMsg flags"] = TokenizeMsg(1, "hi", SamplingParams(), 2, 3, False, True, True)
     for v in INTS:
         msgs[f"LoadMsg {v}"] = LoadMsg(v, v, v)

@@ -14,11 +14,20 @@ import httpx
 import pytest
 from starlette.requests import Request
 
-from minisgl.message import AbortMsg, BaseTokenizerMsg, BatchTokenizerMsg, TokenizeMsg, UserReply
-from minisgl.server import api_server
-from minisgl.server.api_server import APIError, ServerState, create_app
-from minisgl.server.frontend import FrontendManager
-from minisgl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from minisgl.entrypoints.openai import chat, completions, generate, health
+from minisgl.entrypoints.openai.app import create_app
+from minisgl.entrypoints.openai.errors import APIError
+from minisgl.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from minisgl.entrypoints.openai.state import ServerState
+from minisgl.frontend.manager import FrontendManager
+from minisgl.message import (
+    AbortMsg,
+    BaseTokenizerMsg,
+    BatchTokenizerMsg,
+    TokenizeMsg,
+    UserReply,
+    UserReplyExtra,
+)
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.anyio]
 
@@ -75,7 +84,7 @@ class FakeWorkers:
             reason = ("length" if length else "stop") if done else ""
             cached = len(prompt.split()) // 2
             self.out.put_nowait(
-                UserReply(uid, piece, done, reason, completion_tokens=k, cached_tokens=cached)
+                UserReply(uid, piece, done, reason, completion_tokens=k, extra=UserReplyExtra(cached))
             )
             if done:
                 return
@@ -341,7 +350,7 @@ async def test_health_models_metrics(api) -> None:
 
 
 def test_histogram_buckets_are_cumulative_and_inclusive() -> None:
-    from minisgl.server.metrics import ServerMetrics
+    from minisgl.frontend.metrics import ServerMetrics
 
     m = ServerMetrics()
     m.ttft.observe(0.001)  # on a bound: counted in that bucket (le = less or equal)
@@ -379,25 +388,25 @@ async def alone():
 
 async def test_health_models_and_metrics_routes_alone(alone) -> None:
     state, _ = alone
-    assert await api_server.models(state) == {
+    assert await health.models(state) == {
         "object": "list",
         "data": [
             {"id": "smol", "object": "model", "created": 7, "owned_by": "minisgl", "max_model_len": 2048}
         ],
     }
-    r = await api_server.health(state)
+    r = await health.health(state)
     assert (r.status_code, json.loads(r.body)) == (200, {"status": "ok"})
     state.status, state.detail = "unhealthy", "rank 1 died"
-    r = await api_server.health(state)
+    r = await health.health(state)
     assert (r.status_code, json.loads(r.body)) == (503, {"status": "unhealthy", "detail": "rank 1 died"})
-    r = await api_server.metrics(state)
+    r = await health.metrics(state)
     assert r.media_type.startswith("text/plain") and b"minisgl_num_requests_waiting 0.0" in r.body
 
 
 async def test_generate_and_completions_routes_alone(alone) -> None:
     state, workers = alone
     body = GenerateRequest(prompt="a b c", stream=False, max_tokens=3)
-    r = await api_server.generate(body, bare_request(), state)
+    r = await generate.generate(body, bare_request(), state)
     assert json.loads(r.body) == {
         "text": "echo: a b ",
         "finish_reason": "length",
@@ -407,10 +416,10 @@ async def test_generate_and_completions_routes_alone(alone) -> None:
     }
     assert workers.received[-1].sampling_params.temperature == 0.0  # /generate's default: greedy
     body = CompletionRequest(prompt="x y", stream=True, stream_options={"include_usage": True})
-    r = await api_server.completions(body, bare_request(), state)
+    r = await completions.completions(body, bare_request(), state)
     events = sse_events(b"".join([chunk async for chunk in r.body_iterator]).decode())
     assert "".join(e["choices"][0]["text"] for e in events[:-1]) == "echo: x y "
     assert events[-1]["usage"]["total_tokens"] == 2 + 3 and not state.manager.streams
     with pytest.raises(APIError) as e:
-        await api_server.chat(ChatCompletionRequest(**chat_body(model="gpt-9")), bare_request(), state)
+        await chat.chat(ChatCompletionRequest(**chat_body(model="gpt-9")), bare_request(), state)
     assert (e.value.status, e.value.code) == (404, "model_not_found") and len(workers.received) == 2

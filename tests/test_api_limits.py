@@ -10,8 +10,10 @@ import httpx
 import pytest
 
 from minisgl.core import SamplingParams
-from minisgl.server.api_server import ServerState, create_app
-from minisgl.server.frontend import FrontendManager, RequestError
+from minisgl.entrypoints.openai.app import create_app
+from minisgl.entrypoints.openai.state import ServerState
+from minisgl.frontend.errors import RequestError
+from minisgl.frontend.manager import FrontendManager
 from test_api_app import FakeWorkers, assert_openai_error, chat_body
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.anyio]
@@ -110,7 +112,7 @@ async def test_lone_surrogates_are_400_everywhere_they_enter(api, path: str, raw
 
 
 async def test_an_error_that_echoes_a_surrogate_is_still_sent() -> None:
-    from minisgl.server.api_server import error_response
+    from minisgl.entrypoints.openai.errors import error_response
 
     r = error_response(404, "no model '\ud800'", param="\udfff", code="x\ud800")
     body = json.loads(r.body)

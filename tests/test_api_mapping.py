@@ -9,9 +9,10 @@ import httpx
 import pytest
 
 from minisgl.core import SamplingParams
+from minisgl.entrypoints.openai.app import create_app
+from minisgl.entrypoints.openai.state import ServerState
+from minisgl.frontend.manager import FrontendManager
 from minisgl.message import BaseBackendMsg, TokenizeMsg, UserMsg
-from minisgl.server.api_server import ServerState, create_app
-from minisgl.server.frontend import FrontendManager
 from minisgl.tokenizer.tokenize import ModelLimits, TokenizeManager
 from test_api_app import FakeWorkers, sse_events
 

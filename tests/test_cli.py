@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from minisgl.__main__ import build_parser, main
-from minisgl.server.args import ServerArgs, args_from_namespace
+from minisgl.cli.main import build_parser, main
+from minisgl.launch.args import ServerArgs, args_from_namespace
 
 
 def test_python_dash_m_help_lists_the_commands() -> None:
@@ -83,6 +83,11 @@ def test_serve_options_map_to_server_args() -> None:
         (["serve", "--device", "tpu"], "invalid choice"),
         (["serve", "--port", "many"], "invalid int value"),
         (["serve", "--cache-type", "lru"], "invalid choice"),
+        (["serve", "--watchdog-timeout", "-1"], "--watchdog-timeout must be >= 0 (0: off)"),
+        (["serve", "--stall-timeout", "nan"], "--stall-timeout must be >= 0 (0: off)"),
+        (["serve", "--request-timeout", "0"], "--request-timeout must be > 0"),
+        (["serve", "--max-connections", "-2"], "--max-connections must be >= 0 (0: no cap)"),
+        (["serve", "--read-timeout", "0"], "--read-timeout must be > 0"),
     ],
 )
 def test_bad_serve_options_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

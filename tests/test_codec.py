@@ -3,7 +3,9 @@ chapter's serializer, strict errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import chapter_serializer
+from chapter_serializer import ChapterDetokenizeMsg, ChapterUserReply
 from codec_corpus import corpus, fingerprint
 from minisgl.core import SamplingParams
 from minisgl.message import (
@@ -25,6 +28,7 @@ from minisgl.message import (
     BatchBackendMsg,
     BatchFrontendMsg,
     BatchTokenizerMsg,
+    DetokenizeExtra,
     DetokenizeMsg,
     ErrorMsg,
     ExitMsg,
@@ -32,6 +36,7 @@ from minisgl.message import (
     TokenizeMsg,
     UserMsg,
     UserReply,
+    UserReplyExtra,
     backend,
     codec,
     frontend,
@@ -50,9 +55,36 @@ CHAPTER_MAP = {
     name: getattr(mod, name)
     for mod in (tokenizer, backend, frontend)
     for name in dir(mod)
-    if name.endswith(("Msg", "Reply"))
+    if name.endswith(("Msg", "Reply", "Extra"))
 }
 CHAPTER_MAP["SamplingParams"] = SamplingParams
+
+
+def lean(value: Any) -> Any:
+    """The chapter's dict of a message, less the fields that hold their default in the classes that
+    leave those off the wire (`omit_defaults`): what our codec writes."""
+    if isinstance(value, list):
+        return [lean(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    cls = CHAPTER_MAP.get(value.get("__type__"))
+    defaults = {}
+    if cls is not None and getattr(cls, "omit_defaults", False):
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                defaults[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                defaults[f.name] = f.default_factory()
+    return {
+        k: lean(v)
+        for k, v in value.items()
+        if not (k in defaults and type(v) is type(defaults[k]) and v == defaults[k])
+    }
+
+
+def chapter_bytes(msg: Any) -> bytes:
+    """What the chapter's serializer writes for `msg`, less the defaults we leave out."""
+    return msgpack.packb(lean(chapter_serialize(msg)), use_bin_type=True)
 
 
 # -- equality that understands tensors ------------------------------------------------------------
@@ -87,6 +119,7 @@ EXAMPLES: list[tuple[Any, Any]] = [
     (BaseTokenizerMsg, TokenizeMsg(4, [], sp())),
     (BaseTokenizerMsg, DetokenizeMsg(5, 42, True, "stop")),
     (BaseTokenizerMsg, DetokenizeMsg(6, 0, False)),
+    (BaseTokenizerMsg, DetokenizeMsg(6, 3, True, "stop", DetokenizeExtra(5, 3, -0.5, [3, 4], [-0.5, -2.0]))),
     (BaseTokenizerMsg, AbortMsg(7)),
     (BaseTokenizerMsg, ErrorMsg(8, "prompt too long")),
     (
@@ -102,6 +135,7 @@ EXAMPLES: list[tuple[Any, Any]] = [
     (BaseBackendMsg, BatchBackendMsg([BatchBackendMsg([ExitMsg(), user(14, [2, 3])]), AbortBackendMsg(1)])),
     (BaseFrontendMsg, UserReply(15, "Hello", False)),
     (BaseFrontendMsg, UserReply(16, "", True, "length", 3, 4, "")),
+    (BaseFrontendMsg, UserReply(16, "a", True, "stop", 0, 4, "", UserReplyExtra(2, 7, "p", [b"a"], [-1.0]))),
     (BaseFrontendMsg, BatchFrontendMsg([UserReply(i, "é" * i, i == 1) for i in range(2)])),
 ]
 
@@ -137,7 +171,7 @@ def test_bytes_equal_those_of_the_codec_before(name: str) -> None:
     base = next(b for b in BASES if isinstance(msg, b))
     assert base.from_bytes(raw).to_bytes() == raw  # and back (NaN != NaN, so compared as bytes)
     if all(t.dim() == 1 and t.dtype != torch.bfloat16 for t in _tensors_in(msg)):  # what the chapter sends
-        assert msgpack.packb(chapter_serialize(msg), use_bin_type=True) == raw
+        assert chapter_bytes(msg) == raw
 
 
 def _tensors_in(msg: Any) -> list[torch.Tensor]:
@@ -216,9 +250,43 @@ INTEROP += [
 
 @pytest.mark.parametrize("base,msg", INTEROP, ids=lambda x: type(x).__name__)
 def test_chapter_bytes_decode_here(base: Any, msg: Any) -> None:
-    raw = msgpack.packb(chapter_serialize(msg), use_bin_type=True)
-    assert raw == msg.to_bytes()  # the same bytes, in fact
+    raw = msgpack.packb(chapter_serialize(msg), use_bin_type=True)  # every field, defaults too
     assert same(base.from_bytes(raw), msg)
+    assert chapter_bytes(msg) == msg.to_bytes()  # and ours are the same, less the defaults
+
+
+@pytest.mark.parametrize("uid", [0, 127, 65536, 2**32 - 1, 2**63 - 1])
+@pytest.mark.parametrize("token", [0, 200, 151_935])
+@pytest.mark.parametrize("finished", [False, True])
+def test_a_plain_token_is_the_chapters_message(uid: int, token: int, finished: bool) -> None:
+    """A token without rare fields has exactly the bytes the chapter's serializer writes for the
+    chapter's three-field DetokenizeMsg (at most 60 of them for a uid below 2**32), both ways."""
+    ours, theirs = DetokenizeMsg(uid, token, finished), ChapterDetokenizeMsg(uid, token, finished)
+    raw = ours.to_bytes()
+    assert raw == chapter_serializer.pack(theirs)
+    assert uid >= 2**32 or len(raw) <= 60
+    assert BaseTokenizerMsg.from_bytes(raw) == ours
+    assert chapter_serializer.unpack({"DetokenizeMsg": ChapterDetokenizeMsg}, raw) == theirs
+    text = "é" * (token % 40)
+    reply, chapter_reply = UserReply(uid, text, finished), ChapterUserReply(uid, text, finished)
+    assert reply.to_bytes() == chapter_serializer.pack(chapter_reply)
+    assert BaseFrontendMsg.from_bytes(reply.to_bytes()) == reply
+
+
+def test_rare_fields_travel_in_extra_only_when_set() -> None:
+    assert "extra" not in DetokenizeMsg(1, 2, True, "stop").encoder()
+    msg = DetokenizeMsg(1, 2, True, "stop", DetokenizeExtra(cached_tokens=48))
+    assert msg.encoder()["extra"] == {"__type__": "DetokenizeExtra", "cached_tokens": 48}
+    assert BaseTokenizerMsg.from_bytes(msg.to_bytes()) == msg
+    reply = UserReply(1, "", False, prompt_tokens=3, extra=UserReplyExtra(prompt_text="hi"))
+    assert reply.encoder() == {
+        "__type__": "UserReply",
+        "uid": 1,
+        "incremental_output": "",
+        "finished": False,
+        "prompt_tokens": 3,
+        "extra": {"__type__": "UserReplyExtra", "prompt_text": "hi"},
+    }
 
 
 @pytest.mark.parametrize("base,msg", INTEROP, ids=lambda x: type(x).__name__)
@@ -275,6 +343,9 @@ SP_OK = {
 }
 
 
+_DETOK = {"__type__": "DetokenizeMsg", "uid": 1, "next_token": 2, "finished": True}
+
+
 def user_dict(**over: Any) -> dict:
     d = {"__type__": "UserMsg", "uid": 1, "input_ids": dict(T_OK), "sampling_params": dict(SP_OK)}
     d.update(over)
@@ -325,6 +396,48 @@ BAD: list[tuple[str, Any, Any, str]] = [
         BaseTokenizerMsg,
         {"__type__": "DetokenizeMsg", "uid": 1, "next_token": 2, "finished": 1},
         r"DetokenizeMsg\.finished: expected bool",
+    ),
+    (
+        "extra wrong field type",
+        BaseTokenizerMsg,
+        {**_DETOK, "extra": {"__type__": "DetokenizeExtra", "logprob": "x"}},
+        r"DetokenizeMsg\.extra\.logprob: expected float \| None, got str",
+    ),
+    (
+        "extra unknown field",
+        BaseTokenizerMsg,
+        {**_DETOK, "extra": {"__type__": "DetokenizeExtra", "logprobs": [1.0]}},
+        r"DetokenizeMsg\.extra: unexpected field\(s\) 'logprobs'",
+    ),
+    (
+        "extra not a map",
+        BaseTokenizerMsg,
+        {**_DETOK, "extra": [1]},
+        r"DetokenizeMsg\.extra: expected a map, got list",
+    ),
+    (
+        "extra of another class",
+        BaseFrontendMsg,
+        {
+            "__type__": "UserReply",
+            "uid": 1,
+            "incremental_output": "",
+            "finished": True,
+            "extra": {"__type__": "DetokenizeExtra"},
+        },
+        r"UserReply\.extra: expected __type__ 'UserReplyExtra', got 'DetokenizeExtra'",
+    ),
+    (
+        "extra at top",
+        BaseTokenizerMsg,
+        {"__type__": "DetokenizeExtra"},
+        r"unknown tokenizer message type 'DetokenizeExtra'",
+    ),
+    (
+        "rare field outside extra",
+        BaseTokenizerMsg,
+        {**_DETOK, "cached_tokens": 3},
+        r"DetokenizeMsg: unexpected field\(s\) 'cached_tokens'",
     ),
     (
         "bytes for str",
@@ -621,7 +734,7 @@ def test_random_messages_round_trip_byte_exact(msgs: list) -> None:
     batch = BatchTokenizerMsg(msgs)
     raw = batch.to_bytes()
     assert raw == msgpack.packb(batch.encoder(), use_bin_type=True)
-    assert raw == msgpack.packb(chapter_serialize(batch), use_bin_type=True)
+    assert raw == chapter_bytes(batch)
     assert BaseTokenizerMsg.from_bytes(raw) == batch
     for m in msgs:
         assert BaseTokenizerMsg.from_bytes(m.to_bytes()) == m
@@ -690,3 +803,27 @@ def test_a_bug_in_the_decoder_raises_it(monkeypatch: pytest.MonkeyPatch) -> None
         BaseBackendMsg.from_bytes(raw)
     monkeypatch.undo()
     assert same(BaseBackendMsg.from_bytes(raw), user(3, [1, 2]))
+
+
+@dataclass
+class BaseClashMsg(codec.Message, group="clash"):
+    pass
+
+
+@dataclass
+class ClashRecord:
+    n: int
+
+
+@dataclass
+class ClashHolder(BaseClashMsg):
+    inner: ClashRecord
+
+
+ClashRecord.__name__ = "ClashHolder"  # a record with the name of one of its group's messages
+
+
+def test_a_record_named_like_a_message_is_refused() -> None:
+    """A dataclass in a field is tagged with its class name, so it must not be one of the group's."""
+    with pytest.raises(TypeError, match="record 'ClashHolder' has the name of a clash message"):
+        ClashHolder(ClashRecord(1)).to_bytes()

@@ -16,8 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from fuzzing import check_http_response, http_request
-from minisgl.server.api_server import ServerState, create_app
-from minisgl.server.frontend import FrontendManager
+from minisgl.entrypoints.openai.app import create_app
+from minisgl.entrypoints.openai.state import ServerState
+from minisgl.frontend.manager import FrontendManager
 from test_api_app import FakeWorkers
 
 pytestmark = pytest.mark.timeout(900)

@@ -9,8 +9,7 @@ import json
 import pytest
 import torch
 
-from minisgl.grammar import GrammarCompiler, GrammarError, apply_bitmask, json_schema_grammar, lark_grammar
-from minisgl.server.tools import (
+from minisgl.entrypoints.openai.tools import (
     ToolFormat,
     ToolOutput,
     choose_parser,
@@ -19,6 +18,14 @@ from minisgl.server.tools import (
     parse_llama3_json,
     parse_required,
     required_schema,
+)
+from minisgl.grammar import (
+    GRAMMAR_REFUSED,
+    GrammarCompiler,
+    GrammarError,
+    apply_bitmask,
+    json_schema_grammar,
+    lark_grammar,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -126,7 +133,7 @@ def test_the_llm_keeps_to_the_grammar_beside_free_requests() -> None:
     # a grammar that does not compile is refused, and the LLM goes on
     bad = SamplingParams(max_tokens=2, grammar='{"grammars": [{"lark_grammar": "start: nope"}]}')
     [out] = llm.generate(["x"], bad)
-    assert out["finish_reason"] == "error" and "grammar does not compile" in out["error"]
+    assert out["finish_reason"] == "error" and out["error"].startswith(GRAMMAR_REFUSED)
     assert llm.generate(["x"], SamplingParams(temperature=0, max_tokens=2))[0]["token_ids"]
 
 
@@ -232,7 +239,7 @@ def test_auto_stream_sends_content_and_holds_calls() -> None:
 
 
 def test_named_stream_sends_the_name_then_the_arguments() -> None:
-    out = ToolOutput("f")
+    out = ToolOutput("function", function="f")
     deltas, reason = _stream(out, ['{"a"', ": 1}"])
     assert deltas[0]["tool_calls"][0]["function"] == {"name": "f", "arguments": ""}
     args = "".join(d["tool_calls"][0]["function"].get("arguments", "") for d in deltas)
@@ -240,7 +247,7 @@ def test_named_stream_sends_the_name_then_the_arguments() -> None:
     assert [(c.name, c.arguments, c.id) for c in out.calls] == [
         ("f", '{"a": 1}', deltas[0]["tool_calls"][0]["id"])
     ]
-    _, reason = _stream(ToolOutput("f"), ['{"a"'], "length")
+    _, reason = _stream(ToolOutput("function", function="f"), ['{"a"'], "length")
     assert reason == "length"
 
 
@@ -250,3 +257,48 @@ def test_required_stream_sends_the_calls_at_the_end() -> None:
     assert reason == "tool_calls" and all("content" not in d for d in deltas)
     [calls] = [d["tool_calls"] for d in deltas]
     assert [(c["index"], c["function"]["name"]) for c in calls] == [(0, "f"), (1, "g")]
+
+
+def test_one_compile_serves_every_request_with_that_grammar(compiler, tokenizer) -> None:
+    """The cache: the same grammar text compiles once (the `n` choices of a request, a schema sent
+    again), and each request gets its own matcher."""
+    before = compiler.num_compiles
+    grammar = json_schema_grammar({**DIGITS, "title": "cached"})
+    futures = [compiler.submit(grammar) for _ in range(16)]
+    assert all(f is futures[0] for f in futures) and compiler.num_compiles == before + 1
+    a, b = (compiler.matcher(f) for f in futures[:2])
+    a.advance(tokenizer.encode('{"n": 1}', add_special_tokens=False))
+    assert a.is_done and not b.is_done and b.consumed == 0  # copies: one's progress is not the other's
+    compiler.compile(json_schema_grammar({**DIGITS, "title": "another"}))  # other text: compiled
+    assert compiler.num_compiles == before + 2
+
+
+def test_a_grammar_that_breaks_while_sampling_ends_the_llms_request_with_an_error() -> None:
+    """3,000 optional properties compile, then the step after "{" needs more than llguidance's
+    50,000 Earley items: the request ends with "error" and the reason, not a truncated "stop"."""
+    from minisgl import LLM, SamplingParams
+
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(3000)}}
+    llm = LLM(device="cpu", max_seq_len=256)
+    held = SamplingParams(temperature=0, max_tokens=20, grammar=json_schema_grammar(schema, check=False))
+    free = SamplingParams(temperature=0, max_tokens=5)
+    broken, other = llm.generate(["JSON:", "Hello"], [held, free])
+    assert broken["finish_reason"] == "error" and "Too many items" in broken["error"]
+    assert broken["error"].startswith(GRAMMAR_REFUSED) and len(broken["error"]) < 400
+    assert broken["text"].startswith("{")
+    assert other["finish_reason"] == "length" and len(other["token_ids"]) == 5
+
+
+@pytest.mark.slow
+def test_tp3_gives_tp1s_tokens_with_grammars() -> None:
+    """Three ranks compile on their own threads and admit each grammar request in the same step, so
+    tp=3 gives tp=1's tokens for a mix of grammar and free requests (the embedded model's 9 heads)."""
+    from minisgl import LLM, SamplingParams
+
+    prompts = ["A number as JSON:", "Tell me a joke.", "Another number:", "Hi"]
+    held = SamplingParams(temperature=0, max_tokens=16, grammar=json_schema_grammar(DIGITS))
+    free = SamplingParams(temperature=0, max_tokens=8)
+    params = [held, free, held, free]
+    expected = [r["token_ids"] for r in LLM(device="cpu", max_seq_len=256).generate(prompts, params)]
+    with LLM(device="cpu", max_seq_len=256, tp=3) as llm:
+        assert [r["token_ids"] for r in llm.generate(prompts, params)] == expected

@@ -192,11 +192,11 @@ BOOL_FOR_INT = [
                     "uid": 1,
                     "next_token": 2,
                     "finished": True,
-                    "cached_tokens": True,
+                    "extra": {"__type__": "DetokenizeExtra", "cached_tokens": True},
                 }
             ],
         },
-        "BatchTokenizerMsg.data[0].cached_tokens",
+        "BatchTokenizerMsg.data[0].extra.cached_tokens",
     ),
     (
         BaseTokenizerMsg,

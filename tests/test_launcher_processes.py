@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from minisgl.server.processes import ProcessGroup, StartupError
+from minisgl.launch.processes import ProcessGroup, StartupError
 from minisgl.utils.handshake import send_status
 
 pytestmark = pytest.mark.timeout(60)

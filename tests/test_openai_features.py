@@ -69,6 +69,25 @@ def test_completion_logprobs_match_the_model(client, reference) -> None:
     assert "".join(got.tokens) == r.choices[0].text
 
 
+def test_logprobs_of_a_sampled_token_that_is_not_the_most_likely(client, reference) -> None:
+    """Sampling (temperature 1) with a bias that forces a token far from the most likely one: the
+    logprob reported is the raw log-softmax at the sampled token, not at the top one (the tests
+    above sample greedily, where the two agree), in the completions and in the chat shape."""
+    ids, lp = reference
+    p = len(ids) - N
+    row, forced = lp[p - 1], 1234
+    assert int(row.argmax()) != forced and float(row.max() - row[forced]) > 1.0
+    kw = dict(model="smol", max_tokens=1, temperature=1.0, seed=1, logit_bias={str(forced): 100})
+    got = client.completions.create(**kw, prompt=ids[:p], logprobs=3).choices[0].logprobs
+    assert got.token_logprobs[0] == pytest.approx(float(row[forced]), abs=2e-3)
+    assert list(got.top_logprobs[0].values()) == pytest.approx(row.topk(3).values.tolist(), abs=2e-3)
+    messages = [{"role": "user", "content": "Say hello."}]
+    chat = client.chat.completions.create(**kw, messages=messages, logprobs=True, top_logprobs=1)
+    [token] = chat.choices[0].logprobs.content
+    assert token.token == got.tokens[0]  # the forced token here too
+    assert token.logprob < token.top_logprobs[0].logprob - 1.0  # its own value, not the top one's
+
+
 def test_echo_gives_the_prompt_and_its_logprobs(client, reference) -> None:
     ids, lp = reference
     p = len(ids) - N

@@ -198,7 +198,7 @@ def child_ignores_sigterm(conn) -> None:
 
 def fake_launcher(ipc_dir: str) -> None:
     """A launcher stand-in (run in its own process): two children, then wait to be killed."""
-    from minisgl.server.processes import ProcessGroup
+    from minisgl.launch.processes import ProcessGroup
 
     group = ProcessGroup(ipc_dir, parent_death_grace_s=1.0)
     kids = [group.spawn("sleeper", child_sleeps), group.spawn("stubborn", child_ignores_sigterm)]

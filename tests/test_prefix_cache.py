@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from minisgl import LLM, SamplingParams
 from minisgl.distributed import DistributedInfo
 from minisgl.kernels.triton import triton_available
-from minisgl.message import AbortBackendMsg, BaseTokenizerMsg, DetokenizeMsg, UserMsg
+from minisgl.message import AbortBackendMsg, BaseTokenizerMsg, DetokenizeExtra, DetokenizeMsg, UserMsg
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.scheduler.scheduler import Scheduler
 from minisgl.tokenizer.detokenize import DetokenizeManager
@@ -276,7 +276,9 @@ def test_abort_mid_prefill_leaves_what_returned_in_the_cache(model_dir: Path, ov
     assert _no_request_pages(s)
     s.submit(2, prompt, 5)
     s.drain()
-    assert [m.cached_tokens for m in s.replies(2)] == [returned] * 5
+    first, *rest = s.replies(2)
+    assert first.extra == DetokenizeExtra(cached_tokens=returned)  # the usage rides on the first token
+    assert [m.extra for m in rest] == [None] * 4  # the others are plain
 
 
 def test_overlap_caches_only_what_returned_steps_computed(model_dir: Path) -> None:
@@ -400,8 +402,8 @@ def test_old_detokenize_bytes_decode_and_cached_tokens_reach_the_reply() -> None
         {"__type__": "DetokenizeMsg", "uid": 3, "next_token": 9, "finished": True, "finish_reason": "stop"}
     )
     msg = BaseTokenizerMsg.from_bytes(old)
-    assert msg == DetokenizeMsg(3, 9, True, "stop") and msg.cached_tokens == 0
-    new = DetokenizeMsg(4, 9, True, "stop", cached_tokens=48)
+    assert msg == DetokenizeMsg(3, 9, True, "stop") and msg.extra is None
+    new = DetokenizeMsg(4, 9, True, "stop", DetokenizeExtra(cached_tokens=48))
     assert BaseTokenizerMsg.from_bytes(new.to_bytes()) == new
 
     class Tok:
@@ -409,4 +411,4 @@ def test_old_detokenize_bytes_decode_and_cached_tokens_reach_the_reply() -> None
             return "".join(chr(97 + i % 26) for i in ids)
 
     reply = DetokenizeManager(Tok()).detokenize(new)
-    assert reply.cached_tokens == 48 and reply.finished
+    assert reply.extra is not None and reply.extra.cached_tokens == 48 and reply.finished

@@ -21,10 +21,10 @@ import jsonschema
 import pytest
 
 import test_api_app
+from minisgl.entrypoints.openai.responses.output import ResponseBuilder, response_usage
+from minisgl.entrypoints.openai.tools import ToolFormat, ToolOutput
+from minisgl.frontend.chunk import Chunk
 from minisgl.message import UserReply
-from minisgl.server.frontend import Chunk
-from minisgl.server.responses_output import ResponseBuilder, response_usage
-from minisgl.server.tools import ToolFormat, ToolOutput
 from test_api_app import anyio_backend, assert_openai_error  # noqa: F401 (a fixture)
 from test_server import ServerProcess, openai_client, served
 
@@ -269,13 +269,18 @@ async def test_text_formats_and_logprobs_reach_the_sampler(api) -> None:
 
 @pytest.mark.anyio
 async def test_error_mid_stream_ends_with_an_error_event(api) -> None:
+    """A request that fails after some output: an error event, then response.failed saying why."""
     task = asyncio.create_task(api.post("/v1/responses", json={"input": "FOREVER", "stream": True}))
     while not any(s.completion_tokens for s in api.state.manager.streams.values()):
         await asyncio.sleep(0.01)
     [stream] = api.state.manager.streams.values()
     stream.push(UserReply(stream.uid, "", True, "error", error="the worker failed"))
     events = events_of((await task).text)
-    assert events[-1]["type"] == "error" and events[-1]["message"] == "the worker failed"
+    error, failed = events[-2:]
+    assert error["type"] == "error" and error["message"] == "the worker failed"
+    assert error["code"] == "server_error"
+    assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
+    assert failed["response"]["error"] == {"code": "server_error", "message": "the worker failed"}
     assert "response.output_text.delta" in [e["type"] for e in events]
 
 

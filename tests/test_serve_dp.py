@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -40,19 +41,48 @@ def dp_server():
     assert server.orphans == []
 
 
+def _served_by(url: str, n: int) -> list[str]:
+    """Open `n` long streams at once, each until its first token, then close them all: the scheduler
+    that held each logs its abort. Returns the first data line of each (the requests ran)."""
+    body = {"prompt": "hello", "max_tokens": 5000, "ignore_eos": True, "stream": True}
+    all_started = threading.Barrier(n + 1)
+
+    def one(_: int) -> str:
+        with httpx.Client(timeout=60) as c, c.stream("POST", url + "/v1/completions", json=body) as r:
+            first = next(line for line in r.iter_lines() if line)
+            all_started.wait(60)  # every stream runs before any is closed
+            return first
+
+    with ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(one, i) for i in range(n)]
+        all_started.wait(60)
+        return [f.result() for f in futures]
+
+
+_ABORTED = re.compile(r"\[(\d+) minisgl\.scheduler\.scheduler\] scheduler: aborted request (\d+)")
+
+
 def test_dp_spreads_requests_over_both_replicas(dp_server: ServerProcess) -> None:
-    for r in (0, 1):
-        assert pid_of(dp_server, f"scheduler replica {r}")
-    with ThreadPoolExecutor(8) as pool:
-        outs = list(pool.map(lambda _: _complete(dp_server.url), range(16)))
+    """Counted by the replica that served each request (its scheduler's log of the request's
+    abort), not by the router's own count of where it sent them."""
+    pids = {pid_of(dp_server, f"scheduler replica {r}"): r for r in (0, 1)}
+    start = len(dp_server.output())
+    firsts = _served_by(dp_server.url, 16)
+    assert all(line.startswith("data: {") for line in firsts), firsts
+    deadline = time.monotonic() + 30
+    while len(found := _ABORTED.findall(dp_server.output(), start)) < 16 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    served = {int(uid): pids[int(pid)] for pid, uid in found}
+    assert len(found) == len(served) == 16, found  # each request held by exactly one replica
+    per_replica = [list(served.values()).count(r) for r in (0, 1)]
+    print(f"\n16 requests: served by replica 0 / 1: {per_replica}")
+    assert min(per_replica) >= 4, per_replica  # least-loaded routing keeps them close to even
+    with ThreadPoolExecutor(8) as pool:  # and requests that run to the end are answered in full
+        outs = list(pool.map(lambda _: _complete(dp_server.url), range(8)))
     assert all(o["choices"][0]["finish_reason"] == "length" for o in outs)
     assert all(o["usage"]["completion_tokens"] == 8 for o in outs)
-    text = httpx.get(dp_server.url + "/metrics", timeout=10).text
-    routed = [_metric(text, "minisgl_replica_requests_routed_total", r) for r in (0, 1)]
-    assert routed[0] > 0 and routed[1] > 0 and sum(routed) >= 16, routed
-    for r in (0, 1):  # every replica reported its load back to idle
-        assert _metric(text, "minisgl_replica_requests_running", r) == 0
-        assert _metric(text, "minisgl_replica_requests_waiting", r) == 0
+    for name in ("minisgl_replica_requests_running", "minisgl_replica_requests_waiting"):
+        assert _wait_metric(dp_server.url, name, lambda v: v == [0, 0]) == [0, 0]  # reported back to idle
 
 
 def test_dp_reports_load_and_aborts_reach_the_replica(dp_server: ServerProcess) -> None:

@@ -103,3 +103,31 @@ def test_a_rank_killed_on_node_1_brings_both_down() -> None:
         node0.stop()
         node1.proc.kill()
     assert node0.orphans == []
+
+
+@pytest.mark.slow  # the single-machine watchdog is tested fast in test_watchdog.py
+def test_a_stopped_rank_on_node_1_is_ended_by_its_watchdog() -> None:
+    """Replica 1 on node 1, SIGSTOPped with a stream in flight: node 1's watchdog logs its stacks and
+    fails node 1, node 0 stops the server (exit 1) and the stream ends with "abort"."""
+    from test_reliability_procs import Stream
+
+    node0, node1 = _two_nodes(
+        "--dp", "2", "--dummy-step-ms", "1", "--max-seq-len", "100000", "--watchdog-timeout", "3"
+    )
+    try:
+        streams = [Stream(node0.url, 99_000).start() for _ in range(2)]  # one on each replica
+        for s in streams:
+            assert s.first.wait(60) and s.lines, s.error
+        pid = node1.pid_of("scheduler replica 1")
+        os.kill(pid, signal.SIGSTOP)
+        assert node1.wait(60) == 1
+        assert node0.proc.wait(30) == 1
+        for s in streams:
+            s.wait_ended(30)
+            assert s.finish_reason() == "abort", s.lines[-2:]
+        out = node1.output()
+        assert f"scheduler replica 1 (pid {pid}) made no progress" in out and "in run_forever" in out, out
+        assert "--watchdog-timeout 3" in node0.output(), node0.output()
+    finally:
+        node0.stop()
+        node1.proc.kill()

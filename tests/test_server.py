@@ -57,6 +57,7 @@ class ServerProcess:
         startup_timeout: float = 180.0,
         new_session: bool = False,
         env: dict[str, str] | None = None,
+        open_files: int | None = None,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -65,7 +66,12 @@ class ServerProcess:
         env = {**os.environ, **(env or {}), "MINISGL_IPC_ROOT": str(self.ipc_root)}
         cmd = [sys.executable, "-m", "minisgl", "serve", "--port", str(self.port), *args]
         self.proc = subprocess.Popen(
-            cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=new_session
+            cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=new_session,
+            preexec_fn=None if open_files is None else lambda: _limit_open_files(open_files),
         )
         self.children: list[psutil.Process] = []
         self.orphans: list[str] | None = None
@@ -128,6 +134,13 @@ class ServerProcess:
         assert self.orphans is not None, "call stop() first"
         files = [str(p) for p in self.ipc_root.iterdir()] if self.ipc_root.exists() else []
         return self.orphans + files
+
+
+def _limit_open_files(n: int) -> None:
+    """In the server's process, before exec: at most `n` descriptors (it and its children)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
 
 def served(*args: str) -> Iterator[ServerProcess]:

@@ -130,7 +130,7 @@ def test_non_streaming_disconnect_aborts(pool_server) -> None:
 
 
 def test_bench_client_against_dummy_server(pool_server, tmp_path) -> None:
-    from minisgl.__main__ import main
+    from minisgl.cli.main import main
 
     srv = pool_server
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from minisgl.server.configs import CPU_MAX_PREFILL_TOKENS
+from minisgl.launch.configs import CPU_MAX_PREFILL_TOKENS
 from test_server import ServerProcess
 from test_server_lifecycle import wait_no_requests
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -214,13 +215,37 @@ def get_global_ctx() -> Context:
 # the engine turns them into tensors (nano-vllm's split).
 
 
+class ReqStatus(enum.Enum):
+    """Where a request is in the scheduler (nano-vllm's SequenceStatus, vLLM's RequestStatus)."""
+
+    WAITING = "waiting"  # queued for KV pages, never admitted yet
+    PREFILLING = "prefilling"  # holds pages for all its tokens; chunks of them still to launch
+    DECODING = "decoding"  # every token launched: one new token per step
+    RETRACTED = "retracted"  # lost its pages to a full pool; queued again to recompute its tokens
+    FINISHED = "finished"  # stopped, reached its length or aborted; results in flight are dropped
+
+
+_NEXT_STATUS: dict[ReqStatus, frozenset[ReqStatus]] = {
+    ReqStatus.WAITING: frozenset({ReqStatus.PREFILLING, ReqStatus.FINISHED}),
+    ReqStatus.PREFILLING: frozenset({ReqStatus.DECODING, ReqStatus.RETRACTED, ReqStatus.FINISHED}),
+    ReqStatus.DECODING: frozenset({ReqStatus.RETRACTED, ReqStatus.FINISHED}),
+    # (a token in flight when it was retracted may still end it: overlap scheduling)
+    ReqStatus.RETRACTED: frozenset({ReqStatus.PREFILLING, ReqStatus.FINISHED}),
+    ReqStatus.FINISHED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A request moved where its status does not lead (a scheduler bug, never a client's)."""
+
+
 @dataclass(eq=False)
 class Req:
     """One request's state in the scheduler.
 
     `token_ids` is the prompt followed by every token generated so far; the first `cached_len` of them
-    have their K/V in the pool. A request is "prefilling" while `cached_len < len(token_ids) - 1`
-    would leave more than one token to feed, and "decoding" once only the last sampled token is new.
+    have their K/V in the pool. `status` says where the request is (`ReqStatus`); `move_to` changes
+    it, refusing a move its status does not lead to.
     """
 
     uid: int
@@ -228,15 +253,15 @@ class Req:
     sampling_params: SamplingParams
     prompt_len: int = -1
     cached_len: int = 0
+    status: ReqStatus = field(default=ReqStatus.WAITING, init=False)  # every request starts waiting
     table_row: int = -1  # row in the page table while the request holds KV pages; -1 otherwise
     admit_seq: int = -1  # when it last got KV pages (the newest is retracted first when the pool is full)
     generator: torch.Generator | None = None  # per-request RNG when sampling_params.seed is set
-    # Overlap scheduling: tokens launched steps sampled for this request that the host has not taken
-    # yet (at most 2, between launching a step and taking the previous one's tokens); the next step
-    # feeds the newest from the device. `finished`: ended (stop, length, abort); results still in
-    # flight for it are dropped.
+    # Overlap scheduling: tokens that launched steps sampled for this request and the host has not
+    # taken yet (at most 2, between launching a step and taking the previous one's tokens). Their
+    # values are in the steps' StepOutputs: the scheduler hands the one in flight to the next launch,
+    # which feeds the newest from the device.
     pending: int = 0
-    finished: bool = False
     # Prefix caching: `kv_ready_len` tokens have K/V computed (the steps that wrote them returned;
     # only these may enter the prefix cache); `cached_prompt_len` prompt tokens came from the prefix
     # cache when the request was first admitted (-1 before that; reported as usage).
@@ -247,6 +272,25 @@ class Req:
     prompt_logprobs: TokenLogprobs | None = None
     # Structured output (sampling_params.grammar): the request's matcher, made when it is admitted.
     grammar: Grammar | None = None
+
+    def move_to(self, status: ReqStatus) -> None:
+        """Change the status; IllegalTransition if the current one does not lead there."""
+        if status not in _NEXT_STATUS[self.status]:
+            raise IllegalTransition(
+                f"request {self.uid}: {self.status.value} -> {status.value} is not a transition "
+                f"(from {self.status.value}: {', '.join(sorted(s.value for s in _NEXT_STATUS[self.status])) or 'none'})"
+            )
+        self.status = status
+
+    @property
+    def finished(self) -> bool:
+        """Ended (stop, length, abort): results still in flight for it are dropped."""
+        return self.status is ReqStatus.FINISHED
+
+    @property
+    def holds_pages(self) -> bool:
+        """Admitted and not retracted or finished since: its KV pages are in its page-table row."""
+        return self.status is ReqStatus.PREFILLING or self.status is ReqStatus.DECODING
 
     @property
     def wants_prompt_logprobs(self) -> bool:

@@ -11,15 +11,25 @@ import torch
 
 from .dummy import DummyEngine
 from .engine import Engine
+from .interface import EngineProtocol
 from .options import EngineOptions
 from .sampler import Sampler
+from .step import StepOutput
 
-__all__ = ["DummyEngine", "Engine", "EngineOptions", "Sampler", "create_engine"]
+__all__ = [
+    "DummyEngine",
+    "Engine",
+    "EngineOptions",
+    "EngineProtocol",
+    "Sampler",
+    "StepOutput",
+    "create_engine",
+]
 
 logger = logging.getLogger(__name__)
 
 
-def create_engine(options: EngineOptions) -> Engine | DummyEngine:
+def create_engine(options: EngineOptions) -> EngineProtocol:
     """Build the engine `options` ask for (a SchedulerConfig is one); loads the model unless
     `engine == "dummy"`."""
     tp_info = options.tp_info

@@ -23,7 +23,7 @@ import torch
 
 from minisgl.attention import AttnInput, create_attention_backend
 from minisgl.backends import bind_ops, create_ops
-from minisgl.core import Batch, Context, Req, TokenLogprobs, set_global_ctx
+from minisgl.core import Batch, Context, Req, set_global_ctx
 from minisgl.grammar import GrammarCompiler, apply_bitmask
 from minisgl.kvcache import KVPool, PageAllocator, PageTable, kv_bytes_per_page
 from minisgl.kvcache.pool import FP8_KV
@@ -34,6 +34,7 @@ from .logprobs import LogprobTensors
 from .options import EngineOptions
 from .penalties import apply_penalties
 from .sampler import Sampler
+from .step import StepLogprobs, StepOutput
 
 if TYPE_CHECKING:
     from minisgl.models import ModelConfig
@@ -41,94 +42,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _CPU_KV_BUDGET = 1 << 30  # bytes of KV cache on the CPU when no size is given (at most 1/4 of free RAM)
-
-
-# What a step's logprobs come to on the host: uid -> its sampled token's; uid -> (first prompt
-# position, logprobs of the prompt tokens after it).
-StepLogprobLists = tuple[dict[int, TokenLogprobs], dict[int, tuple[int, TokenLogprobs]]]
-
-
-class StepOutput:
-    """The sampled tokens of a launched step (and the logprobs asked for): on the device at once,
-    copied to the host as they are produced (pinned memory, no wait); `tolist()` waits for them."""
-
-    def __init__(
-        self,
-        tokens: torch.Tensor,
-        engine: Engine,
-        batch: Batch,
-        launched_at: float,
-        logprobs: StepLogprobs | None = None,
-    ) -> None:
-        self.batch, self.launched_at = batch, launched_at
-        self._engine: Engine | None = engine
-        self._event: torch.cuda.Event | None = None
-        self._logprobs = logprobs
-        extra = logprobs.tensors() if logprobs is not None else []
-        if tokens.is_cuda:
-            self._host = [_to_host(t) for t in (tokens, *extra)]
-            self._event = torch.cuda.Event()
-            self._event.record()
-        else:
-            self._host = [tokens, *extra]
-
-    def host_tokens(self) -> torch.Tensor:
-        """The sampled tokens on the host, once copied (without counting the step as taken)."""
-        if self._event is not None:
-            self._event.synchronize()
-        return self._host[0]
-
-    def tolist(self) -> list[int]:
-        if self._event is not None:
-            self._event.synchronize()
-        if self._engine is not None:  # the step is over: count its time once
-            self._engine._account(self)
-            self._engine = None
-        return self._host[0].tolist()
-
-    def logprobs(self) -> StepLogprobLists:
-        """After `tolist()`: uid -> logprobs of its sampled token; uid -> (first prompt position,
-        logprobs of the prompt tokens after it) for requests that asked for them."""
-        if self._logprobs is None:
-            return {}, {}
-        return self._logprobs.to_lists(self._host[1:])
-
-
-def _to_host(t: torch.Tensor) -> torch.Tensor:
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    return host
-
-
-@dataclass
-class StepLogprobs:
-    """A step's logprob tensors and whose they are: `sampled` rows in `sampled_uids` order (k each);
-    `prompt` rows grouped per request as (uid, first position, count, k)."""
-
-    sampled: LogprobTensors | None
-    sampled_uids: list[tuple[int, int]]  # (uid, k)
-    prompt: LogprobTensors | None
-    prompt_groups: list[tuple[int, int, int, int]]
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [
-            *(self.sampled.tensors() if self.sampled else []),
-            *(self.prompt.tensors() if self.prompt else []),
-        ]
-
-    def to_lists(self, host: list[torch.Tensor]) -> StepLogprobLists:
-        sampled: dict[int, TokenLogprobs] = {}
-        prompt: dict[int, tuple[int, TokenLogprobs]] = {}
-        if self.sampled is not None:
-            uids, ks = zip(*self.sampled_uids, strict=True)
-            lists = LogprobTensors.from_tensors(host[:4]).split([1] * len(uids), list(ks))
-            sampled = dict(zip(uids, lists, strict=True))
-            host = host[4:]
-        if self.prompt is not None:
-            g = self.prompt_groups
-            lists = LogprobTensors.from_tensors(host[:4]).split([c for *_, c, _ in g], [k for *_, k in g])
-            prompt = {uid: (start, lp) for (uid, start, _, _), lp in zip(g, lists, strict=True)}
-        return sampled, prompt
 
 
 @dataclass
@@ -216,9 +129,6 @@ class Engine:
             self.attn_backend.name,
         )
         self.graphs = self._capture_graphs()
-        self._last_tokens = torch.empty(0, dtype=torch.int64, device=self.device)  # the last launch's
-        self._last_rows: dict[int, int] = {}  # uid -> row in _last_tokens
-        self._last_out: StepOutput | None = None
         self._last_arrival = 0.0
 
     def _kv_scales(self, num_kv_heads: int) -> list[torch.Tensor]:
@@ -279,13 +189,14 @@ class Engine:
         return self.launch(batch).tolist()
 
     @torch.inference_mode()
-    def launch(self, batch: Batch) -> StepOutput:
+    def launch(self, batch: Batch, pending: StepOutput | None = None) -> StepOutput:
         """Start one batch on the device and return at once (on a GPU the step runs asynchronously);
-        `StepOutput.tolist()` waits for its sampled tokens. A request marked `pending` feeds the token
-        the previous launch sampled for it, taken on the device (overlap scheduling)."""
+        `StepOutput.tolist()` waits for its sampled tokens. A request with a `pending` token feeds
+        the token that `pending`, the step launched before, sampled for it, taken on the device
+        (overlap scheduling)."""
         t0 = time.perf_counter()
         input_ids, positions, attn_input, sample_rows = self._prepare(batch)
-        pending = self._pending_inputs(batch)
+        fed = self._pending_inputs(batch, pending)
         self.ops.prepare(batch.is_decode)
         self.attn_backend.prepare(attn_input)
         reqs = [r for r, s in zip(batch.reqs, batch.sample_mask, strict=True) if s]
@@ -294,29 +205,26 @@ class Engine:
         prompt_logits: torch.Tensor | None = None
         prompt_rows: list[tuple[Req, int, int]] = []
         if batch.is_decode and self.graphs is not None and self.graphs.padded_size(len(batch.reqs)):
-            logits, best = self.graphs.replay(torch.stack((input_ids, positions)), pending)  # (B, V), (B,)
+            logits, best = self.graphs.replay(torch.stack((input_ids, positions)), fed)  # (B, V), (B,)
             if all(p.is_greedy and not p.adjusts_logits for p in params):
                 tokens = best  # the graph's argmax: no sampling kernels
         else:
             prompt_rows = self._prompt_logprob_rows(batch)
             logits, prompt_logits = self._forward_eager(
-                batch, input_ids, positions, sample_rows, prompt_rows, pending
+                batch, input_ids, positions, sample_rows, prompt_rows, fed
             )
         raw = logits
         if tokens is None and logits is not None:
             # Grammar rows: their bitmasks are computed now, while a GPU runs the forward pass.
-            masks = self._grammar_masks(reqs)
-            logits = self._penalized(logits, reqs)
+            masks = self._grammar_masks(reqs, pending)
+            logits = self._penalized(logits, reqs, pending)
             if masks is not None:
                 logits = self._masked(logits, raw, reqs, *masks)
             tokens = self.sampler.sample(logits, params, [self._generator(r) for r in reqs])
         if tokens is None:
             tokens = torch.empty(0, dtype=torch.int64, device=self.device)
         logprobs = self._logprobs(raw, tokens, reqs, prompt_logits, prompt_rows)
-        self._last_tokens = tokens
-        self._last_rows = {r.uid: i for i, r in enumerate(reqs)}
-        self._last_out = StepOutput(tokens, self, batch, t0, logprobs)
-        return self._last_out
+        return StepOutput(tokens, batch, t0, logprobs, on_done=self._account)
 
     @torch.inference_mode()
     def forward_logits(self, batch: Batch) -> torch.Tensor:
@@ -333,19 +241,20 @@ class Engine:
         finally:
             set_global_ctx(None)
 
-    def _grammar_masks(self, reqs: list[Req]) -> tuple[list[int], torch.Tensor] | None:
+    def _grammar_masks(
+        self, reqs: list[Req], pending: StepOutput | None
+    ) -> tuple[list[int], torch.Tensor] | None:
         """(rows, their bitmasks (G, W) int32 on the CPU) for the rows with a grammar; None if none.
-        A request's matcher is first fed its output so far, including a token the previous launch
-        sampled that the host has not taken yet (overlap scheduling: read once that step is done)."""
+        A request's matcher is first fed its output so far, including its pending token (overlap
+        scheduling: read once the step before is done)."""
         rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
         if not rows:
             return None
-        prev = self._last_out
         grammars = []
         for i in rows:
             r = reqs[i]
             assert r.grammar is not None
-            unseen = [int(prev.host_tokens()[self._last_rows[r.uid]])] if r.pending and prev else []
+            unseen = [pending.pending_token(r)] if r.pending and pending is not None else []
             r.grammar.advance(r.output_ids + unseen)
             grammars.append(r.grammar)
         return rows, self.grammars.fill_masks(grammars)
@@ -363,7 +272,7 @@ class Engine:
         )
         return logits
 
-    def _penalized(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
+    def _penalized(self, logits: torch.Tensor, reqs: list[Req], pending: StepOutput | None) -> torch.Tensor:
         """`logits`, or a copy with the penalties and biases of the requests that have any."""
         rows = [i for i, r in enumerate(reqs) if r.sampling_params.has_penalties]
         if not rows:
@@ -374,18 +283,18 @@ class Engine:
             logits.index_select(0, idx),
             [reqs[i] for i in rows],
             self.eos_token_ids,
-            self._unseen_tokens([reqs[i] for i in rows]),
+            self._unseen_tokens([reqs[i] for i in rows], pending),
         )
         return logits.index_copy_(0, idx, sub)
 
-    def _unseen_tokens(self, reqs: list[Req]) -> torch.Tensor | None:
-        """(n,) on the device: each request's token sampled by the last launch that the host has not
-        seen yet (overlap scheduling), -1 for none; None when no request has one."""
-        src = [self._last_rows.get(r.uid, -1) if r.pending else -1 for r in reqs]
-        if all(s < 0 for s in src):
+    def _unseen_tokens(self, reqs: list[Req], pending: StepOutput | None) -> torch.Tensor | None:
+        """(n,) on the device: each request's pending token (overlap scheduling: sampled by the
+        step before, not seen by the host yet), -1 for none; None when no request has one."""
+        if pending is None or not any(r.pending for r in reqs):
             return None
+        src = [pending.row_of(r) if r.pending else -1 for r in reqs]
         src_t = torch.tensor(src, dtype=torch.int64).to(self.device, non_blocking=True)
-        return torch.where(src_t >= 0, self._last_tokens[src_t.clamp(min=0)], -1)
+        return torch.where(src_t >= 0, pending.tokens[src_t.clamp(min=0)], -1)
 
     def _logprobs(
         self,
@@ -426,15 +335,19 @@ class Engine:
                     out.append((r, r.cached_len, end - r.cached_len))
         return out
 
-    def _pending_inputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(rows of the batch, their input tokens on the device) for requests whose input token the
-        previous launch sampled and the host has not seen yet; None when there are none."""
-        rows = [(i, self._last_rows[r.uid]) for i, r in enumerate(batch.reqs) if r.pending]
+    def _pending_inputs(
+        self, batch: Batch, pending: StepOutput | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rows of the batch, their input tokens on the device) for the requests whose input is
+        their pending token, taken from `pending` (the step before); None when there are none."""
+        rows = [(i, r) for i, r in enumerate(batch.reqs) if r.pending]
         if not rows:
             return None
+        if pending is None:
+            raise RuntimeError(f"request {rows[0][1].uid} has a pending token but no step before is given")
         dst = torch.tensor([i for i, _ in rows], dtype=torch.int64).to(self.device, non_blocking=True)
-        src = torch.tensor([j for _, j in rows], dtype=torch.int64).to(self.device, non_blocking=True)
-        return dst, self._last_tokens.index_select(0, src)
+        src = torch.tensor([pending.row_of(r) for _, r in rows], dtype=torch.int64)
+        return dst, pending.tokens.index_select(0, src.to(self.device, non_blocking=True))
 
     def _account(self, out: StepOutput) -> None:
         """Add a step's wall time to the stats when its tokens arrive: from its launch, or from the

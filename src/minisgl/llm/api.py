@@ -7,6 +7,7 @@ rank 0 of its tensor-parallel processes.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -63,7 +64,8 @@ class OfflineAPI:
         if isinstance(msg, DetokenizeMsg):
             if msg.next_token >= 0:
                 res["token_ids"].append(msg.next_token)
-            res["cached_tokens"] = msg.cached_tokens
+            if msg.extra is not None:  # the usage comes with the first token (or an abort)
+                res["cached_tokens"] = max(res["cached_tokens"], msg.extra.cached_tokens)
             if msg.finished:
                 res["finish_reason"] = msg.finish_reason
         elif isinstance(msg, ErrorMsg):
@@ -163,3 +165,13 @@ def _as_params_list(params: SamplingParams | list[SamplingParams] | None, n: int
     if not isinstance(params, list) or len(params) != n:
         raise ValueError(f"give one SamplingParams or a list of {n} (one per prompt)")
     return params
+
+
+def check_options(options: dict[str, object]) -> None:
+    """ValueError for an option that is not a SchedulerConfig field."""
+    from minisgl.scheduler.config import SchedulerConfig
+
+    known = {f.name for f in dataclasses.fields(SchedulerConfig)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"unknown LLM option(s) {unknown}; valid options: {sorted(known - {'tp_info'})}")

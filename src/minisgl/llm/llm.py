@@ -5,7 +5,6 @@ and the same API."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +12,7 @@ from minisgl.engine.options import resolve_device, resolve_dtype
 from minisgl.message import BaseBackendMsg, BaseTokenizerMsg
 from minisgl.scheduler.scheduler import Scheduler
 
-from .api import OfflineAPI, Prompts
+from .api import OfflineAPI, Prompts, check_options
 
 if TYPE_CHECKING:
     from minisgl.core import SamplingParams
@@ -88,13 +87,3 @@ class LLM(OfflineAPI, Scheduler):
     def _check_request(self, token_ids: list[int], params: SamplingParams) -> None:
         """Nothing: `generate` checked every request before it queued any, and the inbox has no
         other source, so the scheduler does not check them a second time."""
-
-
-def check_options(options: dict[str, object]) -> None:
-    """ValueError for an option that is not a SchedulerConfig field."""
-    from minisgl.scheduler.config import SchedulerConfig
-
-    known = {f.name for f in dataclasses.fields(SchedulerConfig)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ValueError(f"unknown LLM option(s) {unknown}; valid options: {sorted(known - {'tp_info'})}")

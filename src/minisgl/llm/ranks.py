@@ -20,16 +20,15 @@ from typing import Any
 
 from minisgl.distributed import DistributedInfo, HostedStore, host_store
 from minisgl.engine.options import resolve_device, resolve_dtype
+from minisgl.launch.processes import ProcessGroup, StartupError
 from minisgl.message import BaseBackendMsg, BaseTokenizerMsg, BatchBackendMsg, MessageDecodeError
 from minisgl.scheduler.config import SchedulerConfig
-from minisgl.server.processes import ProcessGroup, StartupError
 from minisgl.utils import ZmqPullQueue, ZmqPushQueue
 from minisgl.utils.batch import unbatch
 from minisgl.utils.host import find_free_port
 from minisgl.utils.logger import init_logger
 
-from .api import OfflineAPI
-from .llm import check_options
+from .api import OfflineAPI, check_options
 
 logger = init_logger(__name__)
 

@@ -2,11 +2,12 @@
 
 from .backend import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, ExitMsg, UserMsg
 from .codec import MessageDecodeError
-from .frontend import BaseFrontendMsg, BatchFrontendMsg, LoadReply, UserReply
+from .frontend import BaseFrontendMsg, BatchFrontendMsg, LoadReply, UserReply, UserReplyExtra
 from .tokenizer import (
     AbortMsg,
     BaseTokenizerMsg,
     BatchTokenizerMsg,
+    DetokenizeExtra,
     DetokenizeMsg,
     ErrorMsg,
     LoadMsg,
@@ -22,6 +23,7 @@ __all__ = [
     "BatchBackendMsg",
     "BatchFrontendMsg",
     "BatchTokenizerMsg",
+    "DetokenizeExtra",
     "DetokenizeMsg",
     "ErrorMsg",
     "ExitMsg",
@@ -31,4 +33,5 @@ __all__ = [
     "TokenizeMsg",
     "UserMsg",
     "UserReply",
+    "UserReplyExtra",
 ]

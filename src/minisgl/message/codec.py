@@ -1,11 +1,14 @@
 """The message codec: message dataclass <-> msgpack bytes, strict, with msgspec doing the work.
 
 On the wire (the chapters' format) a message is a map {"__type__": class name, field: value, ...} in
-field order; SamplingParams likewise, a tensor as in tensor.py. A group (`class BaseXMsg(Message,
-group="x")` and its subclasses) is the closed set of classes that one receiver decodes. msgspec
-writes, parses and type-checks (in C) a mirror Struct of each class, tagged with its name; generated
-functions convert between mirrors and dataclasses. Bad input raises MessageDecodeError, its text
-written by `MessageGroup.explain`, a walk of the plain data against the annotations.
+field order; a dataclass nested in a field (a record: SamplingParams, DetokenizeExtra, ...) likewise,
+a tensor as in tensor.py. A class that sets `omit_defaults = True` (the per-token messages and their
+records) leaves out the fields that hold their default, which a receiver then fills in: the chapters'
+serializer writes them all, and both decode here. A group (`class BaseXMsg(Message, group="x")` and
+its subclasses) is the closed set of classes that one receiver decodes. msgspec writes, parses and
+type-checks (in C) a mirror Struct of each class, tagged with its name; generated functions convert
+between mirrors and dataclasses. Bad input raises MessageDecodeError, its text written by
+`MessageGroup.explain`, a walk of the plain data against the annotations.
 """
 
 from __future__ import annotations
@@ -20,8 +23,6 @@ from typing import Any, ClassVar, NoReturn, Union
 
 import msgspec
 import torch
-
-from minisgl.core import SamplingParams
 
 from .tensor import TensorFormatError, decode_tensor, tensor_to_map
 
@@ -48,6 +49,7 @@ class Message:
     `BaseXMsg.from_bytes(raw)`; every subclass of it joins the group."""
 
     _group: ClassVar[MessageGroup]
+    omit_defaults: ClassVar[bool] = False  # True: fields at their default stay off the wire
 
     def __init_subclass__(cls, group: str = "", **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -77,7 +79,7 @@ class MessageGroup:
         self.classes: dict[str, type] = {}
 
     def register(self, cls: type) -> None:
-        if cls.__name__ in self.classes or cls.__name__ in ("Tensor", "SamplingParams"):
+        if cls.__name__ in self.classes or cls.__name__ == "Tensor":
             raise TypeError(f"message name {cls.__name__!r} is already used in the {self.name} group")
         self.classes[cls.__name__] = cls
         self.__dict__.pop("codec", None)  # built again, with this class, at next use
@@ -156,6 +158,9 @@ class MessageGroup:
                 return f": {e}"
             return None
         if origin in (Union, types.UnionType):
+            record = [a for a in args if dataclasses.is_dataclass(a)]
+            if v is not None and len(args) == 2 and type(None) in args and record:  # the fault inside
+                return self._why(record[0], v)
             ok = any(self._why(a, v) is None for a in args)
         else:
             ok = v.__class__ is tp or (tp is float and v.__class__ is int)
@@ -194,7 +199,10 @@ class _Codec:
     def __init__(self, group: MessageGroup) -> None:
         self.group = group
         self.env = {"new": object.__new__, "other": self._not_member, "tensor_to_map": tensor_to_map}
-        self.mirror = {cls: _mirror(cls) for cls in [*group.classes.values(), SamplingParams]}
+        # The converters test classes in this order: the per-token messages (those that omit their
+        # defaults), nearly all of a batch, first.
+        classes = sorted(group.classes.values(), key=lambda cls: not cls.omit_defaults)
+        self.mirror = {cls: _mirror(cls) for cls in [*classes, *_records(group)]}
         members = Union[(*(self.mirror[c] for c in group.classes.values()), _Never)]  # noqa: UP007
         self.union = {cls: m | _Never for cls, m in self.mirror.items()} | {group.root: members}
         to_wire, from_wire = {}, {}
@@ -209,15 +217,19 @@ class _Codec:
         self.decoder = msgspec.msgpack.Decoder(members, dec_hook=lambda _, wire: decode_tensor(wire))
 
     def _field(self, tp: Any) -> tuple[Any, str | None, str | None]:
-        """(msgspec type, the functions in `self.env` that convert a field value to the wire and back;
-        None: as it is)."""
-        item = typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
+        """(msgspec type, the expressions that convert a field value `{0}` to the wire and back,
+        calling functions of `self.env`; None: as it is)."""
+        args = typing.get_args(tp)
+        item = args[0] if typing.get_origin(tp) is list else None
+        maybe = [a for a in args if a is not type(None)] if type(None) in args else None
         if tp in self.union:
-            return self.union[tp], "one", "one"
+            return self.union[tp], "one({0})", "one({0})"
         if item in self.union:
-            return list[self.union[item]], "many", "many"
+            return list[self.union[item]], "many({0})", "many({0})"
+        if maybe and len(maybe) == 1 and maybe[0] in self.union:  # an optional record
+            return self.union[maybe[0]] | None, *["(None if {0} is None else one({0}))"] * 2
         if tp is torch.Tensor:  # the one type msgspec does not know; decoded by the dec_hook below
-            return tp, "tensor_to_map", None
+            return tp, "tensor_to_map({0})", None
         if not _is_plain(tp):
             raise TypeError(f"message field type {tp!r} is not supported by the codec")
         try:
@@ -225,29 +237,30 @@ class _Codec:
             return tp, None, None
         except TypeError:  # a union msgspec cannot take (two kinds of list): the walk checks it
             self.env[key := f"check{len(self.env)}"] = functools.partial(self.group.checked, tp)
-            return Any, None, key
+            return Any, None, key + "({0})"
 
     def _not_member(self, obj: object) -> NoReturn:  # (never when decoding: msgspec makes known structs)
         raise TypeError(f"{type(obj).__name__} is not a registered {self.group.name} message")
 
 
 def _compile(recipes: dict[type, tuple[type, dict, bool]], env: dict) -> tuple[Callable, ...]:
-    """(`one(x)`, `many(items)`): x, or each item, made by the recipe (target, {field: function or
-    None}, bare) for its class, `other(x)` for any other. Generated as dataclasses generates __init__,
-    so that a batch (one every scheduler step) is a loop with the classes without nested fields inline."""
-    one, many = ["def one(x):", " c = x.__class__"], ["def many(items):", " out = []", " for x in items:"]
-    many += ["  c = x.__class__"]
+    """(`one(x)`, `many(items)`): x, or each item, made by the recipe (target, {field: expression
+    of `{0}`, the field's value, or None}, bare) for its class, `other(x)` for any other. Generated as
+    dataclasses generates __init__, so that a batch (one every scheduler step) is a loop with the
+    classes inline that hold no list of messages."""
+    one, many = ["def one(x):", " c = x.__class__"], ["def many(items):", " out = []", " add = out.append"]
+    many += [" for x in items:", "  c = x.__class__"]
     for i, (cls, (target, fields, bare)) in enumerate(recipes.items()):
         env[f"C{i}"], env[f"T{i}"] = cls, target
-        values = {f: f"{fn}(x.{f})" if fn else f"x.{f}" for f, fn in fields.items()}
+        values = {f: fn.format(f"x.{f}") if fn else f"x.{f}" for f, fn in fields.items()}
         body = [f"o = T{i}({', '.join(values.values())})"]
         if bare:  # as the dataclass's __init__ would, less one Python call
             body = [f"o = new(T{i})", *(f"o.{f} = {v}" for f, v in values.items())]
         one += [f" if c is C{i}:", *(f"  {line}" for line in [*body, "return o"])]
-        if not any(fields.values()):
-            many += [f"  if c is C{i}:", *(f"   {line}" for line in [*body, "out.append(o)", "continue"])]
+        if not any(fn and fn.startswith("many") for fn in fields.values()):
+            many += [f"  if c is C{i}:", *(f"   {line}" for line in [*body, "add(o)", "continue"])]
     one += [" return other(x)"]
-    many += ["  out.append(one(x))", " return out"]
+    many += ["  add(one(x))", " return out"]
     exec("\n".join(one + many), env)  # noqa: S102 - the source holds dataclass field names only
     return env["one"], env["many"]
 
@@ -259,6 +272,29 @@ def _bare(cls: type) -> bool:
     return plain and all(f.init for f in dataclasses.fields(cls))
 
 
+def _records(group: MessageGroup) -> list[type]:
+    """The dataclasses that the group's messages hold in their fields (SamplingParams, ...), nested
+    ones too, found through the annotations; each is checked and converted like a message."""
+    found: list[type] = []
+
+    def walk(tp: Any) -> None:
+        known = tp is group.root or tp in group.classes.values() or tp in found
+        if not dataclasses.is_dataclass(tp) or known:
+            for arg in typing.get_args(tp):  # list[X], X | None, ...
+                walk(arg)
+            return
+        if tp.__name__ in group.classes or tp.__name__ == "Tensor":
+            raise TypeError(f"record {tp.__name__!r} has the name of a {group.name} message")
+        found.append(tp)
+        for hint in typing.get_type_hints(tp).values():
+            walk(hint)
+
+    for cls in group.classes.values():
+        for hint in typing.get_type_hints(cls).values():
+            walk(hint)
+    return found
+
+
 def _mirror(cls: type) -> type:
     """The mirror struct of a dataclass, its field types still to be set (`_Codec.__init__`)."""
     specs = []
@@ -267,7 +303,13 @@ def _mirror(cls: type) -> type:
         factory = msgspec.NODEFAULT if f.default_factory is MISSING else f.default_factory
         specs.append((f.name, Any, msgspec.field(default=default, default_factory=factory)))
     return msgspec.defstruct(
-        cls.__name__, specs, tag_field="__type__", tag=cls.__name__, forbid_unknown_fields=True, gc=False
+        cls.__name__,
+        specs,
+        tag_field="__type__",
+        tag=cls.__name__,
+        forbid_unknown_fields=True,
+        gc=False,
+        omit_defaults=getattr(cls, "omit_defaults", False),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from .codec import Message
 
@@ -18,21 +19,16 @@ class BatchFrontendMsg(BaseFrontendMsg):
 
 
 @dataclass
-class UserReply(BaseFrontendMsg):
-    """New text of request `uid`. The last reply has finished=True, a finish_reason
-    ("stop", "length", "abort", "error") and the token counts; `error` says why on a rejection.
-    cached_tokens: prompt tokens served from the prefix cache (0 when absent)."""
+class UserReplyExtra:
+    """The rare fields of a UserReply, sent (as its `extra`) only with a reply that has one.
+    cached_tokens: prompt tokens served from the prefix cache; stop_token_id: the stop token id (not
+    EOS) that ended the request; prompt_text: the decoded prompt, in the acknowledgement of a request
+    with echo."""
 
-    uid: int
-    incremental_output: str
-    finished: bool
-    finish_reason: str = ""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    error: str = ""
+    omit_defaults: ClassVar[bool] = True
     cached_tokens: int = 0
-    stop_token_id: int = -1  # the stop token id (not EOS) that ended the request, if one did
-    prompt_text: str = ""  # the decoded prompt, in the acknowledgement of a request with echo
+    stop_token_id: int = -1
+    prompt_text: str = ""
     # Logprobs of this reply's token (if asked for): its bytes, log probability and alternatives.
     lp_tokens: list[bytes] = field(default_factory=list)
     lp_values: list[float] = field(default_factory=list)
@@ -44,6 +40,23 @@ class UserReply(BaseFrontendMsg):
     prompt_lp_values: list[float] = field(default_factory=list)
     prompt_lp_top_tokens: list[list[bytes]] = field(default_factory=list)
     prompt_lp_top_values: list[list[float]] = field(default_factory=list)
+
+
+@dataclass
+class UserReply(BaseFrontendMsg):
+    """New text of request `uid`. The last reply has finished=True, a finish_reason
+    ("stop", "length", "abort", "error") and the token counts; `error` says why on a rejection.
+    Fields at their defaults stay off the wire; the rare ones are grouped in `extra`."""
+
+    omit_defaults: ClassVar[bool] = True
+    uid: int
+    incremental_output: str
+    finished: bool
+    finish_reason: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str = ""
+    extra: UserReplyExtra | None = None
 
 
 @dataclass

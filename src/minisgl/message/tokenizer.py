@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from minisgl.core import SamplingParams
 
@@ -40,17 +41,14 @@ class TokenizeMsg(BaseTokenizerMsg):
 
 
 @dataclass
-class DetokenizeMsg(BaseTokenizerMsg):
-    """From the scheduler: one new token of request `uid`. finish_reason: "", "stop", "length", "abort".
-    cached_tokens: prompt tokens whose K/V came from the prefix cache (usage; 0 when absent); the
-    logprob fields are empty unless the request asked for them."""
+class DetokenizeExtra:
+    """The rare fields of a DetokenizeMsg, sent (as its `extra`) only with a token that has one.
+    cached_tokens: prompt tokens whose K/V came from the prefix cache (usage), on a request's first
+    token and on an abort; stop_token_id: the stop token id (not EOS) that ended the request."""
 
-    uid: int
-    next_token: int
-    finished: bool
-    finish_reason: str = ""
+    omit_defaults: ClassVar[bool] = True
     cached_tokens: int = 0
-    stop_token_id: int = -1  # the stop token id (not EOS) that ended the request, if one did
+    stop_token_id: int = -1
     # With sampling_params.logprobs: the token's log probability and the top alternatives.
     logprob: float | None = None
     top_ids: list[int] = field(default_factory=list)
@@ -61,6 +59,20 @@ class DetokenizeMsg(BaseTokenizerMsg):
     prompt_logprobs: list[float] = field(default_factory=list)
     prompt_top_ids: list[list[int]] = field(default_factory=list)
     prompt_top_logprobs: list[list[float]] = field(default_factory=list)
+
+
+@dataclass
+class DetokenizeMsg(BaseTokenizerMsg):
+    """From the scheduler: one new token of request `uid` (-1: none, as in an abort's reply).
+    finish_reason: "", "stop", "length", "abort". A plain token is the chapters' three fields on the
+    wire: the others are left out at their defaults, the rare ones grouped in `extra`."""
+
+    omit_defaults: ClassVar[bool] = True
+    uid: int
+    next_token: int
+    finished: bool
+    finish_reason: str = ""
+    extra: DetokenizeExtra | None = None
 
 
 @dataclass

@@ -38,6 +38,7 @@ class SchedulerConfig(EngineOptions):
     replica: int = 0  # which data-parallel replica (--dp) this rank belongs to: its own pipes
     report_load: bool = False  # rank 0 sends a LoadMsg whenever its running/waiting counts change
     device_index: int = 0  # the GPU this rank uses on its machine (cuda only)
+    progress_slot: int = -1  # this rank's slot on the launcher's progress board (-1: none)
     # Several machines (--nnodes): rank 0's input also connects to these tcp endpoints (bound by the
     # tokenizers on node 0), its replies go to this tcp endpoint (bound by the detokenizer there), and
     # a tensor-parallel group that spans machines forwards its messages over tcp, not ipc.

@@ -6,6 +6,8 @@ from minisgl.core import Batch, Req
 
 
 class DecodeManager:
+    """The DECODING requests, by uid."""
+
     def __init__(self) -> None:
         self.running: dict[int, Req] = {}
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import signal
 import socket
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 import torch
 
 from minisgl.utils.handshake import send_status
+from minisgl.utils.signals import dump_stacks_on_signal
 
 from .config import SchedulerConfig
 
@@ -61,10 +63,12 @@ def run_scheduler(config: SchedulerConfig, ready_conn: Connection) -> None:
     rank = config.tp_info.rank
     try:
         _exit_on_sigterm(config, scheduler)
+        dump_stacks_on_signal()
+        on_round = _progress_beat(config)
         info = scheduler.info()
         send_status(ready_conn, "ready", info)
         logger.info("scheduler rank %d ready: %s", rank, info)
-        scheduler.run_forever()
+        scheduler.run_forever(on_round)
         logger.info("scheduler rank %d: stopping", rank)
     except KeyboardInterrupt:
         logger.info("scheduler rank %d: interrupted", rank)
@@ -73,6 +77,15 @@ def run_scheduler(config: SchedulerConfig, ready_conn: Connection) -> None:
         from minisgl.distributed import destroy_process_groups
 
         destroy_process_groups()
+
+
+def _progress_beat(config: SchedulerConfig) -> Callable[[bool], None] | None:
+    """What tells the launcher's watchdog that this rank's loop came round (None: no launcher)."""
+    if config.progress_slot < 0:
+        return None
+    from minisgl.utils.progress import ProgressBeat, ProgressBoard
+
+    return ProgressBeat(ProgressBoard.open(config.ipc_dir), config.progress_slot).beat
 
 
 def _exit_on_sigterm(config: SchedulerConfig, scheduler: Scheduler) -> None:

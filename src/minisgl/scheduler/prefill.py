@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections import deque
 
-from minisgl.core import Batch, Req
+from minisgl.core import Batch, Req, ReqStatus
 
 from .cache import CacheManager
 
 
 class PrefillManager:
-    """Requests not yet decoding: `waiting` (no pages yet, FIFO) and `prefilling` (pages held for all
-    their tokens, some chunks still to run, in admission order).
+    """Requests not yet decoding: `waiting` (no pages yet, FIFO: WAITING, or RETRACTED at the front)
+    and `prefilling` (PREFILLING: pages held for all their tokens, some chunks still to run, in
+    admission order).
 
     Admission borrows the longest cached prefix of a request's tokens and takes pages for the rest
     of its prompt at once, so a started prefill never stalls for pages and feeds only the uncached
@@ -68,6 +69,7 @@ class PrefillManager:
             self.num_page_waits += 1
         while budget > 0 and admit and self.waiting and self._admit(self.waiting[0], reserve_pages):
             r = self.waiting.popleft()
+            r.move_to(ReqStatus.PREFILLING)
             self.prefilling.append(r)
             n = min(r.remaining_len, budget)
             reqs.append(r)
@@ -98,7 +100,7 @@ class PrefillManager:
         in_flight = [  # its result not taken yet
             r
             for r, end in zip(last.reqs, last.kv_ends, strict=True)
-            if r.kv_ready_len < end and r.table_row >= 0 and not r.finished and r not in self.prefilling
+            if r.kv_ready_len < end and r.holds_pages and r not in self.prefilling
         ]
         return self.prefilling + in_flight
 

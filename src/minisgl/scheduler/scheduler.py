@@ -6,12 +6,16 @@ otherwise one decode step of every running request in uid order — and send tha
 
 Overlap scheduling (`overlap_step`, on by default on a GPU): the loop launches step N+1 before it
 waits for step N's tokens, so the host prepares the next batch while the device computes. A request
-whose token is still on the device is `pending`: the next decode step feeds that token from the
-device, and its results are processed one step late. A request that will reach max_tokens with its
+whose token is still on the device is `pending`: its value is in step N's StepOutput (`_in_flight`),
+which the launch of step N+1 gets and feeds it from, on the device; the results are processed one
+step late. A request that will reach max_tokens with its
 pending token is left out of the next step; one that stops on an EOS id, or is aborted, is known only
 when its token arrives, so the step launched meanwhile computes one token for it that is dropped.
 Launching a step (`_on_launch`) and taking its tokens (`_on_result`) are the same two functions in
 both.
+
+A request's `status` (core.ReqStatus) is the place it sits in: WAITING or RETRACTED in the prefill
+queue, PREFILLING (pages held, chunks to run), DECODING, FINISHED; `check_integrity` verifies it.
 
 Everything is deterministic (no clocks, no set or dict iteration order, no rank-dependent state), so
 every tensor-parallel rank, fed the same messages, makes the same decisions and KV placements.
@@ -30,28 +34,44 @@ progresses (the context limit makes every single request fit in the pool), so no
 
 Replies (lists of tokenizer-group messages, one `send_result` per step):
 - `DetokenizeMsg(uid, token, finished, finish_reason)` per new token; finish_reason "stop" (an EOS id
-  unless ignore_eos, or a stop token), "length" (max_tokens), "" while running;
+  unless ignore_eos, or a stop token), "length" (max_tokens), "" while running; its `extra` (the
+  prefix-cache usage on the first token, the stop token id, logprobs) only on a token that has one;
 - on abort: `DetokenizeMsg(uid, next_token=-1, finished=True, finish_reason="abort")` (-1: no token);
-- on rejection (bad or too long input): `ErrorMsg(uid, why)`.
+- on rejection (bad or too long input, a grammar that does not compile): `ErrorMsg(uid, why)`;
+- a request whose grammar fails while sampling (llguidance's limits): `ErrorMsg(uid, why)` too, which
+  ends it with finish_reason "error" after the tokens sent so far.
+
+Structured output: a request with a grammar waits in `GrammarWait` while its grammar compiles on
+the compiler's threads (`grammar_wait.py`), then joins the prefill queue; the step never compiles.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl.core import Batch, Req, RequestRejected, SamplingParams, TokenLogprobs, check_request
-from minisgl.engine import DummyEngine, Engine, create_engine
-from minisgl.engine.engine import StepLogprobLists, StepOutput
-from minisgl.grammar import Grammar, GrammarError
-from minisgl.kvcache import create_prefix_cache
+from minisgl.core import (
+    Batch,
+    Req,
+    ReqStatus,
+    RequestRejected,
+    SamplingParams,
+    TokenLogprobs,
+    check_request,
+)
+from minisgl.engine import EngineProtocol, StepOutput, create_engine
+from minisgl.engine.step import StepLogprobLists
+from minisgl.grammar import GRAMMAR_REFUSED
+from minisgl.kvcache import KVIntegrityError, create_prefix_cache
 from minisgl.message import (
     AbortBackendMsg,
     BaseBackendMsg,
     BaseTokenizerMsg,
+    DetokenizeExtra,
     DetokenizeMsg,
     ErrorMsg,
     ExitMsg,
@@ -62,6 +82,7 @@ from minisgl.message import (
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .grammar_wait import GrammarWait
 from .io import SchedulerIOMixin
 from .prefill import PrefillManager
 
@@ -70,6 +91,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+_GRAMMAR_POLL_S = 0.005  # how long an idle step waits for a grammar compile before looking again
 _REMEMBERED_UIDS = 4096  # aborts for not-yet-seen uids, and recently finished uids, kept this long
 
 
@@ -78,7 +100,7 @@ class Scheduler(SchedulerIOMixin):
         self,
         config: SchedulerConfig,
         tp_cpu_group: ProcessGroup | None = None,
-        engine: Engine | DummyEngine | None = None,
+        engine: EngineProtocol | None = None,
     ) -> None:
         self.config = config
         torch.manual_seed(config.seed)
@@ -100,9 +122,13 @@ class Scheduler(SchedulerIOMixin):
         self.num_prefill_tokens = 0  # tokens fed by prefill steps (a cached prefix is not fed)
         self._replies: list[BaseTokenizerMsg] = []
         self.overlap = _overlap_enabled(config, self.engine)
-        self._in_flight: tuple[Batch, StepOutput] | None = None  # overlap: the step launched last
+        self._in_flight: StepOutput | None = None  # overlap: the step launched last (its tokens pending)
         self._reported_load = (0, 0)  # (running, waiting) as last sent in a LoadMsg
         super().__init__(config, tp_cpu_group)
+        self.grammar_wait: GrammarWait | None = None  # None: the engine has no grammars (dummy)
+        if self.engine.grammars is not None:
+            group = tp_cpu_group if config.tp_info.size > 1 else None
+            self.grammar_wait = GrammarWait(self.engine.grammars, tp_group=group)
 
     # -- public ---------------------------------------------------------------------------------------
     def info(self) -> dict[str, int | str | list[int]]:
@@ -118,9 +144,13 @@ class Scheduler(SchedulerIOMixin):
             "cache_type": self.config.cache_type,
         }
 
-    def run_forever(self) -> None:
+    def run_forever(self, on_round: Callable[[bool], None] | None = None) -> None:
+        """Step until an ExitMsg; `on_round(busy)` after every round (the launcher's progress watch:
+        busy means the next round will not wait for messages)."""
         while not self._exit:
             self.step()
+            if on_round is not None:
+                on_round(self.has_work() or self._in_flight is not None)
 
     def step(self) -> None:
         """One iteration of the loop this scheduler runs (overlapped or not)."""
@@ -132,13 +162,11 @@ class Scheduler(SchedulerIOMixin):
         batch = self._schedule()
         if batch is not None:
             self._idle_logged = False
-            if isinstance(self.engine, Engine):
-                out = self.engine.launch(batch)
-                tokens, logprobs = out.tolist(), out.logprobs()
-            else:
-                tokens, logprobs = self.engine.forward_batch(batch), None
+            out = self.engine.launch(batch)
             self._on_launch(batch)
-            self._on_result(batch, tokens, logprobs)
+            self._on_result(batch, out.tolist(), out.logprobs())
+        else:
+            self._wait_for_grammars()
         self._send_replies()
 
     def overlap_step(self) -> None:
@@ -146,16 +174,23 @@ class Scheduler(SchedulerIOMixin):
         only wait), their replies out."""
         self._take_messages(blocking=not self.has_work() and self._in_flight is None)
         batch = self._schedule()
-        launched = None
+        launched, done = None, self._in_flight
         if batch is not None:
             self._idle_logged = False
-            launched = (batch, self.engine.launch(batch))
+            launched = self.engine.launch(batch, pending=done)  # feeds the tokens `done` sampled
             self._on_launch(batch)
-        if self._in_flight is not None:
-            done, out = self._in_flight
-            self._on_result(done, out.tolist(), out.logprobs())
+        if done is not None:
+            self._on_result(done.batch, done.tolist(), done.logprobs())
+        elif launched is None:
+            self._wait_for_grammars()
         self._in_flight = launched
         self._send_replies()
+
+    def _wait_for_grammars(self) -> None:
+        """Nothing ran this step: if requests wait for their grammars, give the compiles a moment
+        rather than spin (messages are taken again right after)."""
+        if self.grammar_wait is not None:
+            self.grammar_wait.pause(_GRAMMAR_POLL_S)
 
     def _take_messages(self, blocking: bool) -> None:
         for msg in self.receive_msg(blocking=blocking):
@@ -170,8 +205,11 @@ class Scheduler(SchedulerIOMixin):
 
     def load(self) -> tuple[int, int]:
         """(running, waiting): requests prefilling or decoding, and requests waiting for pages."""
-        waiting = len(self.prefill.waiting)
-        return len(self.decode) + len(self.prefill) - waiting, waiting
+        waiting = len(self.prefill.waiting) + self._num_compiling()
+        return len(self.decode) + len(self.prefill) - len(self.prefill.waiting), waiting
+
+    def _num_compiling(self) -> int:
+        return len(self.grammar_wait) if self.grammar_wait is not None else 0
 
     def _report_load(self) -> None:
         """A LoadMsg rides with this step's replies when the counts changed (the --dp router's input;
@@ -182,7 +220,7 @@ class Scheduler(SchedulerIOMixin):
             self._replies.append(LoadMsg(self.config.replica, *load))
 
     def has_work(self) -> bool:
-        return len(self.prefill) > 0 or len(self.decode) > 0
+        return len(self.prefill) > 0 or len(self.decode) > 0 or self._num_compiling() > 0
 
     def run_when_idle(self) -> None:
         """Called before blocking for messages: log the idle state once and check the KV pool."""
@@ -203,8 +241,20 @@ class Scheduler(SchedulerIOMixin):
         self.check_integrity()
 
     def check_integrity(self) -> None:
-        """Every KV page is free, owned by exactly one live request, or held by the prefix cache, and
-        the cache's references are the live requests' (raises KVIntegrityError)."""
+        """Every request's status is the place it sits in, every KV page is free, owned by exactly one
+        live request, or held by the prefix cache, and the cache's references are the live requests'
+        (raises KVIntegrityError)."""
+        places = [
+            (self.prefill.waiting, (ReqStatus.WAITING, ReqStatus.RETRACTED)),
+            (self.prefill.prefilling, (ReqStatus.PREFILLING,)),
+            (self.decode.ordered(), (ReqStatus.DECODING,)),
+        ]
+        for reqs, statuses in places:
+            for r in reqs:
+                if r.status not in statuses or r.holds_pages != (r.table_row >= 0):
+                    raise KVIntegrityError(
+                        f"request {r.uid} is {r.status.value} with page-table row {r.table_row}"
+                    )
         live = self.prefill.prefilling + self.decode.ordered()
         self.cache.check_integrity(live)
 
@@ -231,51 +281,72 @@ class Scheduler(SchedulerIOMixin):
                 raise RequestRejected(f"request id {uid} is already in use")
             token_ids = _token_list(msg.input_ids)
             self._check_request(token_ids, msg.sampling_params)
-            grammar = self._compile_grammar(msg.sampling_params.grammar)
+            req = Req(uid=uid, token_ids=token_ids, sampling_params=msg.sampling_params)
+            self._queue(req)
         except RequestRejected as e:
-            error = str(e)
+            self._reject(uid, str(e))
         except Exception as e:  # a malformed field: reject it, never crash
-            error = f"malformed request: {e}"
-        else:
-            req = Req(uid=uid, token_ids=token_ids, sampling_params=msg.sampling_params, grammar=grammar)
-            self.prefill.add(req)
-            return
-        logger.info("scheduler: rejected request %d: %s", uid, error)
-        self._replies.append(ErrorMsg(uid, error))
+            self._reject(uid, f"malformed request: {e}")
+
+    def _reject(self, uid: int, why: str) -> None:
+        logger.info("scheduler: rejected request %d: %s", uid, why)
+        self._replies.append(ErrorMsg(uid, why))
 
     def _check_request(self, token_ids: list[int], params: SamplingParams) -> None:
         """RequestRejected if the request cannot run on this model (the offline LLM's checked already)."""
         check_request(token_ids, params, self.vocab_size, self.max_seq_len)
 
-    def _compile_grammar(self, grammar: str | None) -> Grammar | None:
-        """The request's matcher (structured output); RequestRejected if its grammar does not compile."""
+    def _queue(self, req: Req) -> None:
+        """Into the prefill queue, or, with a grammar, to wait for its compile first."""
+        grammar = req.sampling_params.grammar
         if grammar is None:
-            return None
-        if not isinstance(self.engine, Engine):
+            self.prefill.add(req)
+        elif self.grammar_wait is None:
             raise RequestRejected("structured output needs a model (not --engine dummy)")
-        try:
-            return self.engine.grammars.compile(grammar)
-        except GrammarError as e:
-            raise RequestRejected(f"the grammar does not compile: {e}") from None
+        else:
+            self.grammar_wait.add(req, grammar)
+
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar compiled join the prefill queue; those whose grammar failed are refused."""
+        if self.grammar_wait is None or not self.grammar_wait.waiting:
+            return
+        ready, refused = self.grammar_wait.take_finished()
+        for req in ready:
+            self.prefill.add(req)
+        for req, why in refused:
+            self._reject(req.uid, why)
+            req.move_to(ReqStatus.FINISHED)
+            _remember(self._recent_done, req.uid)
 
     def _is_live(self, uid: int) -> bool:
-        if uid in self.decode.running:
+        if uid in self.decode.running or (self.grammar_wait is not None and self.grammar_wait.holds(uid)):
             return True
         return any(r.uid == uid for r in self.prefill.prefilling) or any(
             r.uid == uid for r in self.prefill.waiting
         )
 
     def _on_abort(self, uid: int) -> None:
+        compiling = self.grammar_wait.remove(uid) if self.grammar_wait is not None else None
+        if compiling is not None:
+            logger.info("scheduler: aborted request %d while its grammar compiled", uid)
+            compiling.move_to(ReqStatus.FINISHED)
+            self._replies.append(DetokenizeMsg(uid, -1, True, "abort"))
+            _remember(self._recent_done, uid)
+            return
         req = self.decode.remove(uid) or self.prefill.remove(uid)
         if req is not None:
             self._release(req)
             logger.info("scheduler: aborted request %d (%d tokens generated)", uid, req.output_len)
-            self._replies.append(DetokenizeMsg(uid, -1, True, "abort", max(req.cached_prompt_len, 0)))
+            extra = (
+                DetokenizeExtra(cached_tokens=req.cached_prompt_len) if req.cached_prompt_len > 0 else None
+            )
+            self._replies.append(DetokenizeMsg(uid, -1, True, "abort", extra))
         elif uid not in self._recent_done:  # its UserMsg may still be on its way: remember briefly
             _remember(self._pending_aborts, uid)
 
     # -- scheduling -----------------------------------------------------------------------------------
     def _schedule(self) -> Batch | None:
+        self._admit_compiled()
         admit = not self._under_pressure or self._num_holding() == 0
         batch = self.prefill.schedule(reserve_pages=len(self.decode), admit=admit)
         if batch is not None:
@@ -291,9 +362,9 @@ class Scheduler(SchedulerIOMixin):
         A request whose pending token ends it (max_tokens, context) sits this step out."""
         reqs = [r for r in self.decode.ordered() if not self._ends_with_pending(r)]
         for r in reqs:
-            while r.table_row >= 0 and not self.cache.grow(r, r.cached_len + 1):
+            while r.holds_pages and not self.cache.grow(r, r.cached_len + 1):
                 self._retract(self._newest_holder())
-        return [r for r in reqs if r.table_row >= 0]
+        return [r for r in reqs if r.holds_pages]
 
     def _ends_with_pending(self, req: Req) -> bool:
         return req.pending > 0 and (
@@ -308,8 +379,11 @@ class Scheduler(SchedulerIOMixin):
     def _retract(self, req: Req) -> None:
         """Free `req`'s pages and requeue it at the front; its tokens so far are recomputed later
         (what it computed stays in the prefix cache, unpinned, until evicted)."""
-        if self.decode.remove(req.uid) is None:
+        if req.status is ReqStatus.DECODING:
+            self.decode.remove(req.uid)
+        else:
             self.prefill.prefilling.remove(req)
+        req.move_to(ReqStatus.RETRACTED)
         self.cache.release(req)
         req.cached_len, req.kv_ready_len, req.admit_seq = 0, 0, -1
         self.prefill.add(req, front=True)
@@ -334,6 +408,7 @@ class Scheduler(SchedulerIOMixin):
                 req.pending += 1
                 if not batch.is_decode:
                     self.prefill.done(req)
+                    req.move_to(ReqStatus.DECODING)
                     self.decode.add(req)
 
     def _on_result(self, batch: Batch, tokens: list[int], logprobs: StepLogprobLists | None = None) -> None:
@@ -350,7 +425,7 @@ class Scheduler(SchedulerIOMixin):
                 _add_prompt_logprobs(req, *prompt_lp[req.uid])
             if samples:
                 req.token_ids.append(token)
-            if req.table_row >= 0:  # not retracted meanwhile: the step's K/V are in its pages
+            if req.holds_pages:  # not retracted meanwhile: the step's K/V are in its pages
                 req.kv_ready_len = end
                 if not batch.is_decode:
                     self.cache.cache_prefix(req)
@@ -361,39 +436,44 @@ class Scheduler(SchedulerIOMixin):
     def _reply(self, req: Req, token: int, logprobs: TokenLogprobs | None) -> None:
         """The DetokenizeMsg of `req`'s new `token` (ending it if it finished)."""
         reason = self._finish_reason(req, token)
-        msg = DetokenizeMsg(req.uid, token, bool(reason), reason, max(req.cached_prompt_len, 0))
-        if reason == "stop" and token in req.sampling_params.stop_token_ids:
-            msg.stop_token_id = token
-        if logprobs is not None:
-            msg.logprob, msg.top_ids, msg.top_logprobs = (
-                logprobs.logprobs[0],
-                logprobs.top_ids[0],
-                logprobs.top_logprobs[0],
-            )
-        if req.output_len == 1 and req.sampling_params.prompt_logprobs is not None:
-            lp = req.prompt_logprobs or TokenLogprobs()
-            msg.prompt_ids = req.token_ids[: req.prompt_len]
-            msg.prompt_logprobs, msg.prompt_top_ids, msg.prompt_top_logprobs = (
-                lp.logprobs,
-                lp.top_ids,
-                lp.top_logprobs,
-            )
-        self._replies.append(msg)
+        if reason == "error":
+            self._fail_grammar(req)
+            return
+        self._replies.append(
+            DetokenizeMsg(req.uid, token, bool(reason), reason, _extra(req, token, reason, logprobs))
+        )
         if reason:
-            if self.decode.remove(req.uid) is None:
-                self.prefill.remove(req.uid)  # retracted meanwhile: it waits in the queue
+            if req.status is ReqStatus.DECODING:
+                self.decode.remove(req.uid)
+            else:  # retracted meanwhile: it waits in the queue
+                self.prefill.remove(req.uid)
             self._release(req)
 
+    def _fail_grammar(self, req: Req) -> None:
+        """`req`'s matcher failed while sampling: end it with an error after what it sent."""
+        assert req.grammar is not None
+        why = req.grammar.error
+        logger.warning(
+            "scheduler: request %d: its grammar failed after %d tokens: %s", req.uid, req.output_len, why
+        )
+        self._replies.append(ErrorMsg(req.uid, f"{GRAMMAR_REFUSED}: the output cannot follow it: {why}"))
+        if req.status is ReqStatus.DECODING:
+            self.decode.remove(req.uid)
+        else:  # retracted meanwhile: it waits in the queue
+            self.prefill.remove(req.uid)
+        self._release(req)
+
     def _finish_reason(self, req: Req, token: int) -> str:
+        """ "stop", "length", "error" (the grammar failed: its mask then allows only EOS), or ""."""
         params = req.sampling_params
-        if (token in self.eos_ids and not params.ignore_eos) or token in params.stop_token_ids:
-            return "stop"
         if req.grammar is not None:
             req.grammar.advance(req.output_ids)
-            if req.grammar.is_done:  # complete: only EOS may follow (or broken: logged)
-                if req.grammar.error:
-                    logger.warning("scheduler: request %d left its grammar: %s", req.uid, req.grammar.error)
-                return "stop"
+            if req.grammar.error:
+                return "error"
+        if (token in self.eos_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            return "stop"
+        if req.grammar is not None and req.grammar.is_done:  # complete: only EOS may follow
+            return "stop"
         if req.output_len >= params.max_tokens or req.seq_len >= self.max_seq_len:
             return "length"
         return ""
@@ -402,10 +482,39 @@ class Scheduler(SchedulerIOMixin):
         """Free a finished or aborted request's pages at once, its computed prefix cached (a step still
         in flight may write its last K/V into them: device work runs in order, so a later owner's
         writes come after)."""
-        req.finished = True
+        req.move_to(ReqStatus.FINISHED)
         if self.cache.release(req):
             self._under_pressure = False
         _remember(self._recent_done, req.uid)
+
+
+def _extra(req: Req, token: int, reason: str, logprobs: TokenLogprobs | None) -> DetokenizeExtra | None:
+    """The rare fields of the reply with `req`'s new `token`; None for a plain token (most of them):
+    the prefix-cache usage and the prompt logprobs come with the first token, the stop token id with
+    the last, the token's logprobs if asked for."""
+    first = req.output_len == 1
+    stop_token = reason == "stop" and token in req.sampling_params.stop_token_ids
+    wants_prompt_lp = first and req.sampling_params.prompt_logprobs is not None
+    if not (logprobs is not None or stop_token or wants_prompt_lp or (first and req.cached_prompt_len > 0)):
+        return None
+    extra = DetokenizeExtra(cached_tokens=max(req.cached_prompt_len, 0) if first else 0)
+    if stop_token:
+        extra.stop_token_id = token
+    if logprobs is not None:
+        extra.logprob, extra.top_ids, extra.top_logprobs = (
+            logprobs.logprobs[0],
+            logprobs.top_ids[0],
+            logprobs.top_logprobs[0],
+        )
+    if wants_prompt_lp:
+        lp = req.prompt_logprobs or TokenLogprobs()
+        extra.prompt_ids = req.token_ids[: req.prompt_len]
+        extra.prompt_logprobs, extra.prompt_top_ids, extra.prompt_top_logprobs = (
+            lp.logprobs,
+            lp.top_ids,
+            lp.top_logprobs,
+        )
+    return extra
 
 
 def _add_prompt_logprobs(req: Req, start: int, lp: TokenLogprobs) -> None:
@@ -418,11 +527,9 @@ def _add_prompt_logprobs(req: Req, start: int, lp: TokenLogprobs) -> None:
         req.prompt_logprobs.extend(lp, skip)
 
 
-def _overlap_enabled(config: SchedulerConfig, engine: Engine | DummyEngine) -> bool:
+def _overlap_enabled(config: SchedulerConfig, engine: EngineProtocol) -> bool:
     """`config.overlap_schedule`: None = on when the engine runs on a GPU (on a CPU a step returns
-    only once computed, so there is nothing to overlap); the dummy engine never overlaps."""
-    if not isinstance(engine, Engine):
-        return False
+    only once computed, so there is nothing to overlap: the dummy engine's steps run on the CPU)."""
     choice = config.overlap_schedule
     return engine.device.type == "cuda" if choice is None else choice
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from minisgl.message import DetokenizeMsg, ErrorMsg, UserReply
+from minisgl.message import DetokenizeExtra, DetokenizeMsg, ErrorMsg, UserReply, UserReplyExtra
 
 from .token_bytes import token_bytes_fn
 
@@ -110,31 +110,30 @@ class DetokenizeManager:
         if msg.finished:
             text += state.finish()
             del self.states[msg.uid]
-        reply = UserReply(
+        return UserReply(
             uid=msg.uid,
             incremental_output=text,
             finished=bool(msg.finished),
             finish_reason=msg.finish_reason if msg.finished else "",
             completion_tokens=len(state.ids),
-            cached_tokens=msg.cached_tokens,
-            stop_token_id=msg.stop_token_id,
+            extra=None if msg.extra is None else self._extra(msg.next_token, msg.extra),
         )
-        self._add_logprobs(msg, reply)
-        return reply
 
-    def _add_logprobs(self, msg: DetokenizeMsg, reply: UserReply) -> None:
-        """Token ids of the message's logprobs -> their bytes in the reply."""
+    def _extra(self, token: int, x: DetokenizeExtra) -> UserReplyExtra:
+        """The rare fields of a token's message -> those of its reply (token ids -> their bytes)."""
         tb = self.token_bytes
-        if msg.logprob is not None and msg.next_token >= 0:
-            reply.lp_tokens = [tb(msg.next_token)]
-            reply.lp_values = [msg.logprob]
-            reply.lp_top_tokens = [[tb(t) for t in msg.top_ids]]
-            reply.lp_top_values = [list(msg.top_logprobs)]
-        if msg.prompt_ids:
-            reply.prompt_lp_tokens = [tb(t) for t in msg.prompt_ids]
-            reply.prompt_lp_values = list(msg.prompt_logprobs)
-            reply.prompt_lp_top_tokens = [[tb(t) for t in row] for row in msg.prompt_top_ids]
-            reply.prompt_lp_top_values = [list(row) for row in msg.prompt_top_logprobs]
+        out = UserReplyExtra(cached_tokens=x.cached_tokens, stop_token_id=x.stop_token_id)
+        if x.logprob is not None and token >= 0:
+            out.lp_tokens = [tb(token)]
+            out.lp_values = [x.logprob]
+            out.lp_top_tokens = [[tb(t) for t in x.top_ids]]
+            out.lp_top_values = [list(x.top_logprobs)]
+        if x.prompt_ids:
+            out.prompt_lp_tokens = [tb(t) for t in x.prompt_ids]
+            out.prompt_lp_values = list(x.prompt_logprobs)
+            out.prompt_lp_top_tokens = [[tb(t) for t in row] for row in x.prompt_top_ids]
+            out.prompt_lp_top_values = [list(row) for row in x.prompt_top_logprobs]
+        return out
 
     def reject(self, msg: ErrorMsg) -> UserReply:
         state = self.states.pop(msg.uid, None)

@@ -47,6 +47,7 @@ from minisgl.message import (
     LoadReply,
     TokenizeMsg,
     UserReply,
+    UserReplyExtra,
 )
 from minisgl.utils.batch import one_or_batch, unbatch
 from minisgl.utils.handshake import recv_status, send_status
@@ -241,7 +242,7 @@ class TokenizerWorker:
                 incremental_output="",
                 finished=False,
                 prompt_tokens=len(m.input_ids),
-                prompt_text=echo,
+                extra=UserReplyExtra(prompt_text=echo) if echo else None,
             )
             for m in user_msgs
         ]

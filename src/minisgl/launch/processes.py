@@ -20,9 +20,8 @@ from typing import Any
 
 import psutil
 
+from minisgl.launch.child import Lifeline, child_main
 from minisgl.utils.handshake import recv_status
-
-from .child import Lifeline, child_main
 
 logger = logging.getLogger("minisgl.launcher")
 

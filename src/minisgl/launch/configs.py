@@ -12,12 +12,11 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .args import ServerArgs
+from minisgl.launch.args import ServerArgs
 
 if TYPE_CHECKING:
+    from minisgl.launch.nodes import TcpPlan
     from minisgl.scheduler.config import SchedulerConfig
-
-    from .nodes import TcpPlan
 
 # The prefill budget (prompt tokens per scheduler step) when --max-prefill-tokens is not given, on the
 # CPU. A step cannot be interrupted, so it is how long an abort or a new request may have to wait:
@@ -97,19 +96,21 @@ def build(
 ) -> list[SchedulerConfig]:
     """One SchedulerConfig per rank of every replica on this machine (replica-major), sharing one
     ipc suffix (hence one directory); on one machine each replica's ranks meet on their own
-    torch.distributed rendezvous, on several (`plan`) on node 0's store (`nodes.py`)."""
+    torch.distributed rendezvous, on several (`plan`) on node 0's store (`nodes.py`). Rank i of
+    this machine reports its progress in slot i of the machine's progress board."""
     from minisgl.utils.host import find_free_port
 
     base = dataclasses.replace(scheduler_config(args, model_dir, device), report_load=True)
     if plan is not None:
-        from .nodes import node_configs
+        from minisgl.launch.nodes import node_configs
 
-        return node_configs(base, args, plan)
-    configs = []
-    for replica in range(args.dp):
-        addr = f"tcp://127.0.0.1:{find_free_port()}" if args.tp > 1 else ""
-        configs += replica_configs(dataclasses.replace(base, replica=replica, dist_init_addr=addr), args)
-    return configs
+        configs = node_configs(base, args, plan)
+    else:
+        configs = []
+        for replica in range(args.dp):
+            addr = f"tcp://127.0.0.1:{find_free_port()}" if args.tp > 1 else ""
+            configs += replica_configs(dataclasses.replace(base, replica=replica, dist_init_addr=addr), args)
+    return [dataclasses.replace(c, progress_slot=i) for i, c in enumerate(configs)]
 
 
 def replica_configs(base: SchedulerConfig, args: ServerArgs) -> list[SchedulerConfig]:

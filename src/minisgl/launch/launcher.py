@@ -12,7 +12,10 @@ workers before they report ready. A child that fails, dies or is silent past --s
 stops the start-up with a message naming it.
 
 Serving: /health is 200. If any child dies, /health turns 503, in-flight requests finish with
-"abort", and the server exits (code 1).
+"abort", and the server exits (code 1). The same when a scheduler rank with work makes no progress
+for --watchdog-timeout seconds (its threads' stacks are logged first); /health says 503 "stalled"
+while one has made none for --stall-timeout seconds (`watchdog.py`). HTTP connections are bounded
+in number and in the time they may take to send a request (`connections.py`).
 
 Stopping: SIGTERM or SIGINT to the launcher (docker stop, systemd, Ctrl-C) drains: /health says 503
 "stopping", new requests get 503, requests in flight may finish for up to --shutdown-timeout
@@ -26,6 +29,7 @@ launcher itself is killed, the children notice and stop on their own (`child.py`
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -36,27 +40,29 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from minisgl.entrypoints.openai.app import create_app
+from minisgl.entrypoints.openai.state import ServerState
+from minisgl.entrypoints.openai.tools import ToolFormat
+from minisgl.frontend.manager import FrontendManager
+from minisgl.frontend.metrics import ServerMetrics
+from minisgl.frontend.router import ReplicaRouter
+from minisgl.launch import watchdog
+from minisgl.launch.args import ServerArgs
+from minisgl.launch.connections import EveryInterval, default_max_connections, guarded_h11, log_accept_errors
+from minisgl.launch.processes import Child, ProcessGroup, StartupError
 from minisgl.message import BaseFrontendMsg, BaseTokenizerMsg
 from minisgl.tokenizer.server import Role, TokenizerWorkerConfig, run_tokenizer_worker
 from minisgl.utils.handshake import send_status
 from minisgl.utils.logger import init_logger
 from minisgl.utils.profiling import maybe_profile
+from minisgl.utils.progress import ProgressBoard
 from minisgl.utils.signals import raise_exit
-
-from .api_server import ServerState, create_app
-from .args import ServerArgs
-from .frontend import FrontendManager
-from .metrics import ServerMetrics
-from .processes import Child, ProcessGroup, StartupError
-from .router import ReplicaRouter
-from .tools import ToolFormat
 
 if TYPE_CHECKING:
     import uvicorn
 
     from minisgl.distributed import HostedStore
-
-    from .nodes import NodeLink, TcpPlan
+    from minisgl.launch.nodes import NodeLink, TcpPlan
 
 logger = init_logger("minisgl.launcher")
 
@@ -81,8 +87,7 @@ class Launcher:
 
     def __init__(self, args: ServerArgs, model_dir: Path) -> None:
         from minisgl.engine.options import resolve_device
-
-        from . import configs
+        from minisgl.launch import configs
 
         self.args = args
         self.model_dir = model_dir
@@ -95,15 +100,21 @@ class Launcher:
         self.abort_now = False  # a second signal: abort what is in flight without waiting
         self.exit_code = 0
         self.detail = ""  # why the server stopped, when it failed (told to the other nodes)
+        self.board: ProgressBoard | None = None  # the scheduler ranks' progress (utils/progress.py)
+        self.schedulers: list[Child] = []
+        self.watchdog: watchdog.Watchdog | None = None  # once every child is ready
 
     # ---- children --------------------------------------------------------------------------------
 
     def _spawn_schedulers(self) -> list[Child]:
+        from minisgl.launch.configs import rank_name
         from minisgl.scheduler import run_scheduler
 
-        from .configs import rank_name
-
-        return [self.group.spawn(rank_name(c, self.args), run_scheduler, c) for c in self.sched_configs]
+        self.board = ProgressBoard.create(self.addrs.ipc_dir, len(self.sched_configs))
+        self.schedulers = [
+            self.group.spawn(rank_name(c, self.args), run_scheduler, c) for c in self.sched_configs
+        ]
+        return self.schedulers
 
     def _worker_configs(self) -> list[TokenizerWorkerConfig]:
         rank0s = {c.replica: c for c in self.sched_configs if c.tp_info.is_primary()}  # on this node
@@ -194,7 +205,11 @@ class Launcher:
             self.addrs.zmq_frontend_addr, create=True, decoder=BaseFrontendMsg.decoder
         )
         manager = FrontendManager(
-            to_tokenizer.put, ServerMetrics(), self.args.max_queued_requests, ReplicaRouter(self.args.dp)
+            to_tokenizer.put,
+            ServerMetrics(),
+            self.args.max_queued_requests,
+            ReplicaRouter(self.args.dp),
+            self.args.request_timeout,
         )
         manager.start(from_workers.get)
         aliases = {str(self.model_dir)} | ({self.args.model} if self.args.model else set())
@@ -206,8 +221,15 @@ class Launcher:
             tokenize_timeout=self.args.tokenize_timeout,
             tools=ToolFormat.of(self.model_dir, self.args.tool_call_parser),
         )
+        max_connections = self.args.max_connections
+        log_accept_errors(asyncio.get_running_loop())
         config = uvicorn.Config(
             create_app(state),
+            http=guarded_h11(
+                default_max_connections() if max_connections is None else max_connections,
+                self.args.read_timeout,
+                EveryInterval(logging.INFO),
+            ),
             access_log=self.args.log_level == "debug",
             timeout_graceful_shutdown=3,
             lifespan="off",
@@ -249,6 +271,10 @@ class Launcher:
         if self.stop_requested or serve_task.done():
             return
         state.max_seq_len = int(info["max_seq_len"])
+        args = self.args
+        self.watchdog = watchdog.watch_schedulers(
+            self.board, self.schedulers, self.sched_configs, args.stall_timeout, args.watchdog_timeout
+        )
         state.status = "serving"
         print(
             f"minisgl: serving {self.args.model_name!r} at {self.args.url} "
@@ -264,7 +290,7 @@ class Launcher:
                 await self._drain(state, manager)
                 server.should_exit = True
                 return
-            failure = self._first_failure()
+            failure = self._first_failure() or await self._check_progress(state, manager)
             if failure is not None and not self.stop_requested:  # a signal to the whole group: no failure
                 msg = f"{failure}; shutting the server down"
                 print(f"minisgl: {msg}", file=sys.stderr, flush=True)
@@ -275,6 +301,18 @@ class Launcher:
                 server.should_exit = True
                 return
             await asyncio.wait({serve_task}, timeout=0.1)
+
+    async def _check_progress(self, state: ServerState, manager: FrontendManager) -> str | None:
+        """/health's "stalled"; a failure once a rank is past --watchdog-timeout (stacks logged)."""
+        if self.watchdog is None or not self.watchdog.enabled:
+            return None
+        stalled, expired = self.watchdog.poll(manager.first_accepted_after)
+        state.stalled = "; ".join(s.describe() for s in stalled)
+        if not expired:
+            return None
+        msg = watchdog.give_up(expired, self.args.watchdog_timeout)
+        await asyncio.sleep(watchdog.DUMP_WAIT_S)
+        return msg
 
     async def _drain(self, state: ServerState, manager: FrontendManager) -> None:
         """Refuse new requests, let those in flight finish (up to --shutdown-timeout), abort the rest,
@@ -348,9 +386,8 @@ def _join_nodes(args: ServerArgs) -> tuple[NodeLink | None, HostedStore | None, 
     if args.nnodes == 1:
         return None, None, None
     from minisgl.distributed import host_store
-
-    from .args import split_host_port
-    from .nodes import NodeLink, make_plan
+    from minisgl.launch.args import split_host_port
+    from minisgl.launch.nodes import NodeLink, make_plan
 
     host, port = split_host_port(args.dist_init_addr or "")
     try:
@@ -383,7 +420,7 @@ def serve(args: ServerArgs) -> int:
         print(f"minisgl: {e}", file=sys.stderr)
         return 2
     if args.node_rank > 0:  # ranks only: no HTTP, no tokenizer
-        from .node_main import run_node
+        from minisgl.launch.node_main import run_node
 
         return run_node(args, model_dir)
     try:

@@ -28,8 +28,13 @@ from pydantic import (
 )
 
 from minisgl.core import MAX_LOGPROBS
-
-from .protocol import ChatCompletionRequest, StreamOptions, _Body, _Request, refuse_unless_off
+from minisgl.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    StreamOptions,
+    _Body,
+    _Request,
+    refuse_unless_off,
+)
 
 JSONObject = dict[str, Any]
 
@@ -153,6 +158,19 @@ def chat_messages(instructions: str | None, items: list[InputItem]) -> list[JSON
     return out
 
 
+def _check_call_outputs(items: list[InputItem]) -> None:
+    """Each function_call_output answers a function_call item before it (by call_id)."""
+    calls: set[str] = set()
+    for i, item in enumerate(items):
+        if isinstance(item, FunctionCallItem):
+            calls.add(item.call_id)
+        elif isinstance(item, FunctionCallOutputItem) and item.call_id not in calls:
+            raise ValueError(
+                f"input[{i}].call_id: {item.call_id[:64]!r} is not the call_id of an earlier "
+                "function_call item (nothing is stored: the calls must be in the input)"
+            )
+
+
 class FunctionTool(_Body):
     """A tool in the Responses' flat shape; only function tools."""
 
@@ -203,6 +221,12 @@ class TextFormat(_Body):
     description: str | None = None
     json_schema: dict[str, Any] | bool | None = Field(None, alias="schema")
     strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> TextFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("text.format of type json_schema needs a schema")
+        return self
 
     def response_format(self) -> JSONObject:
         if self.type != "json_schema":
@@ -297,6 +321,7 @@ class ResponsesRequest(_Request):
         )
         if not self._items and not self.instructions:
             raise ValueError("input: the input is empty")
+        _check_call_outputs(self._items)
         try:
             self._chat = ChatCompletionRequest.model_validate(self._chat_body())
         except ValidationError as e:
@@ -311,6 +336,7 @@ class ResponsesRequest(_Request):
             "model": self.model,
             "messages": chat_messages(self.instructions, self._items),
             "max_completion_tokens": self.max_output_tokens,
+            "stream": bool(self.stream),
             "temperature": self.temperature,
             "top_p": self.top_p,
             "tools": [t.chat_tool() for t in self.tools or []] or None,
@@ -327,6 +353,11 @@ class ResponsesRequest(_Request):
     def chat(self) -> ChatCompletionRequest:
         assert self._chat is not None  # set by validation
         return self._chat
+
+    @property
+    def grammar_field(self) -> str:
+        """The field the output grammar comes from, in the Responses API's terms."""
+        return "text.format" if self.chat.grammar_field == "response_format" else "tool_choice"
 
     @property
     def logprobs(self) -> bool:

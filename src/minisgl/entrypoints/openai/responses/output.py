@@ -22,9 +22,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from .frontend import Chunk, TokenLogprob
-from .logprobs_format import ChatLogprobs
-from .tools import ToolOutput
+from minisgl.entrypoints.openai.logprobs_format import ChatLogprobs
+from minisgl.entrypoints.openai.tools import ToolOutput
+from minisgl.frontend.chunk import Chunk, TokenLogprob
+from minisgl.frontend.errors import RequestError
 
 JSONObject = dict[str, Any]
 
@@ -44,7 +45,7 @@ def response_usage(prompt: int, completion: int, cached: int) -> JSONObject:
 
 
 def _status(finish_reason: str) -> str:
-    return {"length": "incomplete", "abort": "failed"}.get(finish_reason, "completed")
+    return {"length": "incomplete", "abort": "failed", "error": "failed"}.get(finish_reason, "completed")
 
 
 @dataclass
@@ -62,6 +63,7 @@ class ResponseBuilder:
     usage: JSONObject | None = None
     _open: JSONObject | None = None  # the item being written (the last of `output`)
     _finish_reason: str | None = None
+    _error: RequestError | None = None  # why the output failed (finish_reason "error")
     _seq: int = 0
 
     def start(self) -> list[JSONObject]:
@@ -73,22 +75,25 @@ class ResponseBuilder:
 
     def feed(self, chunk: Chunk) -> list[JSONObject]:
         """The events of one chunk (its text, or its tool calls)."""
+        self._error = chunk.error or self._error
         return self._apply(self._parts(chunk), chunk.logprobs if self.tools is None else [])
 
     def complete(self, usage: JSONObject) -> list[JSONObject]:
         """The last events: the open item done (an empty message if nothing was written), then
-        response.completed, .incomplete or .failed."""
+        response.completed, .incomplete or .failed (after an error event if the output failed)."""
         events = [] if self._finish_reason is not None else self._apply(self._finish("abort"), [])
         if not self.output:
             events += self._open_message()
-        events += self._close("incomplete" if self._finish_reason == "length" else "completed")
+        events += self._close("incomplete" if self._finish_reason in ("length", "error") else "completed")
         self.status, self.usage = _status(self._finish_reason or "abort"), usage
+        if self._error is not None:  # the output could not go on: why, before response.failed
+            events.append(self.error(self._error))
         return events + [self._event(f"response.{self.status}", response=self.response())]
 
-    def error(self, message: str, status: int) -> JSONObject:
-        """The event that ends a stream that failed."""
-        code = "invalid_request_error" if status == 400 else "server_error"
-        return self._event("error", code=code, message=message, param=None)
+    def error(self, e: RequestError) -> JSONObject:
+        """The event of an error: the one that ends a stream that failed, or that precedes
+        response.failed when the output could not go on."""
+        return self._event("error", code=e.type, message=e.message, param=e.param)
 
     def response(self) -> JSONObject:
         out: JSONObject = {
@@ -105,6 +110,8 @@ class ResponseBuilder:
         }
         if self.status == "incomplete":
             out["incomplete_details"] = {"reason": "max_output_tokens"}
+        elif self.status == "failed" and self._error is not None:
+            out["error"] = {"code": self._error.type, "message": self._error.message}
         elif self.status == "failed":
             message = "the request was aborted (the server is stopping, or a worker failed)"
             out["error"] = {"code": "server_error", "message": message}

@@ -1,5 +1,7 @@
 """`minisgl serve --node-rank K` (K > 0): this machine's ranks only, watched together with the others
-through node 0's store (`nodes.py`). Exit 0 when node 0 stops cleanly, 1 when any rank or node fails."""
+through node 0's store (`nodes.py`). Exit 0 when node 0 stops cleanly, 1 when any rank or node fails,
+also when one of this machine's ranks has work and no progress past --watchdog-timeout
+(`watchdog.py`: its stacks are logged here, and node 0 is told)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from .args import ServerArgs
-from .processes import ProcessGroup, StartupError
+from minisgl.launch import watchdog
+from minisgl.launch.args import ServerArgs
+from minisgl.launch.processes import ProcessGroup, StartupError
+from minisgl.utils.progress import ProgressBoard
 
 _POLL_S = 0.1
 
@@ -18,9 +22,8 @@ _POLL_S = 0.1
 class NodeRunner:
     def __init__(self, args: ServerArgs, model_dir: Path) -> None:
         from minisgl.engine.options import resolve_device
-
-        from . import configs
-        from .nodes import NodeLink, TcpPlan
+        from minisgl.launch import configs
+        from minisgl.launch.nodes import NodeLink, TcpPlan
 
         self.args = args
         self.stop_signal = False
@@ -29,12 +32,13 @@ class NodeRunner:
         plan = TcpPlan.from_json(self.link.store.get("addrs").decode())  # waits for node 0 to post it
         self.configs = configs.build(args, model_dir, resolve_device(args.device), plan)
         self.group = ProcessGroup(str(self.configs[0].ipc_dir))
+        self.watchdog: watchdog.Watchdog | None = None
 
     def start(self) -> None:
+        from minisgl.launch.configs import rank_name
         from minisgl.scheduler import run_scheduler
 
-        from .configs import rank_name
-
+        board = ProgressBoard.create(self.configs[0].ipc_dir, len(self.configs))
         children = [self.group.spawn(rank_name(c, self.args), run_scheduler, c) for c in self.configs]
         deadline = time.monotonic() + self.args.startup_timeout
         pending = list(children)
@@ -42,6 +46,10 @@ class NodeRunner:
             self._raise_problem()
             time.sleep(_POLL_S)
         self.link.set(f"node{self.args.node_rank}/ready", "1")
+        args = self.args
+        self.watchdog = watchdog.watch_schedulers(
+            board, children, self.configs, args.stall_timeout, args.watchdog_timeout
+        )
 
     def _stop(self) -> bool:
         return self.stop_signal
@@ -67,9 +75,23 @@ class NodeRunner:
                 return self._fail(f"{dead.name} {dead.describe_exit()}")
             if problem is not None:
                 return self._fail(problem, tell=False)
+            expired = self._expired()
+            if expired is not None:
+                return self._fail(expired)
             time.sleep(_POLL_S)
         self.link.set(f"node{self.args.node_rank}/failed", "stopped by a signal")
         return 0
+
+    def _expired(self) -> str | None:
+        """A rank past --watchdog-timeout (its stacks logged); stalls only go to this node's log."""
+        if self.watchdog is None or not self.watchdog.enabled:
+            return None
+        _, expired = self.watchdog.poll()
+        if not expired:
+            return None
+        msg = watchdog.give_up(expired, self.args.watchdog_timeout, f"node {self.args.node_rank}: ")
+        time.sleep(watchdog.DUMP_WAIT_S)
+        return msg
 
     def _fail(self, why: str, tell: bool = True) -> int:
         where = f"node {self.args.node_rank}"

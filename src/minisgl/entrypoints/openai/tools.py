@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from minisgl.grammar import json_schema_grammar
+from minisgl.grammar import check_schema, json_schema_grammar
 
 TOOL_PARSERS = ("hermes", "llama3_json")
 JSONObject = dict[str, Any]
@@ -185,26 +185,49 @@ def _parameters(tool: JSONObject) -> JSONObject:
 
 
 def named_grammar(tool: JSONObject) -> str:
-    """The output is the arguments of this one function."""
-    return json_schema_grammar(_parameters(tool))
+    """The output is the arguments of this one function (the scheduler compiles the grammar)."""
+    return json_schema_grammar(_parameters(tool), check=False)
 
 
 def required_schema(tools: list[JSONObject]) -> JSONObject:
-    """A JSON array of one or more calls, each `{"name": one of the tools, "parameters": ...}`."""
-    calls = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": t["function"]["name"]}, "parameters": _parameters(t)},
-            "required": ["name", "parameters"],
-            "additionalProperties": False,
+    """A JSON array of one or more calls, each `{"name": one of the tools, "parameters": ...}`. Each
+    tool's parameters move inside this schema, so their local references (`#/$defs/...`, as pydantic
+    writes them, or any `#...` pointer) are rewritten to point where the parameters now are."""
+    one = len(tools) == 1
+    calls = []
+    for i, t in enumerate(tools):
+        where = "#/items" if one else f"#/items/anyOf/{i}"
+        params = _rebase_refs(_parameters(t), f"{where}/properties/parameters")
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": t["function"]["name"]}, "parameters": params},
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+        )
+    return {"type": "array", "minItems": 1, "items": calls[0] if one else {"anyOf": calls}}
+
+
+def _rebase_refs(node: object, base: str) -> object:
+    """`node` with every local `$ref` ("#" + a JSON pointer) made relative to `base` instead of the root."""
+    if isinstance(node, dict):
+        return {
+            k: base + v[1:]
+            if k == "$ref" and isinstance(v, str) and v.startswith("#")
+            else _rebase_refs(v, base)
+            for k, v in node.items()
         }
-        for t in tools
-    ]
-    return {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+    if isinstance(node, list):
+        return [_rebase_refs(v, base) for v in node]
+    return node
 
 
 def required_grammar(tools: list[JSONObject]) -> str:
-    return json_schema_grammar(required_schema(tools))
+    """The grammar of "required" (GrammarError if the tools together are too large a schema)."""
+    schema = required_schema(tools)
+    check_schema(schema)
+    return json_schema_grammar(schema, check=False)
 
 
 # ---- parsers --------------------------------------------------------------------------------------
@@ -280,8 +303,9 @@ class ToolOutput:
     """One choice's text turned into content and tool calls, as it streams: `feed` returns the
     deltas that can be sent now, `finish` the rest and the finish reason."""
 
-    mode: str  # "auto", "required" or a function's name
+    mode: str  # "auto", "required" or "function" (the one named `function` is forced)
     parser: str = "hermes"
+    function: str = ""
     _held: str = ""
     _calling: bool = False
     _sent_head: bool = False
@@ -291,7 +315,7 @@ class ToolOutput:
 
     @property
     def named(self) -> bool:
-        return self.mode not in ("auto", "required")
+        return self.mode == "function"
 
     def feed(self, text: str) -> list[JSONObject]:
         if self.named:  # the text is the arguments: streamed as they come
@@ -316,11 +340,12 @@ class ToolOutput:
         the model stopped by itself)."""
         held, self._held = self._held, ""
         if self.named:
-            self.calls = [ToolCall(self.mode, held, self._call_id)]
+            self.calls = [ToolCall(self.function, held, self._call_id)]
             deltas = [] if self._sent_head else [self._head()]
         else:
-            if self.mode == "required":
-                content, self.calls = "", parse_required(held)
+            if self.mode == "required":  # an answer cut short is no call: its text is the content
+                self.calls = parse_required(held)
+                content = "" if self.calls else held
             else:
                 content, self.calls = _PARSERS[self.parser](held)
             self.content += content
@@ -331,7 +356,7 @@ class ToolOutput:
 
     def _head(self) -> JSONObject:
         call = {"index": 0, "id": self._call_id, "type": "function"}
-        return {"tool_calls": [{**call, "function": {"name": self.mode, "arguments": ""}}]}
+        return {"tool_calls": [{**call, "function": {"name": self.function, "arguments": ""}}]}
 
     def _marker_start(self, text: str) -> int | None:
         if self.parser == "llama3_json":  # a call is the whole answer: it starts the text

@@ -57,6 +57,13 @@ class ServerArgs:
     # the orchestrator's (docker stop -t, terminationGracePeriodSeconds, systemd's TimeoutStopSec).
     shutdown_timeout: float = 8.0
     unhealthy_grace: float = 1.0  # how long /health reports 503 after a worker died, before exiting
+    # A scheduler rank with work and no loop round for this long: /health 503 "stalled" (0: off) ...
+    stall_timeout: float = 60.0
+    # ... and for this long: its stacks are logged and the server exits 1 (0: off; SGLang's default).
+    watchdog_timeout: float = 300.0
+    request_timeout: float | None = None  # seconds from arrival to finish_reason "abort" (None: none)
+    max_connections: int | None = None  # None: the open-file limit less 64; 0: no cap
+    read_timeout: float = 30.0  # for a request's headers, and again for its body
 
     @property
     def model_name(self) -> str:
@@ -95,9 +102,9 @@ class ServerArgs:
             )
         if not self.shutdown_timeout >= 0:  # also refuses NaN
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
+        self._check_limits()
+        from minisgl.launch.configs import scheduler_config
         from minisgl.scheduler.config import SchedulerConfig
-
-        from .configs import scheduler_config
 
         try:
             scheduler_config(self, Path(self.model or ""), "cpu")
@@ -107,6 +114,20 @@ class ServerArgs:
                 r"\b[a-z_]+\b", lambda m: _flag(m.group()) if m.group() in names else m.group(), str(e)
             )
             raise ValueError(flags) from None
+
+    def _check_limits(self) -> None:
+        for flag, value in (
+            ("--stall-timeout", self.stall_timeout),
+            ("--watchdog-timeout", self.watchdog_timeout),
+        ):
+            if not 0 <= value < float("inf"):
+                raise ValueError(f"{flag} must be >= 0 (0: off), got {value}")
+        if self.request_timeout is not None and not 0 < self.request_timeout < float("inf"):
+            raise ValueError(f"--request-timeout must be > 0, got {self.request_timeout}")
+        if self.max_connections is not None and self.max_connections < 0:
+            raise ValueError(f"--max-connections must be >= 0 (0: no cap), got {self.max_connections}")
+        if not 0 < self.read_timeout < float("inf"):
+            raise ValueError(f"--read-timeout must be > 0, got {self.read_timeout}")
 
     def _check_nodes(self) -> None:
         if self.nnodes < 1:
@@ -243,6 +264,46 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="on SIGTERM/SIGINT, how long requests in flight may finish before they are aborted "
         "(default %(default)s: fits docker stop's 10 s grace; a second signal aborts at once)",
     )
+    g.add_argument(
+        "--request-timeout",
+        type=float,
+        metavar="SECONDS",
+        help='a request still running this long after it arrived ends with finish_reason "abort" '
+        "(the text so far is kept) and is dropped by the scheduler (default: no deadline)",
+    )
+    g.add_argument(
+        "--max-connections",
+        type=int,
+        metavar="N",
+        help="HTTP connections open at once (idle keep-alive ones count); a request on one more gets "
+        "503 and its connection is closed, GET /health is still answered (default: the open-file "
+        "limit less 64; 0: no cap)",
+    )
+    g.add_argument(
+        "--read-timeout",
+        type=float,
+        default=d.read_timeout,
+        metavar="SECONDS",
+        help="a client must send a request's headers within this long, and then its body within as "
+        "long again, or its connection is closed (default %(default)s; idle keep-alive: uvicorn's 5 s)",
+    )
+    g.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=d.stall_timeout,
+        metavar="SECONDS",
+        help='/health says 503 "stalled", naming the rank, while a scheduler rank with work has not '
+        "come round its loop for this long (default %(default)s; 0: off)",
+    )
+    g.add_argument(
+        "--watchdog-timeout",
+        type=float,
+        default=d.watchdog_timeout,
+        metavar="SECONDS",
+        help="a scheduler rank with work that has not come round its loop for this long has its "
+        'threads\' stacks logged, requests in flight end with "abort" and the server exits 1 '
+        "(default %(default)s; 0: off)",
+    )
     g.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"])
 
     g = p.add_argument_group("engine")
@@ -334,7 +395,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _size(text: str) -> int:
-    from .configs import parse_size
+    from minisgl.launch.configs import parse_size
 
     try:
         return parse_size(text, "--max-request-bytes")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .frontend import Chunk, TokenLogprob
+from minisgl.frontend.chunk import Chunk, TokenLogprob
 
 _FLOOR = -9999.0
 

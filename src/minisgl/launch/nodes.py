@@ -25,7 +25,7 @@ import json
 import time
 from typing import TYPE_CHECKING
 
-from .args import ServerArgs, split_host_port
+from minisgl.launch.args import ServerArgs, split_host_port
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -79,7 +79,7 @@ def make_plan(args: ServerArgs) -> TcpPlan:
 
 def node_configs(base: SchedulerConfig, args: ServerArgs, plan: TcpPlan) -> list[SchedulerConfig]:
     """The SchedulerConfigs of the ranks on this node (--node-rank), every replica on the shared store."""
-    from .configs import replica_configs
+    from minisgl.launch.configs import replica_configs
 
     host, port = split_host_port(args.dist_init_addr or "")
     configs = []

@@ -4,6 +4,11 @@ Pydantic checks types and ranges, so every malformed request becomes a 400 befor
 to a worker. Checks that need the tokenizer (prompt length against the context, token ids against
 the vocabulary) happen in the tokenizer worker, which answers with an error reply (also a 400).
 
+JSON schemas (`response_format`, tool parameters) are checked here only for their size and shape
+(`minisgl.grammar.check_schema`, linear and bounded): compiling one can take seconds, so it happens
+in the scheduler's grammar threads, whose refusal comes back as a 400 naming the request's field
+(`grammar_field`).
+
 Integers are strict (`true`, `"5"` and `5.0` are not integers: `"prompt": [true, false]` is not a
 list of token ids). Text must be valid Unicode: JSON may spell a lone surrogate (`"\\ud800"`), which
 no UTF-8 pipe can carry, so a body holding one anywhere is refused before any field is read. OpenAI
@@ -21,6 +26,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    StrictFloat,
     StrictInt,
     ValidationInfo,
     field_validator,
@@ -28,10 +34,9 @@ from pydantic import (
 )
 
 from minisgl.core import MAX_LOGPROBS, SamplingParams
-from minisgl.grammar import JSON_OBJECT_SCHEMA, json_schema_grammar
+from minisgl.entrypoints.openai import tools as tool_calls
+from minisgl.grammar import JSON_OBJECT_SCHEMA, GrammarError, check_schema, json_schema_grammar
 from minisgl.tokenizer.tokenize import FILL_CONTEXT, MAX_CHOICES
-
-from . import tools as tool_calls
 
 _INT32 = 2**31 - 1  # bounds keep every number encodable (msgpack) and meaningful downstream
 _SEED = 2**63 - 1 - MAX_CHOICES  # seed + choice index stays an int64
@@ -157,9 +162,15 @@ _FUNCTION_NAME = r"^[A-Za-z0-9_.\-]{1,64}$"
 
 
 def _grammar_of(schema: dict[str, Any] | bool) -> str:
+    """The grammar text of a schema whose size and shape pass (it is compiled by the scheduler)."""
+    _check_schema(schema)
+    return json_schema_grammar(schema, check=False)
+
+
+def _check_schema(schema: dict[str, Any] | bool) -> None:
     try:
-        return json_schema_grammar(schema)
-    except ValueError as e:
+        check_schema(schema)
+    except GrammarError as e:
         raise ValueError(f"invalid JSON schema: {e}") from None
 
 
@@ -205,7 +216,7 @@ class FunctionSpec(_Body):
     @classmethod
     def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is not None:
-            _grammar_of(v)
+            _check_schema(v)
         return v
 
 
@@ -283,7 +294,7 @@ class SamplingRequest(_Request):
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = 0.0
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = 0.0
     repetition_penalty: Annotated[float, Field(gt=0.0)] | None = 1.0
-    logit_bias: dict[str, Annotated[float, Field(ge=-_MAX_BIAS, le=_MAX_BIAS)]] | None = None
+    logit_bias: dict[str, Annotated[StrictFloat, Field(ge=-_MAX_BIAS, le=_MAX_BIAS)]] | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0, le=_INT32)] = 0
     response_format: ResponseFormat | None = None
     # These take any JSON value, and refuse it below unless absent or "off".
@@ -356,6 +367,11 @@ class SamplingRequest(_Request):
         return self.response_format.grammar if self.response_format is not None else None
 
     @property
+    def grammar_field(self) -> str:
+        """The request field the output grammar comes from (named when the scheduler refuses it)."""
+        return "response_format"
+
+    @property
     def token_logprobs(self) -> int | None:
         """Top alternatives per generated token (None: no logprobs)."""
         return None
@@ -389,7 +405,19 @@ class ChatCompletionRequest(SamplingRequest):
         if self.continue_final_message and self.add_generation_prompt:
             raise ValueError("continue_final_message needs add_generation_prompt: false")
         self._check_tools()
+        self._check_tool_results()
         return self
+
+    def _check_tool_results(self) -> None:
+        """Each tool message answers a call an earlier assistant message made (by its id)."""
+        ids: set[str] = set()
+        for i, m in enumerate(self.messages):
+            ids.update(c.id for c in m.tool_calls or [])
+            if m.role == "tool" and m.tool_call_id is not None and m.tool_call_id not in ids:
+                raise ValueError(
+                    f"messages[{i}].tool_call_id: {m.tool_call_id[:64]!r} is not the id of a tool call "
+                    "of an earlier assistant message"
+                )
 
     def _check_tools(self) -> None:
         if self.tools and self.functions:
@@ -398,22 +426,31 @@ class ChatCompletionRequest(SamplingRequest):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"tools: the function names must be unique, {dup[0]!r} is not")
-        legacy = self.tool_choice is None and (self.function_call is not None or bool(self.functions))
-        choice, field = self.tool_mode, "function_call" if legacy else "tool_choice"
+        field = self._choice_field
         explicit = self.tool_choice if self.tool_choice is not None else self.function_call
         if explicit not in (None, "none") and not names:
             raise ValueError(f"{field} needs {'functions' if field == 'function_call' else 'tools'}")
-        if choice not in ("none", "auto", "required") and choice not in names:
-            raise ValueError(f"{field}: no function named {choice!r} in the tools")
-        if self.response_format is not None and self.response_format.grammar and choice != "none":
+        mode, forced = self.tool_mode, self.forced_function
+        if forced is not None and forced not in names:
+            raise ValueError(f"{field}: no function named {forced!r} in the tools")
+        if self.response_format is not None and self.response_format.grammar and mode != "none":
             raise ValueError("response_format json_object / json_schema cannot be combined with tools")
-        if choice == "required":
-            self._tool_grammar = tool_calls.required_grammar(self.tool_dicts)
-        elif choice not in ("none", "auto"):
-            [tool] = [t for t in self.tool_dicts if t["function"]["name"] == choice]
-            self._tool_grammar = tool_calls.named_grammar(tool)
+        try:
+            if mode == "required":
+                self._tool_grammar = tool_calls.required_grammar(self.tool_dicts)
+            elif forced is not None:
+                [tool] = [t for t in self.tool_dicts if t["function"]["name"] == forced]
+                self._tool_grammar = tool_calls.named_grammar(tool)
+        except GrammarError as e:
+            raise ValueError(f"{field}: {e}") from None
 
     _tool_grammar: str | None = PrivateAttr(None)
+
+    @property
+    def _choice_field(self) -> str:
+        """ "function_call" when the request uses the legacy fields, else "tool_choice"."""
+        legacy = self.tool_choice is None and (self.function_call is not None or bool(self.functions))
+        return "function_call" if legacy else "tool_choice"
 
     @property
     def tool_list(self) -> list[ToolSpec]:
@@ -433,19 +470,31 @@ class ChatCompletionRequest(SamplingRequest):
 
     @property
     def tool_mode(self) -> str:
-        """ "none" (no tools, or tool_choice none), "auto", "required", or the forced function's name."""
+        """ "none" (no tools, or tool_choice none), "auto", "required", or "function" (one function
+        is forced: `forced_function`). A mode is never a function's name: a function may be named
+        "auto" or "none"."""
         if not self.tool_list:
             return "none"
         choice = self.tool_choice if self.tool_choice is not None else self.function_call
         if choice is None:
             return "auto"
-        if isinstance(choice, str):
-            return choice
+        return choice if isinstance(choice, str) else "function"
+
+    @property
+    def forced_function(self) -> str | None:
+        """The name of the function tool_choice (or function_call) forces; None if none is forced."""
+        choice = self.tool_choice if self.tool_choice is not None else self.function_call
+        if not self.tool_list or choice is None or isinstance(choice, str):
+            return None
         return choice.function.name if isinstance(choice, NamedToolChoice) else choice.name
 
     @property
     def output_grammar(self) -> str | None:
         return self._tool_grammar or super().output_grammar
+
+    @property
+    def grammar_field(self) -> str:
+        return self._choice_field if self._tool_grammar else "response_format"
 
     @property
     def token_logprobs(self) -> int | None:

@@ -1,0 +1,1 @@
+"""The command line (`minisgl serve | chat | bench`) and the terminal chat."""

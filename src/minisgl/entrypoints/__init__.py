@@ -1,0 +1,1 @@
+"""What users call: the OpenAI-compatible HTTP API (`openai/`)."""
