@@ -15,10 +15,10 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-import minisgl.models.gguf_convert as gc
+import minisgl.checkpoint.gguf_convert as gc
 from minisgl.backends import bind_ops, create_ops
+from minisgl.checkpoint.gguf_weights import hf_row_order
 from minisgl.models import GGUFConversionError, ModelConfig, load_model, resolve_model_path
-from minisgl.models.gguf_weights import hf_row_order
 from minisgl.models.reference import transformers_model
 from minisgl.quant import QuantizedWeight
 from minisgl.utils.hf import apply_chat_template, load_tokenizer

@@ -471,7 +471,7 @@ GGUF_CASES = {"qwen3-moe": "qwen3moe", "mixtral": "llama", "qwen2-moe-shared": "
 
 @pytest.mark.parametrize("case", list(GGUF_CASES))
 def test_gguf_moe_gives_the_same_model(case: str, tmp_path: Path) -> None:
-    import minisgl.models.gguf_convert as gc
+    import minisgl.checkpoint.gguf_convert as gc
 
     hf_dir = save_tiny_moe(case, tmp_path / "hf", vocab_size=259)
     write_moe_gguf(hf_dir, tmp_path / "m.gguf", GGUF_CASES[case])
@@ -492,11 +492,11 @@ def test_gguf_moe_gives_the_same_model(case: str, tmp_path: Path) -> None:
 def test_gguf_quantized_experts_are_dequantized_per_expert(tmp_path: Path) -> None:
     import gguf
 
-    import minisgl.models.gguf_convert as gc
+    import minisgl.checkpoint.gguf_convert as gc
 
     hf_dir = save_tiny_moe("qwen3-moe", tmp_path / "hf", vocab_size=259)
     write_moe_gguf(hf_dir, tmp_path / "m.gguf", "qwen3moe", qtype="Q8_0")
-    from minisgl.models.gguf_weights import hf_state_dict
+    from minisgl.checkpoint.gguf_weights import hf_state_dict
 
     out = gc.convert_gguf_cached(tmp_path / "m.gguf", tmp_path / "cache", progress=False)
     got = hf_state_dict(out, json.loads((out / "config.json").read_text()))

@@ -29,7 +29,8 @@ from minisgl import kernels
 from minisgl.kernels import quant
 from minisgl.quant import QuantizedWeight
 
-from .torch_ops import TorchOps, Weight
+from .fp8 import Fp8Weight, Weight
+from .torch_ops import TorchOps
 
 # Rows the oneDNN layout is tuned for. Any value >= 16 gives the same kernel for every row count (1
 # uses a GEMV path whose single-row results differ bitwise from the batched ones): keep it >= 16.
@@ -117,15 +118,28 @@ class CpuOps(TorchOps):
     def __init__(self) -> None:
         self.decode = False
         self._packs: dict[int, PackedWeight] = {}  # id(weight) -> its packed copies
+        # id(fp8 weight) -> (keys of its tensors, its dequantized copy): fp8 checkpoints run as the
+        # reference's weights, dequantized once (a copy in the activations' dtype).
+        self._dequantized: dict[int, tuple[tuple[WeightKey, WeightKey], torch.Tensor]] = {}
 
     def prepare(self, is_decode: bool) -> None:
         self.decode = is_decode
+
+    def dequantized(self, weight: Fp8Weight, dtype: torch.dtype) -> torch.Tensor:
+        """`weight` dequantized to `dtype`, made at first use and remade when its tensors change."""
+        key = (_weight_key(weight.qweight), _weight_key(weight.scale))
+        entry = self._dequantized.get(id(weight))
+        if entry is None or entry[0] != key or entry[1].dtype != dtype:
+            entry = self._dequantized[id(weight)] = (key, weight.dequantize(dtype))
+        return entry[1]
 
     def linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight):
             if _rows_fit(x):
                 return quant.qlinear(x, weight, bias, prefill=not self.decode)
             return super().linear(x, weight, bias)
+        if isinstance(weight, Fp8Weight):
+            weight = self.dequantized(weight, x.dtype)
         if weight.dtype != torch.float32 or not weight.is_cpu:
             return super().linear(x, weight, bias)
         pack = self._packs.get(id(weight))

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from minisgl.quant import QuantizedWeight
 
-Weight = torch.Tensor | QuantizedWeight
+from .fp8 import Fp8Weight, Weight
 
 
 class TorchOps:
@@ -23,8 +23,10 @@ class TorchOps:
         """Called by the engine before each forward pass (a backend may pick kernels per pass)."""
 
     def linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
-        """x (..., in) @ weight (out, in)^T (+ bias) -> (..., out)."""
-        if isinstance(weight, QuantizedWeight):
+        """x (..., in) @ weight (out, in)^T (+ bias) -> (..., out). An fp8 weight, or one kept in a
+        checkpoint's block format, is dequantized (the reference: what the checkpoint's numbers mean;
+        no activation quantization)."""
+        if isinstance(weight, (Fp8Weight, QuantizedWeight)):
             weight = weight.dequantize(x.dtype)
         return F.linear(x, weight, bias)
 
@@ -32,6 +34,8 @@ class TorchOps:
         """ids (T,) -> rows of the (vocab, hidden) table, (T, hidden)."""
         if isinstance(weight, QuantizedWeight):
             return weight.lookup(ids)
+        if isinstance(weight, Fp8Weight):
+            raise TypeError("the embedding table stays in the model's dtype under fp8")
         return F.embedding(ids, weight)
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

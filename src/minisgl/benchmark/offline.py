@@ -201,8 +201,8 @@ _FUSED_EXPERTS = re.compile(
 
 def _hf_dummy(name: str, p: torch.Tensor, family: str) -> torch.Tensor:
     """minisgl's random value of transformers' parameter `name`, from the checkpoint tensors it holds."""
+    from minisgl.checkpoint.weights import EXPERT_NAMES
     from minisgl.models.loader import dummy_tensor
-    from minisgl.models.moe import EXPERT_NAMES
 
     def make(ckpt: str, shape: tuple[int, ...]) -> torch.Tensor:
         return dummy_tensor(ckpt, shape, p.dtype, p.device)
@@ -373,6 +373,8 @@ def run_offline_bench(
         "matmul_rate": rates[1] if rates else None,
         "overlap": getattr(ms.llm, "overlap", None),
         "tp": llm_options.get("tp", 1),
+        "quantization": llm_options.get("quantization"),
+        "kv_cache_dtype": llm_options.get("kv_cache_dtype", "auto"),
         "runs": runs,
     }
 
@@ -391,6 +393,10 @@ def print_report(res: dict[str, Any]) -> None:
     olo, ohi = res["output_len_range"]
     outs = f"{olo}" if olo == ohi else f"uniform random in [{olo}, {ohi}]"
     tp = f", tensor-parallel over {res['tp']} ranks" if res["tp"] > 1 else ""
+    if res.get("quantization"):
+        tp += f", minisgl's weights {res['quantization']} (transformers keeps {res['dtype']})"
+    if res.get("kv_cache_dtype", "auto") != "auto":
+        tp += f", minisgl's KV cache {res['kv_cache_dtype']}"
     print(
         f"model: {res['model']}, {res['dtype']}{tp}; input lengths uniform random in [{lo}, {hi}], output "
         f"lengths {outs} (greedy, ignore EOS); transformers (equal output lengths only): the same "
@@ -478,6 +484,10 @@ def main(ns: argparse.Namespace) -> int:
         extra.update(tp=ns.tp, cache_type="naive")
     if ns.kv_cache_memory is not None:
         extra["kv_cache_memory"] = int(ns.kv_cache_memory * (1 << 30))
+    if ns.quantization is not None:
+        extra["quantization"] = ns.quantization
+    if ns.kv_cache_dtype != "auto":
+        extra["kv_cache_dtype"] = ns.kv_cache_dtype
     res = run_offline_bench(
         ns.num_prompts,
         ns.output_len,

@@ -60,7 +60,8 @@ class WeightCounts:
             if id(w) in seen or id(w) in routed or name == "model.embed_tokens.weight":
                 continue  # the embedding table: a lookup reads a few rows (tied: it is the head)
             seen.add(id(w))
-            kind = "layer" if name.startswith("model.layers.") and len(w.shape) == 2 else "other"
+            matrix = len(w.shape) == 2 and not name.endswith("scale")  # (fp8 block scales are 2-D)
+            kind = "layer" if name.startswith("model.layers.") and matrix else "other"
             n, b = _size(w)
             counts[kind][0] += n
             counts[kind][1] += b

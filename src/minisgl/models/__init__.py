@@ -11,26 +11,26 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from minisgl.checkpoint.gguf_convert import GGUFConversionError
+    from minisgl.checkpoint.weights import WeightLoadError
     from minisgl.models.base import CausalLM
     from minisgl.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, ModelConfigError
-    from minisgl.models.gguf_convert import GGUFConversionError
     from minisgl.models.llama import LlamaForCausalLM
     from minisgl.models.loader import fill_dummy_weights, load_model
     from minisgl.models.resolve import embedded_gguf_path, resolve_model_path
-    from minisgl.models.weights import WeightLoadError
 
 _WHERE = {
-    "CausalLM": "base",
-    "SUPPORTED_ARCHITECTURES": "config",
-    "ModelConfig": "config",
-    "ModelConfigError": "config",
-    "GGUFConversionError": "gguf_convert",
-    "LlamaForCausalLM": "llama",
-    "fill_dummy_weights": "loader",
-    "load_model": "loader",
-    "embedded_gguf_path": "resolve",
-    "resolve_model_path": "resolve",
-    "WeightLoadError": "weights",
+    "CausalLM": "minisgl.models.base",
+    "SUPPORTED_ARCHITECTURES": "minisgl.models.config",
+    "ModelConfig": "minisgl.models.config",
+    "ModelConfigError": "minisgl.models.config",
+    "GGUFConversionError": "minisgl.checkpoint.gguf_convert",
+    "LlamaForCausalLM": "minisgl.models.llama",
+    "fill_dummy_weights": "minisgl.models.loader",
+    "load_model": "minisgl.models.loader",
+    "embedded_gguf_path": "minisgl.models.resolve",
+    "resolve_model_path": "minisgl.models.resolve",
+    "WeightLoadError": "minisgl.checkpoint.weights",
 }
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -50,4 +50,4 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'minisgl.models' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"minisgl.models.{_WHERE[name]}"), name)
+    return getattr(importlib.import_module(_WHERE[name]), name)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from minisgl.checkpoint.fp8 import Fp8Scheme, parse_scheme
+
 logger = logging.getLogger(__name__)
 
 # Architectures we run, and the family each belongs to (Mistral is Llama with GQA; Mixtral is Mistral
@@ -85,6 +87,7 @@ class ModelConfig:
     torch_dtype: str | None = None
     sliding_window: int | None = None  # recorded, not applied: attention is always full
     moe: MoEConfig | None = None  # routed experts (None: a dense model)
+    quantization: Fp8Scheme | None = None  # the checkpoint's fp8 scheme (`quantization_config`)
 
     @property
     def family(self) -> str:
@@ -151,6 +154,7 @@ def _parse(raw: dict[str, Any], arch: str) -> ModelConfig:
         torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         sliding_window=int(sliding) if sliding else None,
         moe=_moe(raw, family),
+        quantization=parse_scheme(raw),
     )
     _check(cfg)
     return cfg

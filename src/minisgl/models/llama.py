@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from minisgl.backends import OpsUser
+from minisgl.checkpoint.weights import WeightSlot, swiglu_slots, whole
 from minisgl.distributed import DistributedInfo
 from minisgl.layers import (
     AttentionLayer,
@@ -30,7 +31,6 @@ from minisgl.layers import (
 from minisgl.models.base import CausalLM
 from minisgl.models.config import ModelConfig
 from minisgl.models.moe import moe_slots
-from minisgl.models.weights import WeightSlot, swiglu_slots, whole
 
 Device = torch.device | str
 

@@ -4,30 +4,9 @@ expert's intermediate dimension (`SparseMoE` in minisgl.layers.moe)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from minisgl.checkpoint.weights import EXPERT_NAMES, WeightSlot, swiglu_slots, whole
 from minisgl.layers import SparseMoE
 from minisgl.models.config import MoEConfig
-from minisgl.models.weights import WeightSlot, swiglu_slots, whole
-
-
-@dataclass(frozen=True)
-class ExpertNames:
-    """A family's checkpoint names under `model.layers.N.`: the block, and each expert's gate, up
-    and down projections under `<block>.experts.<e>.`."""
-
-    block: str
-    gate: str
-    up: str
-    down: str
-
-
-_QWEN = ExpertNames("mlp", "gate_proj", "up_proj", "down_proj")
-EXPERT_NAMES = {
-    "mixtral": ExpertNames("block_sparse_moe", "w1", "w3", "w2"),
-    "qwen2_moe": _QWEN,
-    "qwen3_moe": _QWEN,
-}
 
 
 def moe_slots(

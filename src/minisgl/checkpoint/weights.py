@@ -39,6 +39,10 @@ class WeightSlot:
             return sl[self.start : self.start + self.length]
         return sl[:, self.start : self.start + self.length]
 
+    def accepts(self, shape: tuple[int, ...]) -> bool:
+        """Whether a checkpoint tensor of `shape` fits this slot."""
+        return shape == self.full_shape
+
     def copy_in(self, t: torch.Tensor) -> None:
         self.param.narrow(0, self.dst, t.shape[0]).copy_(t)
 
@@ -141,7 +145,7 @@ def load_whole(f: Path, name: str, sl: Any, targets: list[WeightSlot]) -> None:
     slice the same way)."""
     shape = tuple(sl.shape) if isinstance(sl, torch.Tensor) else tuple(sl.get_shape())
     for slot in targets:
-        if shape != slot.full_shape:
+        if not slot.accepts(shape):
             raise WeightLoadError(
                 f"{f}: tensor {name!r} has shape {list(shape)}, the model expects {list(slot.full_shape)}"
             )
@@ -171,3 +175,22 @@ def load_tensors(
     missing = sorted(set(slots) - set(tensors))
     if missing:
         raise WeightLoadError(f"state dict: missing tensor(s) {missing[:5]}")
+
+
+@dataclass(frozen=True)
+class ExpertNames:
+    """A family's checkpoint names under `model.layers.N.`: the block, and each expert's gate, up
+    and down projections under `<block>.experts.<e>.`."""
+
+    block: str
+    gate: str
+    up: str
+    down: str
+
+
+_QWEN = ExpertNames("mlp", "gate_proj", "up_proj", "down_proj")
+EXPERT_NAMES = {
+    "mixtral": ExpertNames("block_sparse_moe", "w1", "w3", "w2"),
+    "qwen2_moe": _QWEN,
+    "qwen3_moe": _QWEN,
+}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from minisgl.models.moe import EXPERT_NAMES
+from minisgl.checkpoint.weights import EXPERT_NAMES
 
 # GGUF architecture -> the Hugging Face architecture of its MoE models
 MOE_ARCHITECTURES = {

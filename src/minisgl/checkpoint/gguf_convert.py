@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from minisgl.models.gguf_moe import MOE_ARCHITECTURES, is_moe, moe_config, moe_tensor_names
+from minisgl.checkpoint.gguf_moe import MOE_ARCHITECTURES, is_moe, moe_config, moe_tensor_names
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
