@@ -169,7 +169,8 @@ def test_dockerfile(name: str) -> None:
     args = _serve_args(cmd)
     assert args.host == "0.0.0.0"
     assert f"http://127.0.0.1:{args.port}/health" in last["HEALTHCHECK"]
-    assert ServerArgs().shutdown_timeout < DOCKER_STOP_GRACE_S  # the default drain fits docker stop's
+    # docker stop's grace holds the drain and then the processes' own stop (2-5 s on a busy 2-core box)
+    assert args.shutdown_timeout <= DOCKER_STOP_GRACE_S / 2
     copied = [rest for w, rest in final if w == "COPY"]
     assert any(rest.startswith("--from=build /opt/minisgl") for rest in copied)
 
