@@ -146,6 +146,7 @@ for step in $steps; do
         timeout 500 python3 -m minisgl bench offline --device cuda --model-config qwen3-30b-a3b --batch-sizes 1,64 --tp $tp \
           --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 1 --kv-cache-memory 8 2>&1 \
           | grep -v "it/s\]" | tail -16 | tee -a "$OUT/moe_tp.log"
+      done ;;
     fp8tests)  # the fp8 weights and KV cache tests, compiled (the whole log kept)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_kernels.py tests/test_fp8_gpu.py \
         tests/test_fp8_kv.py ${FP8_TESTS_MORE:-} > "$OUT/fp8tests.log" 2>&1
