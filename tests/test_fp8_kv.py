@@ -124,7 +124,9 @@ def test_engine_sizes_an_fp8_pool_in_fp8_bytes(model_dir: Path) -> None:
 
     budget = 1 << 20
     plain = LLM(str(model_dir), device="cpu", dtype="float32", kv_cache_memory=budget, cuda_graph_max_bs=0)
-    fp8 = LLM(str(model_dir), device="cpu", dtype="float32", kv_cache_memory=budget, kv_cache_dtype="fp8_e4m3")
+    fp8 = LLM(
+        str(model_dir), device="cpu", dtype="float32", kv_cache_memory=budget, kv_cache_dtype="fp8_e4m3"
+    )
     assert fp8.engine.pool.quantized and fp8.engine.attn_backend.name == "torch"
     assert fp8.engine.num_pages == 4 * plain.engine.num_pages  # 1 byte a value against float32's 4
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]

@@ -80,10 +80,13 @@ def short_request(url: str) -> float:
 
 def test_decoding_goes_on_while_n_choices_wait_for_one_compile(server: ServerProcess) -> None:
     """First in the module: the server's first grammar also loads llguidance's tokenizer (which
-    stalled the scheduler for ~8 s), then the 16 choices share one compile."""
+    stalled the scheduler for ~8 s), then the 16 choices share one compile. Short requests sent
+    meanwhile are answered while the grammar request still waits for its compile: an order of
+    events, not a wall time (before, the 16 compiles ran one after the other inside the scheduler's
+    step, and every other request waited behind them)."""
     alone = min(short_request(server.url) for _ in range(3))
     result: dict[str, Any] = {}
-    schema = optional_props(3_500)  # not yet compiled on this server: n choices wait for it
+    schema = optional_props(4_300)  # ~125 KB, not yet compiled on this server: n choices wait for it
     body = {
         "messages": ASK,
         "max_tokens": 2,
@@ -93,7 +96,12 @@ def test_decoding_goes_on_while_n_choices_wait_for_one_compile(server: ServerPro
     }
     thread = post_in_thread(server.url, body, result)
     time.sleep(0.2)  # the grammar request is in
-    during = [short_request(server.url) for _ in range(3)]
+    during = []
+    for _ in range(2):
+        during.append(short_request(server.url))
+        assert thread.is_alive(), (
+            "the grammar request ended first: the short ones were not answered meanwhile"
+        )
     thread.join()
     r = result["response"]
     assert r.status_code == 200, r.text
@@ -102,8 +110,6 @@ def test_decoding_goes_on_while_n_choices_wait_for_one_compile(server: ServerPro
         f"\na 2-token request alone {alone:.3f} s; during the n=16 request's compile "
         f"{', '.join(f'{d:.3f}' for d in during)} s; the n=16 request took {result['seconds']:.2f} s"
     )
-    # Before, the 16 compiles ran one after the other in the scheduler's step: 18.0 s against 0.10.
-    assert max(during) < max(5 * alone, 3.0)
 
 
 def test_health_answers_while_a_heavy_schema_compiles(server: ServerProcess) -> None:
