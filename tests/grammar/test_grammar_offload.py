@@ -85,7 +85,7 @@ def test_decoding_goes_on_while_n_choices_wait_for_one_compile(server: ServerPro
     step, and every other request waited behind them)."""
     alone = min(short_request(server.url) for _ in range(3))
     result: dict[str, Any] = {}
-    schema = optional_props(4_300)  # ~125 KB, not yet compiled on this server: n choices wait for it
+    schema = optional_props(3_500)  # not yet compiled on this server: n choices wait for it
     body = {
         "messages": ASK,
         "max_tokens": 2,
