@@ -20,7 +20,7 @@ import yaml
 from minisgl.cli.main import build_parser
 from minisgl.launch.args import ServerArgs, args_from_namespace
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
 K8S_VERSION = "1.33.0"  # of the schemas checked against (Kubernetes releases are supported ~14 months)
 DOCKER_STOP_GRACE_S = 10  # `docker stop`'s default

@@ -30,14 +30,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from test_server import ServerProcess
 
 import minisgl
 from minisgl.utils.host import cache_dir
-from test_server import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Of this environment's site-packages, what the fresh one must not see: the checkout's minisgl (an
 # editable install and its import hook), the embedded model (fetch-embedded installs it), and the
 # .pth files that would run this environment's start-up hooks there.
