@@ -74,7 +74,7 @@ class Engine:
         self.model = model
         self.model_config = model_config
         self.device = torch.device(options.device)
-        self.dtype = options.dtype
+        self.dtype = options.torch_dtype
         self.kv_dtype = options.kv_dtype
         self.vocab_size: int = model_config.vocab_size
         self.eos_token_ids: list[int] = list(model_config.eos_token_ids)
