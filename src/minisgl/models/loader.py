@@ -20,7 +20,7 @@ from torch import nn
 from minisgl.distributed import DistributedInfo
 from minisgl.models.base import CausalLM
 from minisgl.models.config import ModelConfig
-from minisgl.models.gguf_weights import gguf_file_of, load_gguf, replace_parameter
+from minisgl.models.gguf_weights import gguf_file_of, load_gguf, replace_parameters
 from minisgl.models.llama import LlamaForCausalLM
 from minisgl.models.weights import WeightSlot, checkpoint_files, load_checkpoint, load_generated
 from minisgl.quant import as_quantized
@@ -109,8 +109,7 @@ def _load_16bit(
     load_checkpoint(
         model_dir, {n: [retarget(s) for s in v] for n, v in slots.items()}, ignore, progress=progress
     )
-    for old, repl in new.values():
-        replace_parameter(model, old, as_quantized(repl))
+    replace_parameters(model, {key: as_quantized(repl) for key, (_, repl) in new.items()})
 
 
 @torch.no_grad()
