@@ -8,20 +8,24 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load_file
 
-import minisgl.models.gguf_convert as gc
+import minisgl.checkpoint.gguf_convert as gc
 from minisgl.backends import bind_ops, create_ops
+from minisgl.checkpoint.gguf_weights import hf_row_order
 from minisgl.models import GGUFConversionError, ModelConfig, load_model, resolve_model_path
-from minisgl.models.gguf_weights import hf_row_order
 from minisgl.models.reference import transformers_model
 from minisgl.quant import QuantizedWeight
 from minisgl.utils.hf import apply_chat_template, load_tokenizer
 from test_models_support import run_prompts, save_tiny_hf_model
+
+if TYPE_CHECKING:
+    import gguf
 
 # ---------------------------------------------------------------------------------------------------
 # A synthetic GGUF
@@ -53,16 +57,10 @@ def _byte_level_vocab() -> list[str]:
     return sorted(set(bytes_to_unicode().values()))
 
 
-def write_tiny_gguf(
-    hf_dir: Path, out: Path, arch: str = "llama", quant: str | None = None
-) -> dict[str, np.ndarray]:
-    """A GGUF of the tiny HF checkpoint (F32, or its matrices in `quant`, a gguf type name the gguf
-    package quantizes, e.g. Q8_0), q/k permuted like llama.cpp; returns the HF tensors."""
+def gguf_writer(out: Path, arch: str, cfg: dict) -> gguf.GGUFWriter:
+    """A GGUFWriter with the model metadata of HF config `cfg` and a byte-level tokenizer (vocab 259)."""
     import gguf
-    import gguf.quants as gq
 
-    cfg = json.loads((hf_dir / "config.json").read_text())
-    hf = load_file(str(hf_dir / "model.safetensors"))
     tokens = ["<|endoftext|>", "<|im_end|>"] + _byte_level_vocab() + ["hi"]
     assert len(tokens) == cfg["vocab_size"]
     w = gguf.GGUFWriter(str(out), arch)
@@ -84,6 +82,20 @@ def write_tiny_gguf(
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
     w.add_chat_template("{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}")
+    return w
+
+
+def write_tiny_gguf(
+    hf_dir: Path, out: Path, arch: str = "llama", quant: str | None = None
+) -> dict[str, np.ndarray]:
+    """A GGUF of the tiny HF checkpoint (F32, or its matrices in `quant`, a gguf type name the gguf
+    package quantizes, e.g. Q8_0), q/k permuted like llama.cpp; returns the HF tensors."""
+    import gguf
+    import gguf.quants as gq
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    hf = load_file(str(hf_dir / "model.safetensors"))
+    w = gguf_writer(out, arch, cfg)
     for name, t in hf.items():
         a = t.astype(np.float32)
         if name == "model.embed_tokens.weight":

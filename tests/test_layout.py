@@ -27,6 +27,7 @@ ROWS: list[tuple[str, ...]] = [
     ("kvcache",),
     ("attention",),
     ("layers",),
+    ("checkpoint",),
     ("models",),
     ("engine",),
     ("scheduler",),

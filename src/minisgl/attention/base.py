@@ -54,7 +54,7 @@ class AttentionBackend(AttentionBackendProto, ABC):
         self.pool = pool
         self.num_q_heads, self.num_kv_heads, self.head_dim = num_q_heads, num_kv_heads, head_dim
         self.device = pool.k[0].device
-        self.dtype = dtype or pool.dtype
+        self.dtype = dtype or pool.value_dtype
 
     @abstractmethod
     def prepare(self, inp: AttnInput) -> None:

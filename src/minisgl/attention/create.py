@@ -35,7 +35,12 @@ def create_attention_backend(
     dtype: torch.dtype | None = None,
 ) -> AttentionBackend:
     """dtype: the activations', when the pool's differs (see AttentionBackend)."""
-    name = resolve_attention_backend(name, pool.k[0].device)
+    device = pool.k[0].device
+    if pool.quantized and name == "auto" and device_kernels(device) == "cpu":
+        name = "torch"  # the C kernels read float16 and float32 pools, not fp8
+    name = resolve_attention_backend(name, device)
+    if pool.quantized and name == "cpu":
+        raise ValueError("an fp8 KV cache needs the triton or the torch attention backend, not cpu")
     if name == "torch":
         return TorchAttentionBackend(pool, num_q_heads, num_kv_heads, head_dim, dtype)
     if name == "cpu":

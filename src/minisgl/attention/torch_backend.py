@@ -182,10 +182,13 @@ class TorchAttentionBackend(AttentionBackend):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         m = self.meta
         assert m is not None, "prepare() must run before forward()"
-        if self.pool.dtype != k.dtype:  # rounded as the pool keeps them, so that every path (this
-            # step's own tokens, or later steps reading the pool) attends to the same K/V
+        # This step's own tokens attend over K/V as the pool keeps them (rounded to a 16-bit pool's
+        # dtype, an fp8 pool's scaled values), as later steps reading the pool will.
+        if not self.pool.quantized and self.pool.dtype != k.dtype:
             k, v = k.to(self.pool.dtype).to(k.dtype), v.to(self.pool.dtype).to(v.dtype)
         self.pool.store(layer_id, m.out_slots, k, v)
+        if self.pool.quantized:
+            k, v = self.pool.load(layer_id, m.out_slots, q.dtype)
         if m.kind == "fresh":
             return self._fresh_prefill(q, k, v, m)
         if m.kind == "decode":
@@ -196,9 +199,8 @@ class TorchAttentionBackend(AttentionBackend):
         """K and V of the batch from the pool: (B, Hkv, Lmax, D) each (strided views)."""
         assert m.kv_idx is not None
         shape = (m.batch_size, m.max_seq_len, self.num_kv_heads, self.head_dim)
-        kk = self.pool.k[layer_id].index_select(0, m.kv_idx).view(shape).transpose(1, 2)
-        vv = self.pool.v[layer_id].index_select(0, m.kv_idx).view(shape).transpose(1, 2)
-        return kk.to(self.dtype), vv.to(self.dtype)
+        kk, vv = self.pool.load(layer_id, m.kv_idx, self.dtype)
+        return kk.view(shape).transpose(1, 2), vv.view(shape).transpose(1, 2)
 
     def _decode_kv(
         self, k: torch.Tensor, v: torch.Tensor, layer_id: int, m: _Meta

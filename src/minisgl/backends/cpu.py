@@ -29,7 +29,8 @@ from minisgl import kernels
 from minisgl.kernels import quant
 from minisgl.quant import QuantizedWeight
 
-from .torch_ops import TorchOps, Weight
+from .fp8 import Fp8Weight, Weight
+from .torch_ops import TorchOps
 
 # Rows the oneDNN layout is tuned for. Any value >= 16 gives the same kernel for every row count (1
 # uses a GEMV path whose single-row results differ bitwise from the batched ones): keep it >= 16.
@@ -117,15 +118,28 @@ class CpuOps(TorchOps):
     def __init__(self) -> None:
         self.decode = False
         self._packs: dict[int, PackedWeight] = {}  # id(weight) -> its packed copies
+        # id(fp8 weight) -> (keys of its tensors, its dequantized copy): fp8 checkpoints run as the
+        # reference's weights, dequantized once (a copy in the activations' dtype).
+        self._dequantized: dict[int, tuple[tuple[WeightKey, WeightKey], torch.Tensor]] = {}
 
     def prepare(self, is_decode: bool) -> None:
         self.decode = is_decode
+
+    def dequantized(self, weight: Fp8Weight, dtype: torch.dtype) -> torch.Tensor:
+        """`weight` dequantized to `dtype`, made at first use and remade when its tensors change."""
+        key = (_weight_key(weight.qweight), _weight_key(weight.scale))
+        entry = self._dequantized.get(id(weight))
+        if entry is None or entry[0] != key or entry[1].dtype != dtype:
+            entry = self._dequantized[id(weight)] = (key, weight.dequantize(dtype))
+        return entry[1]
 
     def linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight):
             if _rows_fit(x):
                 return quant.qlinear(x, weight, bias, prefill=not self.decode)
             return super().linear(x, weight, bias)
+        if isinstance(weight, Fp8Weight):
+            weight = self.dequantized(weight, x.dtype)
         if weight.dtype != torch.float32 or not weight.is_cpu:
             return super().linear(x, weight, bias)
         pack = self._packs.get(id(weight))
@@ -188,6 +202,22 @@ class CpuOps(TorchOps):
         if gate_up.dim() == 2 and kernels.fits(gate_up):
             return kernels.silu_mul(gate_up)  # one pass, no temporaries
         return super().silu_and_mul(gate_up)
+
+    def moe(
+        self,
+        x: torch.Tensor,
+        router: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+    ) -> torch.Tensor:
+        """The experts in one C call (`kernels.moe`): pairs grouped per expert, each expert's weights
+        streamed once per call, in their own (E, 2I, H) / (E, H, I) layout (no packed copy)."""
+        if x.dim() != 2 or top_k > kernels.MOE_MAX_K or not kernels.fits(x, w13, w2):
+            return super().moe(x, router, w13, w2, top_k, renormalize)
+        weights, ids = self.route(x, router, top_k, renormalize)
+        return kernels.moe(x, w13, w2, weights, ids)
 
 
 def _rows_fit(x: torch.Tensor, *more: torch.Tensor) -> bool:

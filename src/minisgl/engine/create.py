@@ -36,6 +36,7 @@ def create_engine(options: EngineOptions) -> EngineProtocol:
         tp_info=tp_info,
         dummy=options.dummy_weights,
         native=options.native_weights,
+        quantization=options.quantization,
     )
     return Engine(model, model_config, options)
 

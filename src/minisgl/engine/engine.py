@@ -26,6 +26,8 @@ from minisgl.backends import bind_ops, create_ops
 from minisgl.core import Batch, Context, Req, set_global_ctx
 from minisgl.grammar import GrammarCompiler, apply_bitmask
 from minisgl.kvcache import KVPool, PageAllocator, PageTable, kv_bytes_per_page
+from minisgl.kvcache.pool import FP8_KV
+from minisgl.layers import AttentionLayer
 
 from .cpu_graph import CpuGraphRunner
 from .cuda_graph import CudaGraphRunner
@@ -96,6 +98,8 @@ class Engine:
             model_config.head_dim,
             self.kv_dtype,
             self.device,
+            scales=self._kv_scales(num_kv_heads) if self.kv_dtype == FP8_KV else None,
+            value_dtype=self.dtype,
         )
         self.page_table = PageTable(
             PageAllocator(self.num_pages), self.page_size, options.max_running_requests, self.max_seq_len
@@ -129,6 +133,23 @@ class Engine:
         )
         self.graphs = self._capture_graphs()
         self._last_arrival = 0.0
+
+    def _kv_scales(self, num_kv_heads: int) -> list[torch.Tensor]:
+        """An fp8 KV pool's scales per layer, (2, Hkv): the checkpoint's where it has them, else 1
+        (vLLM's and SGLang's default too: K/V of common models stay well inside fp8's +-448)."""
+        n = self.model_config.num_layers
+        given: list[torch.Tensor | None] = [
+            m.kv_scale for m in self.model.modules() if isinstance(m, AttentionLayer)
+        ]
+        if len(given) != n:  # a model without minisgl's attention layers (tests' toy models)
+            given = [None] * n
+        ones = torch.ones(2, num_kv_heads, dtype=torch.float32)
+        logger.info(
+            "fp8 KV cache: scales from the checkpoint for %d of %d layers (1.0 for the rest)",
+            sum(s is not None for s in given),
+            n,
+        )
+        return [ones if s is None else s for s in given]
 
     def _capture_graphs(self) -> CudaGraphRunner | CpuGraphRunner | None:
         max_bs = min(self.options.cuda_graph_max_bs, self.options.max_running_requests)
@@ -231,6 +252,21 @@ class Engine:
             tokens = torch.empty(0, dtype=torch.int64, device=self.device)
         logprobs = self._logprobs(raw, tokens, reqs, prompt_logits, prompt_rows)
         return StepOutput(tokens, batch, t0, logprobs, on_done=self._account)
+
+    @torch.inference_mode()
+    def forward_logits(self, batch: Batch) -> torch.Tensor:
+        """Logits (T, V) float32 of every token the batch feeds, nothing sampled: scoring a given
+        text, teacher forcing (`benchmarks/bench_fp8_accuracy.py`). Eager, the step's kernels; the
+        caller advances `cached_len` as after a step."""
+        input_ids, positions, attn_input, _ = self._prepare(batch)
+        self.ops.prepare(batch.is_decode)
+        self.attn_backend.prepare(attn_input)
+        set_global_ctx(Context(attn_backend=self.attn_backend))
+        try:
+            hidden = self.model.forward(input_ids.to(self.device), positions.to(self.device))  # (T, H)
+            return self.model.compute_logits(hidden)
+        finally:
+            set_global_ctx(None)
 
     def _grammar_masks(
         self, reqs: list[Req], pending: StepOutput | None

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     import torch
 
 ENGINES = ("model", "dummy")
+QUANTIZATIONS = (None, "fp8")  # see minisgl.checkpoint.fp8
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # auto: the model's dtype
 DTYPES = ("float32", "float16", "bfloat16")  # the activations' dtypes, by their torch names
 
 
@@ -75,6 +77,19 @@ class EngineOptions:
     cuda_graph_max_bs: int = option(
         256, "decode batches up to this size replay CUDA graphs captured at start; 0: none"
     )
+    quantization: str | None = option(
+        None,
+        "fp8: quantize a 16/32-bit checkpoint's projections to fp8 as it loads (one scale per output "
+        "channel, activations per token); fp8 checkpoints (quantization_config) load as published "
+        "without it",
+        unset="none",
+    )
+    kv_cache_dtype: str = option(
+        "auto",
+        "the KV cache's dtype (auto: the model's); fp8_e4m3 halves its bytes, with K/V scales from the "
+        "checkpoint where it has them, else 1.0",
+        choices=KV_CACHE_DTYPES,
+    )
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -85,9 +100,12 @@ class EngineOptions:
 
     @property
     def kv_dtype(self) -> torch.dtype:
-        """The KV pool's dtype: float16 with native weights on the CPU (half of float32), else `dtype`."""
+        """The KV pool's dtype: fp8 with `kv_cache_dtype` fp8_e4m3; float16 with native weights on the
+        CPU (half of float32); else `dtype`."""
         import torch
 
+        if self.kv_cache_dtype == "fp8_e4m3":
+            return torch.float8_e4m3fn
         return torch.float16 if self.native_weights and self.device == "cpu" else self.torch_dtype
 
     def __post_init__(self) -> None:
@@ -98,6 +116,8 @@ class EngineOptions:
         check_choices(self)
         if self.native_weights and self.device != "cpu":
             raise ValueError(f"native_weights runs on the CPU, not on {self.device}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be fp8 or None, got {self.quantization!r}")
         if self.num_pages is not None and self.kv_cache_memory is not None:
             raise ValueError("num_pages and kv_cache_memory both size the KV pool: give one of them")
         _at_least(self, 1, "page_size", "max_running_requests")

@@ -8,11 +8,13 @@ import torch
 
 from .build import load
 from .ops import (
+    MOE_MAX_K,
     add_rmsnorm,
     available,
     decode_attention,
     fits,
     gather_rows,
+    moe,
     pack_weight,
     packed_matmul,
     prefill_attention,
@@ -23,6 +25,7 @@ from .ops import (
 from .triton import interpreting, triton_available
 
 __all__ = [
+    "MOE_MAX_K",
     "add_rmsnorm",
     "available",
     "check_device",
@@ -31,6 +34,7 @@ __all__ = [
     "fits",
     "gather_rows",
     "load",
+    "moe",
     "pack_weight",
     "packed_matmul",
     "prefill_attention",

@@ -90,6 +90,7 @@ _SIGNATURES: dict[str, list] = {
     "minisgl_silu_mul": [_ptr, ctypes.c_int64, ctypes.c_int64, _ptr],
     "minisgl_pack_weight": [_ptr, ctypes.c_int64, ctypes.c_int64, _ptr],
     "minisgl_packed_matmul": [_ptr, ctypes.c_int64, ctypes.c_int64, _ptr, ctypes.c_int64] + [_ptr, _ptr],
+    "minisgl_moe": [_ptr, ctypes.c_int64, ctypes.c_int64, _ptr, _ptr] + [ctypes.c_int64] * 3 + [_ptr] * 7,
 }
 # The packed entry points (one int64 argument array each; minisgl.kernels.graph) and their replay.
 _PACKED = [

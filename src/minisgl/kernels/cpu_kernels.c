@@ -613,3 +613,140 @@ int minisgl_graph_run(const int64_t *prog, int64_t n) {
     }
     return 0;
 }
+
+/* ---- mixture of experts -------------------------------------------------------------------------
+ * T tokens, each routed to K of E experts: pair p = t * K + k goes to expert ids[p] with weight
+ * weights[p]. The pairs come sorted by expert: order[s] for s < P = T * K, expert e owning
+ * order[starts[e] .. starts[e + 1]). For each expert with tokens, each block of its weight rows is
+ * read once while every token of its group is multiplied against it (the rows stay in L1, the
+ * group's inputs in L2):
+ *   act[s] (I) = silu(W13[e][0:I] x) * (W13[e][I:2I] x)      x = x[order[s] / K], rows [gate | up]
+ *   y[s] (H)   = W2[e] act[s]
+ *   out[t]     = sum of weights[p] * y[s(p)] over the token's pairs, in ascending expert order
+ * Every element is one dot product in a fixed order: a token's result depends neither on the tokens
+ * batched with it nor on the thread count. */
+
+#if defined(__AVX512F__)
+#define MOE_VW 16
+typedef __m512 moe_vec;
+static inline moe_vec moe_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline moe_vec moe_fma(moe_vec a, moe_vec b, moe_vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline moe_vec moe_zero(void) { return _mm512_setzero_ps(); }
+static inline float moe_sum(moe_vec v) { return _mm512_reduce_add_ps(v); }
+#elif defined(HAVE_AVX2)
+#define MOE_VW 8
+typedef __m256 moe_vec;
+static inline moe_vec moe_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline moe_vec moe_fma(moe_vec a, moe_vec b, moe_vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline moe_vec moe_zero(void) { return _mm256_setzero_ps(); }
+static inline float moe_sum(moe_vec v) { return hsum8(v); }
+#endif
+
+#define MOE_TOK 4  /* tokens multiplied against each weight row at once */
+#define MOE_ROWS 16 /* weight rows per work item */
+#define MOE_MAX_K 64 /* experts per token */
+
+/* o0[r] = w0 . xs[r] and o1[r] = w1 . xs[r] for the MOE_TOK rows xs, over n elements */
+static void moe_dots(const float *w0, const float *w1, const float *const *xs, int64_t n, float *o0, float *o1) {
+    int64_t k = 0;
+#ifdef MOE_VW
+    moe_vec a0[MOE_TOK], a1[MOE_TOK];
+    for (int r = 0; r < MOE_TOK; ++r) a0[r] = a1[r] = moe_zero();
+    for (; k + MOE_VW <= n; k += MOE_VW) {
+        const moe_vec v0 = moe_load(w0 + k), v1 = moe_load(w1 + k);
+        for (int r = 0; r < MOE_TOK; ++r) {
+            const moe_vec xv = moe_load(xs[r] + k);
+            a0[r] = moe_fma(v0, xv, a0[r]);
+            a1[r] = moe_fma(v1, xv, a1[r]);
+        }
+    }
+    for (int r = 0; r < MOE_TOK; ++r) o0[r] = moe_sum(a0[r]), o1[r] = moe_sum(a1[r]);
+#else
+    for (int r = 0; r < MOE_TOK; ++r) o0[r] = o1[r] = 0.f;
+#endif
+    for (; k < n; ++k)
+        for (int r = 0; r < MOE_TOK; ++r) o0[r] += w0[k] * xs[r][k], o1[r] += w1[k] * xs[r][k];
+}
+
+/* One work item: rows [j0, j1) of one expert's weights w against its group, sorted pairs s0 .. s1,
+ * whose inputs are rows rows_of[s] of `in` (rows_of NULL: row s); results go to row s of out. gated: out[s][j] = silu(w[j] . in) * (w[j + half] . in), else
+ * out[s][j] = w[j] . in for pairs of rows (j, j + 1). */
+static void moe_item(const float *w, int64_t half, int64_t n, int64_t j0, int64_t j1, int gated,
+                     const float *in, int64_t in_stride, const int64_t *rows_of, int64_t s0, int64_t s1,
+                     float *out, int64_t out_stride) {
+    const float *xs[MOE_TOK];
+    float o0[MOE_TOK], o1[MOE_TOK];
+    for (int64_t s = s0; s < s1; s += MOE_TOK) {
+        const int64_t m = s1 - s < MOE_TOK ? s1 - s : MOE_TOK;
+        for (int r = 0; r < MOE_TOK; ++r) { /* a short last tile repeats its last row */
+            const int64_t sr = s + (r < m ? r : m - 1);
+            xs[r] = in + (rows_of ? rows_of[sr] : sr) * in_stride;
+        }
+        for (int64_t j = j0; j < j1; j += gated ? 1 : 2) {
+            const int64_t j2 = gated ? j + half : (j + 1 < j1 ? j + 1 : j);
+            moe_dots(w + j * n, w + j2 * n, xs, n, o0, o1);
+            for (int64_t r = 0; r < m; ++r) {
+                float *o = out + (s + r) * out_stride;
+                if (gated) o[j] = o0[r] / (1.f + expf(-o0[r])) * o1[r];
+                else o[j] = o0[r], o[j2] = o1[r];
+            }
+        }
+    }
+}
+
+/* x (T, H); w13 (E, 2I, H); w2 (E, H, I); order (P,), starts (E + 1,), ids (P,) int64; weights (P,);
+ * scratch act (P, I), y (P, H); out (T, H). Returns 0, or -1 when scratch memory could not be had. */
+int minisgl_moe(const float *x, int64_t T, int64_t H, const float *w13, const float *w2, int64_t E, int64_t I,
+                int64_t K, const int64_t *order, const int64_t *starts, const int64_t *ids,
+                const float *weights, float *act, float *y, float *out) {
+    const int64_t P = T * K, up_blocks = (I + MOE_ROWS - 1) / MOE_ROWS;
+    const int64_t down_blocks = (H + 2 * MOE_ROWS - 1) / (2 * MOE_ROWS);
+    int64_t *tok = (int64_t *)malloc(sizeof(int64_t) * (size_t)(P + 1)); /* sorted pair s -> its token */
+    int64_t *pos = (int64_t *)malloc(sizeof(int64_t) * (size_t)(P + 1)); /* pair p -> sorted s */
+    int64_t *active = (int64_t *)malloc(sizeof(int64_t) * (size_t)(E + 1)); /* experts with tokens */
+    if (tok == NULL || pos == NULL || active == NULL) {
+        free(tok), free(pos), free(active);
+        return -1;
+    }
+    int64_t na = 0;
+    for (int64_t e = 0; e < E; ++e)
+        if (starts[e + 1] > starts[e]) active[na++] = e;
+    for (int64_t s = 0; s < P; ++s) tok[s] = order[s] / K, pos[order[s]] = s;
+    const int par = P * I * H >= PAR_MIN_ELEMS;
+    /* act[s] = silu(gate x) * up x: items (active expert, block of I rows) */
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+    for (int64_t it = 0; it < na * up_blocks; ++it) {
+        const int64_t e = active[it / up_blocks], j0 = it % up_blocks * MOE_ROWS;
+        const int64_t j1 = j0 + MOE_ROWS < I ? j0 + MOE_ROWS : I;
+        moe_item(w13 + e * 2 * I * H, I, H, j0, j1, 1, x, H, tok, starts[e], starts[e + 1], act, I);
+    }
+    /* y[s] = W2 act[s]: items (active expert, block of H rows); act's rows are the sorted ones */
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+    for (int64_t it = 0; it < na * down_blocks; ++it) {
+        const int64_t e = active[it / down_blocks], j0 = it % down_blocks * 2 * MOE_ROWS;
+        const int64_t j1 = j0 + 2 * MOE_ROWS < H ? j0 + 2 * MOE_ROWS : H;
+        moe_item(w2 + e * H * I, 0, I, j0, j1, 0, act, I, NULL, starts[e], starts[e + 1], y, H);
+    }
+    free(active);
+    /* out[t] = sum over its pairs in ascending expert order of weight * y */
+#pragma omp parallel for if (T * K * H >= PAR_MIN_ELEMS)
+    for (int64_t t = 0; t < T; ++t) {
+        int64_t ks[MOE_MAX_K];
+        const int64_t kk = K < MOE_MAX_K ? K : MOE_MAX_K; /* the wrapper refuses K > MOE_MAX_K */
+        for (int64_t k = 0; k < kk; ++k) { /* insertion sort of the token's pairs by expert */
+            int64_t i = k;
+            for (; i > 0 && ids[t * K + ks[i - 1]] > ids[t * K + k]; --i) ks[i] = ks[i - 1];
+            ks[i] = k;
+        }
+        float *o = out + t * H;
+        for (int64_t h = 0; h < H; ++h) o[h] = 0.f;
+        for (int64_t k = 0; k < kk; ++k) {
+            const int64_t p = t * K + ks[k];
+            const float wt = weights[p], *yr = y + pos[p] * H;
+#pragma omp simd
+            for (int64_t h = 0; h < H; ++h) o[h] = o[h] + wt * yr[h];
+        }
+    }
+    free(tok), free(pos);
+    return 0;
+}

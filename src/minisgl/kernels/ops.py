@@ -254,3 +254,45 @@ def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     )
     _check_scratch(rc, "packed_matmul")
     return y
+
+
+MOE_MAX_K = 64  # experts per token the kernel takes (cpu_kernels.c)
+
+
+def moe(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """Routed experts: x (T, H), w13 (E, 2I, H) [gate | up] rows, w2 (E, H, I), each token's K
+    experts ids (T, K) int64 with weights (T, K) -> (T, H) = sum over them of weight * w2[e] @
+    (silu(gate_e x) * up_e x). The token-expert pairs are grouped per expert here (a stable sort),
+    every expert's work done in one call."""
+    lib = _lib()
+    t, h = x.shape
+    e, two_i, _ = w13.shape
+    k = ids.shape[1]
+    if (
+        w13.shape[2] != h
+        or w2.shape != (e, h, two_i // 2)
+        or ids.shape != (t, k)
+        or weights.shape != ids.shape
+    ):
+        raise ValueError(
+            f"moe: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}, ids {tuple(ids.shape)}"
+        )
+    if k > MOE_MAX_K:
+        raise ValueError(f"moe: {k} experts per token, the kernel takes at most {MOE_MAX_K}")
+    flat = ids.reshape(-1)  # (P,) pair p = token * K + slot
+    order = torch.argsort(flat, stable=True)  # (P,) pairs grouped by expert
+    starts = torch.zeros(e + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(flat, minlength=e), 0, out=starts[1:])
+    act = x.new_empty(t * k, two_i // 2)  # (P, I) scratch, sorted rows
+    y = x.new_empty(t * k, h)  # (P, H) scratch, sorted rows
+    out = x.new_empty(t, h)
+    rc = lib.minisgl_moe(
+        _check(x, "x"), t, h, _check(w13, "w13"), _check(w2, "w2"), e, two_i // 2, k,
+        _check(order, "order", torch.int64), _check(starts, "starts", torch.int64),
+        _check(flat, "ids", torch.int64), _check(weights.reshape(-1), "weights"),
+        act.data_ptr(), y.data_ptr(), out.data_ptr(),
+    )  # fmt: skip
+    _check_scratch(rc, "moe")
+    return out

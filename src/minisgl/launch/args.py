@@ -86,6 +86,8 @@ class ServerArgs:
         MODEL,
         choices=("auto", "hermes", "llama3_json"),
     )
+    quantization: str | None = engine_flag(MODEL, metavar="METHOD")
+    kv_cache_dtype: str | None = engine_flag(MODEL, metavar="DTYPE")
     dummy_weights: bool | None = engine_flag(MODEL)
     # -- engine
     device: str = flag(

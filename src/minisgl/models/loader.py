@@ -17,21 +17,26 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from minisgl.checkpoint.fp8 import apply_fp8, fp8_slots, kv_scale_slots, resolve_scheme, unused_scales
+from minisgl.checkpoint.gguf_weights import gguf_file_of, load_gguf, replace_parameters
+from minisgl.checkpoint.weights import (
+    WeightSlot,
+    checkpoint_files,
+    iter_tensor_names,
+    load_checkpoint,
+    load_generated,
+)
 from minisgl.distributed import DistributedInfo
 from minisgl.models.base import CausalLM
 from minisgl.models.config import ModelConfig
-from minisgl.models.gguf_weights import gguf_file_of, load_gguf, replace_parameters
 from minisgl.models.llama import LlamaForCausalLM
-from minisgl.models.weights import WeightSlot, checkpoint_files, load_checkpoint, load_generated
 from minisgl.quant import as_quantized
 
 logger = logging.getLogger(__name__)
 
 # config.family -> implementation (all current families share the Llama code, flags differ)
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
-    "llama": LlamaForCausalLM,
-    "qwen2": LlamaForCausalLM,
-    "qwen3": LlamaForCausalLM,
+    family: LlamaForCausalLM for family in ("llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
 }
 
 
@@ -43,29 +48,45 @@ def load_model(
     dummy: bool = False,
     progress: bool = True,
     native: bool = False,
+    quantization: str | None = None,
 ) -> tuple[CausalLM, ModelConfig]:
     """The model for this rank and its config. `dummy`: random weights, only config.json is read;
-    `native`: matrices kept in the checkpoint's format (see the module's docstring)."""
+    `native`: matrices kept in the checkpoint's format (see the module's docstring). An fp8
+    checkpoint loads as published; `quantization="fp8"` quantizes a 16/32-bit one as it loads
+    (`minisgl.checkpoint.fp8`)."""
     model_dir = Path(model_dir)
     t0 = time.perf_counter()
     cfg = ModelConfig.from_dir(model_dir)
     tp = tp_info or DistributedInfo(0, 1)
     model = MODEL_CLASSES[cfg.family](cfg, tp, dtype, torch.device(device))
-    slots, ignore = model.weight_slots(), model.checkpoint_ignored()
+    scheme = resolve_scheme(cfg.quantization, quantization, dummy)
+    if scheme is not None:
+        apply_fp8(model, scheme)
+    slots = model.weight_slots()
+    if scheme is not None:
+        fp8_slots(model, slots, scheme)
+    ignore = model.checkpoint_ignored()
     if dummy:
-        fill_dummy_weights(model)
+        fill_dummy_weights(model, slots=slots)
     elif gguf_file_of(model_dir) is not None:
+        if scheme is not None:
+            raise ValueError(
+                f"{model_dir}: --quantization fp8 applies to safetensors checkpoints, not GGUF files"
+            )
         load_gguf(model_dir, model, slots, ignore, native=native, family=cfg.family)
-    elif native and (dtype16 := _checkpoint_16bit(model_dir)) is not None:
+    elif native and scheme is None and (dtype16 := _checkpoint_16bit(model_dir)) is not None:
         _load_16bit(model, model_dir, slots, ignore, dtype16, progress)
     else:
-        load_checkpoint(model_dir, slots, ignore, progress=progress)
+        names = {n for _, n in iter_tensor_names(checkpoint_files(model_dir))}
+        slots.update(kv_scale_slots(model, names, cfg.num_kv_heads, model.heads.kv_start))
+        load_checkpoint(model_dir, slots, ignore | unused_scales(names), progress=progress)
     model.eval()
     logger.info(
-        "loaded %s (%s%s) in %.2f s",
+        "loaded %s (%s%s%s) in %.2f s",
         model_dir,
         cfg.architecture,
         ", dummy" if dummy else "",
+        f", {scheme.source}" if scheme is not None else "",
         time.perf_counter() - t0,
     )
     return model, cfg
@@ -126,11 +147,15 @@ def dummy_tensor(
     return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=gen)
 
 
-def fill_dummy_weights(model: LlamaForCausalLM, seed: int = 0) -> None:
+def fill_dummy_weights(
+    model: LlamaForCausalLM, seed: int = 0, slots: dict[str, list[WeightSlot]] | None = None
+) -> None:
     """Random weights (`dummy_tensor`): each checkpoint tensor drawn whole and sharded as from a
     checkpoint, so every tensor-parallel size holds the same model (TP=2 can be checked against TP=1,
-    and transformers given the same weights, without a checkpoint)."""
+    and transformers given the same weights, without a checkpoint). `slots`: the model's, or ones
+    that quantize its fp8 projections as they are filled."""
     like = model.model.embed_tokens.weight
     load_generated(
-        model.weight_slots(), lambda name, shape: dummy_tensor(name, shape, like.dtype, like.device, seed)
+        slots if slots is not None else model.weight_slots(),
+        lambda name, shape: dummy_tensor(name, shape, like.dtype, like.device, seed),
     )

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .gguf_weights import gguf_file_of, hf_state_dict
+from minisgl.checkpoint.gguf_weights import gguf_file_of, hf_state_dict
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

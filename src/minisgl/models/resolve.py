@@ -37,7 +37,7 @@ def resolve_model_path(
     None -> the embedded SmolLM2 GGUF; a .gguf file -> its derived directory in the cache (config,
     tokenizer and a link to the file, made on first use); a directory -> itself, once checked (`require_weights=False` for dummy weights,
     where only config.json and the tokenizer are needed)."""
-    from minisgl.models.gguf_convert import convert_gguf_cached
+    from minisgl.checkpoint.gguf_convert import convert_gguf_cached
 
     path = embedded_gguf_path() if model is None else Path(model).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":

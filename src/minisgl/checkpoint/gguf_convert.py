@@ -4,7 +4,9 @@ The directory holds config.json and generation_config.json (from the GGUF metada
 files (rebuilt from the metadata by transformers' GGUF tokenizer loader, chat template included)
 and `model.gguf`, a link to the file itself: the weights stay in the GGUF file and are read from it
 in place (`gguf_weights`). A few hundred kilobytes per file, cached, keyed by the file's name,
-size and modification time. GGUF tensor names map to HF's (`gguf_to_hf_name`)."""
+size and modification time. GGUF tensor names map to HF's (`gguf_to_hf_name`). Mixtures of
+experts (`qwen3moe`, `qwen2moe`, `llama` with experts): their config fields and tensor names are in
+`gguf_moe`."""
 
 from __future__ import annotations
 
@@ -18,12 +20,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from minisgl.checkpoint.gguf_moe import MOE_ARCHITECTURES, is_moe, moe_config, moe_tensor_names
+
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
 logger = logging.getLogger(__name__)
 
-CONVERTER_VERSION = 4  # bump when the output changes, so old cache entries are not reused
+CONVERTER_VERSION = 5  # bump when the output changes, so old cache entries are not reused
 TENSOR_TABLE = "tensors.json"  # name, ggml type, shape (HF order), offset, bytes of every tensor
 
 # GGUF tensor names (after "blk.N.") -> HF names (after "model.layers.N.")
@@ -96,15 +100,16 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
     out_dir. (`progress` is kept for callers; nothing here takes long enough to show one.)"""
     reader = open_gguf(gguf_path)
     meta = _metadata(reader)
-    arch = meta.get("general.architecture")
-    if arch not in _ARCHITECTURES:
+    arch = str(meta.get("general.architecture"))
+    if arch not in _ARCHITECTURES and not is_moe(meta, arch):
+        supported = ", ".join(sorted(set(_ARCHITECTURES) | set(MOE_ARCHITECTURES)))
         raise GGUFConversionError(
-            f"{gguf_path}: GGUF architecture {arch!r} is not supported (supported: {', '.join(_ARCHITECTURES)})"
+            f"{gguf_path}: GGUF architecture {arch!r} is not supported (supported: {supported})"
         )
     config = _hf_config(meta, arch, reader, gguf_path)
     table = []
     for t in reader.tensors:
-        if gguf_to_hf_name(t.name) is None:
+        if hf_names(t.name, config) is None:
             raise GGUFConversionError(f"{gguf_path}: unexpected tensor {t.name!r} for a {arch} model")
         shape = [int(x) for x in reversed(t.shape)]  # ggml lists dims innermost first
         table.append(
@@ -159,12 +164,14 @@ def _hf_config(meta: dict[str, Any], arch: str, reader: GGUFReader, gguf_path: P
         raise GGUFConversionError(f"{gguf_path}: no tokenizer in the GGUF metadata (tokenizer.ggml.tokens)")
     vocab = int(meta.get(f"{arch}.vocab_size") or len(tokens.data))
     bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
-    return {
-        "architectures": [_ARCHITECTURES[arch]],
+    moe = is_moe(meta, arch)
+    ffn = meta.get(f"{arch}.feed_forward_length") if moe else get("feed_forward_length")
+    config = {
+        "architectures": [_ARCHITECTURES.get(arch)],
         "model_type": arch,
         "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": int(get("feed_forward_length")),
+        "intermediate_size": int(ffn or get("expert_feed_forward_length")),
         "num_hidden_layers": int(get("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(get("attention.head_count_kv", heads)),
@@ -181,6 +188,9 @@ def _hf_config(meta: dict[str, Any], arch: str, reader: GGUFReader, gguf_path: P
         "torch_dtype": "float32",
         "converted_from": gguf_path.name,
     }
+    if moe:
+        config.update(moe_config(meta, arch, names, int(get("block_count"))))
+    return config
 
 
 def _f32_to_decimal(x: float) -> float:
@@ -190,6 +200,17 @@ def _f32_to_decimal(x: float) -> float:
 
 def _generation_config(config: dict[str, Any]) -> dict[str, Any]:
     return {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
+
+
+def hf_names(name: str, config: dict[str, Any]) -> list[str] | None:
+    """The Hugging Face names of GGUF tensor `name` in a model of the derived `config`: one name, or
+    for a stacked expert tensor each expert's in order; None: not a tensor of such a model."""
+    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    moe = moe_tensor_names(name, config["architectures"][0], experts) if experts else None
+    if moe is not None:
+        return moe
+    hf = gguf_to_hf_name(name)
+    return None if hf is None else [hf]
 
 
 def gguf_to_hf_name(name: str) -> str | None:

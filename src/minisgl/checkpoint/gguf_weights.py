@@ -10,13 +10,16 @@ read from the file when first used. Fused projections (q/k/v, gate/up) are parts
 tensor-parallel shard is a range of rows or of blocks, and llama.cpp's permuted q/k rows (its Llama
 converter interleaves each head's rope halves) are read in Hugging Face's order through the row
 table, so none of these needs a copy either. Norms and biases (1-D, float32) are copied into the
-model's float parameters. Without `native` (`--dtype float32`, GPUs) every tensor is dequantized
+model's float parameters. A mixture of experts' tensors (the stacked experts, the router, a shared
+expert) are dequantized into the model's float parameters even with `native`: the experts op takes
+float (E, 2I, H) / (E, H, I) stacks. Without `native` (`--dtype float32`, GPUs) every tensor is dequantized
 into the model's parameters (`minisgl.quant.dequantize`), q/k rows put back in HF's order.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import warnings
 from collections import defaultdict
@@ -30,12 +33,12 @@ from torch import nn
 from minisgl.kernels.quant import dequant_rows, quant_available
 from minisgl.quant import GGMLType, QuantizedWeight, QuantPart, dequantize
 
-from .gguf_convert import TENSOR_TABLE, GGUFConversionError, gguf_to_hf_name
+from .gguf_convert import TENSOR_TABLE, GGUFConversionError, gguf_to_hf_name, hf_names
 from .weights import WeightLoadError, WeightSlot, load_whole
 
 # Architectures whose GGUF files have llama.cpp's permuted attn_q / attn_k rows (its rope is
 # interleaved for Llama only; Qwen2/Qwen3 files keep HF's order).
-PERMUTED_ROPE = {"llama"}
+PERMUTED_ROPE = {"llama", "mixtral"}
 
 
 def gguf_file_of(model_dir: Path) -> Path | None:
@@ -81,8 +84,9 @@ class GGUFFile:
             self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
 
     def raw_rows(self, t: GGUFTensor) -> torch.Tensor:
-        """The tensor's bytes as (rows, row_bytes) uint8 (1-D tensors: one row), over the map."""
-        rows = t.shape[0] if len(t.shape) > 1 else 1
+        """The tensor's bytes as (rows, row_bytes) uint8 over the map: rows of the last dimension (a
+        stacked (E, r, c) tensor has E * r rows; a 1-D one is one row)."""
+        rows = math.prod(t.shape[:-1])
         return self._bytes[t.offset : t.offset + t.nbytes].view(rows, -1)
 
     def format(self, t: GGUFTensor) -> GGMLType:
@@ -107,12 +111,17 @@ def load_gguf(
     gguf = GGUFFile(model_dir)
     path = gguf.path
     heads = _permuted_heads(model, family)
+    config = _derived_config(model_dir)
     seen: set[str] = set()
     matrices: dict[int, list[tuple[WeightSlot, QuantPart]]] = defaultdict(list)
     for t in gguf.tensors:
-        name = gguf_to_hf_name(t.name)
-        if name is None:
+        names = hf_names(t.name, config)
+        if names is None:
             raise WeightLoadError(f"{path}: unexpected tensor {t.name!r} for a {family} model")
+        if gguf_to_hf_name(t.name) is None:  # a mixture of experts' tensor: float, one per expert
+            seen.update(_load_moe_tensor(gguf, t, names, slots, ignore))
+            continue
+        name = names[0]
         if name in ignore:
             continue
         if name not in slots:
@@ -135,6 +144,40 @@ def load_gguf(
     if missing:
         raise WeightLoadError(f"{path}: missing tensor(s) {missing[:5]}")
     replace_parameters(model, {key: _installed(entries) for key, entries in matrices.items()})
+
+
+def _derived_config(model_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise WeightLoadError(f"{model_dir / 'config.json'}: cannot read the derived config: {e}") from None
+
+
+def _load_moe_tensor(
+    gguf: GGUFFile, t: GGUFTensor, names: list[str], slots: dict[str, list[WeightSlot]], ignore: set[str]
+) -> list[str]:
+    """A MoE tensor dequantized into its slots: a stacked (E, r, c) one as its E experts (expert e is
+    `[e]`), the shared expert's gate (H,) as Hugging Face's (1, H). Returns the names it filled."""
+    parts = _moe_parts(_dequantized(gguf, t, None))
+    if len(parts) != len(names):
+        raise WeightLoadError(
+            f"{gguf.path}: tensor {t.name!r} holds {len(parts)} experts, the model {len(names)}"
+        )
+    for name, part in zip(names, parts, strict=True):
+        if name in ignore:
+            continue
+        if name not in slots:
+            raise WeightLoadError(f"{gguf.path}: tensor {t.name!r} ({name}) is not part of this model")
+        load_whole(gguf.path, name, part, slots[name])
+    return names
+
+
+def _moe_parts(w: torch.Tensor) -> list[torch.Tensor]:
+    """A MoE tensor as the tensors Hugging Face names: (E, r, c) -> E of (r, c); a shared expert's
+    gate (H,) -> (1, H); a router or shared projection as it is."""
+    if w.dim() == 3:
+        return [e.contiguous() for e in w]
+    return [w.reshape(1, -1) if w.dim() == 1 else w]
 
 
 def _permuted_heads(model: nn.Module, family: str) -> dict[str, int]:
@@ -212,7 +255,7 @@ def replace_parameters(model: nn.Module, values: dict[int, object]) -> None:
 def _dequantized(gguf: GGUFFile, t: GGUFTensor, n_heads: int | None) -> torch.Tensor:
     """The whole tensor in float32, q/k rows in HF's order."""
     fmt, shape = gguf.format(t), t.shape
-    rows, k = (shape[0], shape[-1]) if len(shape) > 1 else (1, shape[0])
+    rows, k = math.prod(shape[:-1]), shape[-1]
     try:
         part = QuantPart(fmt, gguf.raw_rows(t), k)
     except ValueError as e:
@@ -233,11 +276,15 @@ def hf_state_dict(model_dir: Path, config: dict) -> dict[str, torch.Tensor]:
     heads = {}
     if config["model_type"] in PERMUTED_ROPE:
         heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
-    out = {}
+    out: dict[str, torch.Tensor] = {}
     for t in gguf.tensors:
-        name = gguf_to_hf_name(t.name)
-        if name is None:
+        names = hf_names(t.name, config)
+        if names is None:
             raise WeightLoadError(f"{gguf.path}: unexpected tensor {t.name!r}")
+        name = gguf_to_hf_name(t.name)
+        if name is None:  # a mixture of experts' tensor: one per expert, as transformers names them
+            out.update(zip(names, _moe_parts(_dequantized(gguf, t, None)), strict=True))
+            continue
         n_heads = heads.get(name.split(".")[-2]) if name.endswith(".weight") else None
         out[name] = _dequantized(gguf, t, n_heads)
     return out
