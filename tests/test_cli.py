@@ -240,16 +240,19 @@ def test_building_the_parser_imports_no_torch() -> None:
 
 @pytest.mark.skipif(torch.version.cuda is not None, reason="a CUDA build of torch asks torch for a GPU")
 def test_the_launcher_builds_its_configs_without_torch() -> None:
-    """`minisgl serve`'s own process (the API server) validates the options, builds every rank's
-    SchedulerConfig, pickles it for the spawned scheduler and names its target, all without torch."""
+    """`minisgl serve`'s own process (the API server) validates the options, resolves the model (the
+    embedded one), builds every rank's SchedulerConfig, pickles it for the spawned scheduler and names
+    its target, all without torch."""
     code = (
         "import pickle, sys\n"
         "from minisgl.launch import configs, launcher\n"
         "from minisgl.launch.args import ServerArgs\n"
         "from minisgl.engine.options import resolve_device\n"
         "from minisgl.scheduler import run_scheduler\n"
+        "from minisgl.models import resolve_model_path\n"
         "args = ServerArgs(dtype='bfloat16'); args.check()\n"
-        "(config,) = configs.build(args, launcher.Path('/nonexistent'), resolve_device(args.device))\n"
+        "model_dir = resolve_model_path(None, require_weights=True)\n"
+        "(config,) = configs.build(args, model_dir, resolve_device(args.device))\n"
         "pickle.dumps((run_scheduler, config))\n"
         "print(config.device, config.dtype, 'torch' in sys.modules)"
     )

@@ -9,9 +9,10 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from minisgl.checkpoint.fp8 import Fp8Scheme, parse_scheme
+if TYPE_CHECKING:  # checkpoint.fp8 imports torch: resolving a model path (the launcher) must not
+    from minisgl.checkpoint.fp8 import Fp8Scheme
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ def _parse(raw: dict[str, Any], arch: str) -> ModelConfig:
         torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         sliding_window=int(sliding) if sliding else None,
         moe=_moe(raw, family),
-        quantization=parse_scheme(raw),
+        quantization=_fp8_scheme(raw),
     )
     _check(cfg)
     return cfg
@@ -230,6 +231,12 @@ def _check(cfg: ModelConfig) -> None:
             cfg.architecture,
             cfg.sliding_window,
         )
+
+
+def _fp8_scheme(raw: dict[str, Any]) -> Fp8Scheme | None:
+    from minisgl.checkpoint.fp8 import parse_scheme
+
+    return parse_scheme(raw)
 
 
 def _read_json(path: Path, required: bool) -> dict[str, Any]:
