@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # checkpoint.fp8 imports torch: resolving a model path (the launcher) must not
+if TYPE_CHECKING:  # (torch: the config is read where no torch is loaded, e.g. the API server)
     from minisgl.checkpoint.fp8 import Fp8Scheme
 
 logger = logging.getLogger(__name__)
@@ -233,12 +233,6 @@ def _check(cfg: ModelConfig) -> None:
         )
 
 
-def _fp8_scheme(raw: dict[str, Any]) -> Fp8Scheme | None:
-    from minisgl.checkpoint.fp8 import parse_scheme
-
-    return parse_scheme(raw)
-
-
 def _read_json(path: Path, required: bool) -> dict[str, Any]:
     if not path.is_file():
         if required:
@@ -284,3 +278,12 @@ def _tokenizer_eos_ids(path: Path) -> list[int]:
         if isinstance(eos_id, int):
             ids.append(eos_id)
     return ids
+
+
+def _fp8_scheme(raw: dict[str, Any]) -> Fp8Scheme | None:
+    """The checkpoint's fp8 scheme, read only when config.json has a `quantization_config`."""
+    if raw.get("quantization_config") is None:
+        return None
+    from minisgl.checkpoint.fp8 import parse_scheme
+
+    return parse_scheme(raw)
