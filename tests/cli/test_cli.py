@@ -238,6 +238,38 @@ def test_building_the_parser_imports_no_torch() -> None:
     assert out.stdout.strip() == "False", out.stderr
 
 
+@pytest.mark.skipif(torch.version.cuda is not None, reason="a CUDA build of torch asks torch for a GPU")
+def test_the_launcher_builds_its_configs_without_torch() -> None:
+    """`minisgl serve`'s own process (the API server) validates the options, resolves the model (the
+    embedded one), builds every rank's SchedulerConfig, pickles it for the spawned scheduler and names
+    its target, all without torch."""
+    code = (
+        "import pickle, sys\n"
+        "from minisgl.launch import configs, launcher\n"
+        "from minisgl.launch.args import ServerArgs\n"
+        "from minisgl.engine.options import resolve_device\n"
+        "from minisgl.scheduler import run_scheduler\n"
+        "from minisgl.models import resolve_model_path\n"
+        "args = ServerArgs(dtype='bfloat16'); args.check()\n"
+        "model_dir = resolve_model_path(None, require_weights=True)\n"
+        "(config,) = configs.build(args, model_dir, resolve_device(args.device))\n"
+        "pickle.dumps((run_scheduler, config))\n"
+        "print(config.device, config.dtype, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["cpu", "bfloat16", "False"], out.stderr
+
+
+def test_a_config_holds_its_dtype_by_name() -> None:
+    from minisgl.engine.options import EngineOptions
+
+    assert EngineOptions(dtype=torch.bfloat16).dtype == "bfloat16" == EngineOptions(dtype="bfloat16").dtype
+    assert EngineOptions(dtype=torch.float16).torch_dtype is torch.float16
+    for bad in (torch.int32, "fp32", 32):
+        with pytest.raises(TypeError, match="dtype must be a torch.dtype or one of"):
+            EngineOptions(dtype=bad)  # type: ignore[arg-type]
+
+
 def test_dtype_choices_are_the_engines() -> None:
     from minisgl.engine.options import DTYPES
 

@@ -147,8 +147,9 @@ def test_bad_values_rejected(kw: dict, match: str) -> None:
 def test_bad_types_rejected() -> None:
     with pytest.raises(TypeError, match="tp_info"):
         SchedulerConfig(model_path="m", tp_info=(0, 1), dtype=torch.float32)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="dtype"):
-        SchedulerConfig(model_path="m", tp_info=DistributedInfo(0, 1), dtype="float32")  # type: ignore[arg-type]
+    for dtype in ("fp32", torch.int32):  # a torch.dtype or its name ("float32") is fine
+        with pytest.raises(TypeError, match="dtype"):
+            SchedulerConfig(model_path="m", tp_info=DistributedInfo(0, 1), dtype=dtype)
 
 
 def test_distributed_info() -> None:

@@ -161,8 +161,8 @@ def _load(
     if not skip_hf:  # first: minisgl sizes its KV pool from the device memory left
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        hf_dtype = resolve_dtype(
-            "float32" if dtype == "auto" else dtype, device
+        hf_dtype = getattr(
+            torch, resolve_dtype("float32" if dtype == "auto" else dtype, device)
         )  # (auto: the quantized CPU path)
         if model_config is not None:
             with torch.device(device):

@@ -13,8 +13,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from minisgl.checkpoint.weights import EXPERT_NAMES
-
 # GGUF architecture -> the Hugging Face architecture of its MoE models
 MOE_ARCHITECTURES = {
     "qwen3moe": "Qwen3MoeForCausalLM",
@@ -75,6 +73,8 @@ def moe_tensor_names(name: str, hf_arch: str, num_experts: int) -> list[str] | N
     family = _FAMILIES.get(hf_arch)
     if m is None or family is None:
         return None
+    from minisgl.checkpoint.weights import EXPERT_NAMES  # (imports torch: the launcher converts without it)
+
     names, part = EXPERT_NAMES[family], m.group(2)
     block = f"model.layers.{m.group(1)}.{names.block}"
     if part == "ffn_gate_inp":

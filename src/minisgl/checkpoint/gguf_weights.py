@@ -143,8 +143,7 @@ def load_gguf(
     missing = sorted(set(slots) - seen - ignore)
     if missing:
         raise WeightLoadError(f"{path}: missing tensor(s) {missing[:5]}")
-    for entries in matrices.values():
-        _install(model, entries)
+    replace_parameters(model, {key: _installed(entries) for key, entries in matrices.items()})
 
 
 def _derived_config(model_dir: Path) -> dict[str, Any]:
@@ -222,8 +221,8 @@ def _part(gguf: GGUFFile, t: GGUFTensor, slot: WeightSlot, n_heads: int | None) 
     return QuantPart(fmt, data, k, order)
 
 
-def _install(model: nn.Module, entries: list[tuple[WeightSlot, QuantPart]]) -> None:
-    """One parameter's parts (in row order) as its QuantizedWeight, put in its place."""
+def _installed(entries: list[tuple[WeightSlot, QuantPart]]) -> QuantizedWeight:
+    """One parameter's parts (in row order) as its QuantizedWeight."""
     entries.sort(key=lambda e: e[0].dst)
     param = entries[0][0].param
     parts, row = [], 0
@@ -240,17 +239,17 @@ def _install(model: nn.Module, entries: list[tuple[WeightSlot, QuantPart]]) -> N
                 param.shape[1],
             )
         )
-    replace_parameter(model, param, QuantizedWeight(parts))
+    return QuantizedWeight(parts)
 
 
-def replace_parameter(model: nn.Module, param: torch.Tensor, value: object) -> None:
-    """Put `value` wherever `param` is a parameter of a module of `model` (a tied embedding and LM
-    head share one), as a plain attribute."""
+def replace_parameters(model: nn.Module, values: dict[int, object]) -> None:
+    """Put `values[id(p)]` wherever parameter `p` is one of a module of `model` (a tied embedding and
+    LM head share one), as a plain attribute; one walk over the modules for all of them."""
     for module in model.modules():
         for name, p in list(module._parameters.items()):
-            if p is param:
+            if p is not None and id(p) in values:
                 del module._parameters[name]
-                setattr(module, name, value)
+                setattr(module, name, values[id(p)])
 
 
 def _dequantized(gguf: GGUFFile, t: GGUFTensor, n_heads: int | None) -> torch.Tensor:

@@ -76,7 +76,7 @@ class Engine:
         self.model = model
         self.model_config = model_config
         self.device = torch.device(options.device)
-        self.dtype = options.dtype
+        self.dtype = options.torch_dtype
         self.kv_dtype = options.kv_dtype
         self.vocab_size: int = model_config.vocab_size
         self.eos_token_ids: list[int] = list(model_config.eos_token_ids)
@@ -86,7 +86,7 @@ class Engine:
         per_page = kv_bytes_per_page(
             model_config.num_layers, num_kv_heads, model_config.head_dim, self.page_size, self.kv_dtype
         )
-        self.num_pages = self._size_pool(per_page)
+        self.num_pages, sized_by = self._size_pool(per_page)
         context = options.max_seq_len or model_config.max_position_embeddings
         # The context limit: the model's (or the user's) and never more than the whole pool holds.
         self.max_seq_len = min(context, self.num_pages * self.page_size)
@@ -121,11 +121,12 @@ class Engine:
         self.grammars = GrammarCompiler(options.model_path, self.vocab_size, self.eos_token_ids)
         self.stats = EngineStats()
         logger.info(
-            "KV pool: %d pages x %d tokens (%.1f MiB, %s), context limit %d tokens; ops %s, attention %s",
+            "KV pool: %d pages x %d tokens (%.1f MiB %s, %s), context limit %d tokens; ops %s, attention %s",
             self.num_pages,
             self.page_size,
             self.num_pages * per_page / 2**20,
             str(self.kv_dtype).removeprefix("torch."),
+            sized_by,
             self.max_seq_len,
             self.ops.name,
             self.attn_backend.name,
@@ -188,21 +189,25 @@ class Engine:
         finally:
             set_global_ctx(None)
 
-    def _size_pool(self, bytes_per_page: int) -> int:
+    def _size_pool(self, bytes_per_page: int) -> tuple[int, str]:
+        """(pages, what sized them: the log line says which)."""
         opts = self.options
         if opts.num_pages is not None:
-            return opts.num_pages
+            return opts.num_pages, "num_pages"
         if opts.kv_cache_memory is not None:
-            budget = opts.kv_cache_memory
+            budget, why = opts.kv_cache_memory, "kv_cache_memory"
         elif self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = int(free * opts.gpu_memory_fraction)
+            why = f"{opts.gpu_memory_fraction:g} of {free / 2**30:.1f} GiB free"
         else:
-            budget = min(_CPU_KV_BUDGET, psutil.virtual_memory().available // 4)
+            available = psutil.virtual_memory().available
+            budget = min(_CPU_KV_BUDGET, available // 4)
+            why = f"default: {_CPU_KV_BUDGET / 2**30:g} GiB, at most 1/4 of {available / 2**30:.1f} GiB available"
         pages = budget // bytes_per_page
         if pages < 1:
             raise ValueError(f"a KV budget of {budget} bytes holds no page of {bytes_per_page} bytes")
-        return int(pages)
+        return int(pages), why
 
     # -- one forward pass ---------------------------------------------------------------------------------
     def forward_batch(self, batch: Batch) -> list[int]:

@@ -2,24 +2,28 @@
 
 The first link of the configuration chain: `SchedulerConfig` (minisgl.scheduler.config) extends it
 with the scheduler's fields, and `minisgl serve`'s `ServerArgs` derives the scheduler configs. Here
-too: turning "auto" into a device and a dtype.
+too: turning "auto" into a device and a dtype. Importing it needs no torch (the API server builds
+the scheduler configs and stays free of it): `dtype` is held by name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from importlib import metadata
+from typing import TYPE_CHECKING
 
 from minisgl.attention import ATTENTION_BACKENDS
 from minisgl.backends import BACKENDS
 from minisgl.distributed import DistributedInfo
 from minisgl.utils.options import check_choices, option
 
+if TYPE_CHECKING:
+    import torch
+
 ENGINES = ("model", "dummy")
 QUANTIZATIONS = (None, "fp8")  # see minisgl.checkpoint.fp8
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # auto: the model's dtype
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = ("float32", "float16", "bfloat16")  # the activations' dtypes, by their torch names
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,7 @@ class EngineOptions:
     # SchedulerConfig, which loads the model, declares them again without.
     model_path: str = ""
     tp_info: DistributedInfo = DistributedInfo(0, 1)
-    dtype: torch.dtype = torch.float32
+    dtype: str | torch.dtype = "float32"  # a torch.dtype is kept by its name (see `torch_dtype`)
     device: str = "cpu"
     native_weights: bool = option(
         False,
@@ -88,19 +92,27 @@ class EngineOptions:
     )
 
     @property
+    def torch_dtype(self) -> torch.dtype:
+        """The activations' dtype (`dtype`) as a torch.dtype."""
+        import torch
+
+        return getattr(torch, str(self.dtype))
+
+    @property
     def kv_dtype(self) -> torch.dtype:
         """The KV pool's dtype: fp8 with `kv_cache_dtype` fp8_e4m3; float16 with native weights on the
         CPU (half of float32); else `dtype`."""
+        import torch
+
         if self.kv_cache_dtype == "fp8_e4m3":
             return torch.float8_e4m3fn
-        return torch.float16 if self.native_weights and self.device == "cpu" else self.dtype
+        return torch.float16 if self.native_weights and self.device == "cpu" else self.torch_dtype
 
     def __post_init__(self) -> None:
         """Raise TypeError or ValueError naming the first bad field."""
         if not isinstance(self.tp_info, DistributedInfo):
             raise TypeError(f"tp_info must be a DistributedInfo, got {type(self.tp_info).__name__}")
-        if not isinstance(self.dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype, got {self.dtype!r}")
+        object.__setattr__(self, "dtype", _dtype_name(self.dtype))
         check_choices(self)
         if self.native_weights and self.device != "cpu":
             raise ValueError(f"native_weights runs on the CPU, not on {self.device}")
@@ -128,9 +140,30 @@ def _at_least(config: object, low: int, *names: str, optional: bool = False) -> 
             raise ValueError(f"{name} must be >= {low}, got {value}")
 
 
+def _dtype_name(dtype: object) -> str:
+    """A torch.dtype or its name -> the name ("float32"); TypeError for anything else."""
+    name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    is_dtype = isinstance(dtype, str) or type(dtype).__name__ == "dtype"
+    if not is_dtype or name not in DTYPES:
+        raise TypeError(f"dtype must be a torch.dtype or one of {', '.join(DTYPES)}, got {dtype!r}")
+    return name
+
+
+def _cpu_only_torch() -> bool:
+    """Whether the installed torch is a CPU build ("2.5.1+cpu"), read without importing torch."""
+    try:
+        return metadata.version("torch").endswith("+cpu")
+    except metadata.PackageNotFoundError:
+        return False
+
+
 def resolve_device(device: str) -> str:
     """ "auto": cuda when a GPU is present, else cpu; anything else as given, once it is usable (a
-    ValueError says why CUDA is not)."""
+    ValueError says why CUDA is not). A CPU build of torch is told without importing it."""
+    if device == "cpu" or (device == "auto" and _cpu_only_torch()):
+        return "cpu"
+    import torch
+
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -139,6 +172,8 @@ def resolve_device(device: str) -> str:
 
 
 def _why_no_cuda() -> str:
+    import torch
+
     if torch.version.cuda is None:
         return (
             f"this torch ({torch.__version__}) is a CPU build; `make TORCH=torch setup` installs pip's "
@@ -149,16 +184,14 @@ def _why_no_cuda() -> str:
     )
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> str:
     """ "auto" (or None): float32 on the CPU (the activations; see `resolve_native` for the weights),
-    bfloat16 on a GPU; else the named dtype."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
+    bfloat16 on a GPU; else the named dtype (a torch.dtype gives its name)."""
     if dtype is None or dtype == "auto":
-        return torch.float32 if device == "cpu" else torch.bfloat16
-    if dtype not in DTYPES:
+        return "float32" if device == "cpu" else "bfloat16"
+    if isinstance(dtype, str) and dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r} (choose from {sorted(DTYPES)})")
-    return DTYPES[dtype]
+    return _dtype_name(dtype)
 
 
 def resolve_native(dtype: str | torch.dtype | None, device: str) -> bool:

@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from . import CACHE_TYPES
 from .radix import PrefixMatch, RadixCache, RadixNode
-
-CACHE_TYPES = ("radix", "naive")
 
 
 class PrefixCache(Protocol):

@@ -6,7 +6,8 @@
           tokenizer-0 .. N-1 + detokenizer (--num-tokenizer N)
 
 Start-up: the model is resolved once here (a GGUF is converted once), the HTTP port is bound
-(so /health answers 503 "starting" at once), then all children start together. The schedulers'
+(a busy port fails at once), then all children start together, and this process (torch-free) imports
+the HTTP stack while they boot: /health answers 503 "starting" from then on. The schedulers'
 ready report gives the context length and vocabulary size, which are handed to the tokenizer
 workers before they report ready. A child that fails, dies or is silent past --startup-timeout
 stops the start-up with a message naming it.
@@ -40,17 +41,9 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from minisgl.entrypoints.openai.app import create_app
-from minisgl.entrypoints.openai.state import ServerState
-from minisgl.entrypoints.openai.tools import ToolFormat
-from minisgl.frontend.manager import FrontendManager
-from minisgl.frontend.metrics import ServerMetrics
-from minisgl.frontend.router import ReplicaRouter
 from minisgl.launch import watchdog
 from minisgl.launch.args import ServerArgs
-from minisgl.launch.connections import EveryInterval, default_max_connections, guarded_h11, log_accept_errors
 from minisgl.launch.processes import Child, ProcessGroup, StartupError
-from minisgl.message import BaseFrontendMsg, BaseTokenizerMsg
 from minisgl.tokenizer.server import Role, TokenizerWorkerConfig, run_tokenizer_worker
 from minisgl.utils.handshake import send_status
 from minisgl.utils.logger import init_logger
@@ -62,6 +55,8 @@ if TYPE_CHECKING:
     import uvicorn
 
     from minisgl.distributed import HostedStore
+    from minisgl.entrypoints.openai.state import ServerState
+    from minisgl.frontend.manager import FrontendManager
     from minisgl.launch.nodes import NodeLink, TcpPlan
 
 logger = init_logger("minisgl.launcher")
@@ -103,6 +98,7 @@ class Launcher:
         # The scheduler ranks' progress (utils/progress.py), in the ipc directory the configs made.
         self.board = ProgressBoard.create(self.addrs.ipc_dir, len(self.sched_configs))
         self.schedulers: list[Child] = []
+        self.workers: list[Child] = []
         self.watchdog: watchdog.Watchdog | None = None  # once every child is ready
 
     # ---- children --------------------------------------------------------------------------------
@@ -146,10 +142,15 @@ class Launcher:
     def _spawn_workers(self) -> list[Child]:
         return [self.group.spawn(c.name, run_tokenizer_worker, c) for c in self._worker_configs()]
 
+    def spawn_children(self) -> None:
+        """Start every child (`serve` does so before it imports the HTTP stack, which the children's
+        own start-up then overlaps)."""
+        self._spawn_schedulers()
+        self.workers = self._spawn_workers()
+
     async def start_children(self) -> dict[str, Any]:
-        """Start everything; return scheduler rank 0's info once every child is ready."""
-        schedulers = self._spawn_schedulers()
-        workers = self._spawn_workers()
+        """Return scheduler rank 0's info once every child (started by `spawn_children`) is ready."""
+        schedulers, workers = self.schedulers, self.workers
         timeout = self.args.startup_timeout
         await self.group.wait_ready(schedulers, timeout, lambda: self.stop_requested)
         await self._wait_other_nodes(timeout)
@@ -192,6 +193,19 @@ class Launcher:
     async def run(self, sock: socket.socket) -> int:
         import uvicorn
 
+        from minisgl.entrypoints.openai.app import create_app
+        from minisgl.entrypoints.openai.state import ServerState
+        from minisgl.entrypoints.openai.tools import ToolFormat
+        from minisgl.frontend.manager import FrontendManager
+        from minisgl.frontend.metrics import ServerMetrics
+        from minisgl.frontend.router import ReplicaRouter
+        from minisgl.launch.connections import (
+            EveryInterval,
+            default_max_connections,
+            guarded_h11,
+            log_accept_errors,
+        )
+        from minisgl.message import BaseFrontendMsg, BaseTokenizerMsg
         from minisgl.utils import ZmqAsyncPullQueue, ZmqAsyncPushQueue
         from minisgl.utils.mp import PEER_SEND_TIMEOUT_S
 
@@ -436,6 +450,7 @@ def serve(args: ServerArgs) -> int:
         sock.close()
         return 2
     try:
+        launcher.spawn_children()
         with maybe_profile("launcher"):
             return asyncio.run(launcher.run(sock))
     finally:

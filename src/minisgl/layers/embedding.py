@@ -45,9 +45,10 @@ class LMHead(nn.Module, OpsUser):
         super().__init__()
         self.vocab_size = vocab_size
         self.tp = tp
-        _, _, rows = vocab_shard(vocab_size, tp)
-        # Zeros so that padding rows of the last shard give finite (then discarded) logits.
-        self.weight = nn.Parameter(torch.zeros(rows, hidden, dtype=dtype, device=device), requires_grad=False)
+        _, held, rows = vocab_shard(vocab_size, tp)
+        weight = torch.empty(rows, hidden, dtype=dtype, device=device)  # untouched until loaded
+        weight[held:].zero_()  # the last shard's padding rows: finite (then discarded) logits
+        self.weight = nn.Parameter(weight, requires_grad=False)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # (B, hidden) -> (B, vocab) float32
         logits = all_gather_last_dim(self.ops.linear(h, self.weight, None), self.tp)  # (B, N * rows)

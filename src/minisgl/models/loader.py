@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from minisgl.checkpoint.fp8 import apply_fp8, fp8_slots, kv_scale_slots, resolve_scheme, unused_scales
-from minisgl.checkpoint.gguf_weights import gguf_file_of, load_gguf, replace_parameter
+from minisgl.checkpoint.gguf_weights import gguf_file_of, load_gguf, replace_parameters
 from minisgl.checkpoint.weights import (
     WeightSlot,
     checkpoint_files,
@@ -130,8 +130,7 @@ def _load_16bit(
     load_checkpoint(
         model_dir, {n: [retarget(s) for s in v] for n, v in slots.items()}, ignore, progress=progress
     )
-    for old, repl in new.values():
-        replace_parameter(model, old, as_quantized(repl))
+    replace_parameters(model, {key: as_quantized(repl) for key, (_, repl) in new.items()})
 
 
 @torch.no_grad()

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from minisgl.distributed import DistributedInfo
 from minisgl.engine.options import EngineOptions
 from minisgl.kvcache import CACHE_TYPES
 from minisgl.utils.ipc import ensure_private_dir, ipc_addr, ipc_dir_for, new_suffix, remove_ipc_dir
 from minisgl.utils.options import option
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class SchedulerConfig(EngineOptions):
     # Required here, unlike in EngineOptions (`field()`: a bare annotation would inherit the default).
     model_path: str = field()
     tp_info: DistributedInfo = field()
-    dtype: torch.dtype = field()
+    dtype: str | torch.dtype = field()
     max_prefill_tokens: int = option(
         4096, "prompt tokens per prefill step at most: a step is what an abort or a new request may wait for"
     )

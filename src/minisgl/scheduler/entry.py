@@ -1,4 +1,6 @@
-"""The scheduler process's entry point (started by the launcher, one per tensor-parallel rank)."""
+"""The scheduler process's entry point (started by the launcher, one per tensor-parallel rank).
+
+Importing it needs no torch: the launcher names `run_scheduler` as its children's target."""
 
 from __future__ import annotations
 
@@ -8,8 +10,6 @@ import socket
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
-
-import torch
 
 from minisgl.utils.handshake import send_status
 from minisgl.utils.signals import dump_stacks_on_signal
@@ -37,6 +37,8 @@ def init_distributed(config: SchedulerConfig) -> ProcessGroup | None:
     tp = config.tp_info
     on_gpu = str(config.device).startswith("cuda")
     if on_gpu:  # this rank's GPU on its machine (replicas and ranks of one machine take one each)
+        import torch
+
         torch.cuda.set_device(config.device_index)
     if tp.size == 1:
         return None

@@ -1,0 +1,56 @@
+"""The quantized decode matmul (`kernels.quant.qlinear`) on each projection shape of a GGUF model,
+at --rows activation rows: the best of --repeats calls per shape, and the weight's bytes per second
+(a shape whose weight fits in cache shows the kernel's compute rate, not memory's). One thread by
+default, which a loaded machine disturbs least.
+
+    python benchmarks/bench_qlinear_shapes.py [--gguf FILE] [--rows 1] [--threads 1] [--isa avx512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gguf", type=Path, help="default: the embedded SmolLM2 Q4_1")
+    ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--isa", default=None, help="a build of cpu_quant.c (default: the best this CPU runs)")
+    ns = ap.parse_args()
+    torch.set_num_threads(ns.threads)  # the kernels share torch's OpenMP runtime
+    from minisgl.kernels import quant
+    from minisgl.models import load_model, resolve_model_path
+    from minisgl.quant import QuantizedWeight
+
+    model, _ = load_model(
+        resolve_model_path(str(ns.gguf) if ns.gguf else None), torch.float32, torch.device("cpu"), native=True
+    )
+    shapes: dict[str, QuantizedWeight] = {}
+    for name, module in model.named_modules():
+        w = getattr(module, "weight", None)
+        if isinstance(w, QuantizedWeight) and not name.endswith("embed_tokens"):
+            shapes.setdefault(name.rsplit(".", 1)[-1], w)
+    for key, w in shapes.items():
+        n, k = w.shape
+        x = torch.randn(ns.rows, k)
+        nbytes = sum(p.data.numel() for p in w.parts)
+        best = float("inf")
+        for _ in range(ns.repeats):
+            t = time.perf_counter()
+            quant.qlinear(x, w, isa=ns.isa)
+            best = min(best, time.perf_counter() - t)
+        fmts = sorted({int(f) for f in w.row_fmts.tolist()})
+        print(
+            f"{key:14s} ({n:6d}, {k:5d}) ggml types {fmts}: {nbytes / 1e6:6.2f} MB, {best * 1e6:9.1f} us, "
+            f"{nbytes / best / 1e9:5.1f} GB/s"
+        )
+
+
+if __name__ == "__main__":
+    main()
