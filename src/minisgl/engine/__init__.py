@@ -47,6 +47,7 @@ def create_engine(options: EngineOptions) -> EngineProtocol:
         torch.device(options.device),
         tp_info=tp_info,
         dummy=options.dummy_weights,
+        task=options.task,
     )
     return Engine(model, model_config, options)
 

@@ -17,6 +17,7 @@ from minisgl.distributed import DistributedInfo
 from minisgl.utils.options import check_choices, option
 
 ENGINES = ("model", "dummy")
+TASKS = ("generate", "embed")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -36,6 +37,12 @@ class EngineOptions:
         "model: load the weights and run the model; dummy: a scheduler that emits tokens without a "
         "model (measures the serving layers)",
         choices=ENGINES,
+    )
+    task: str = option(
+        "generate",
+        "generate: text generation (and embeddings of the model's hidden states); embed: an embedding "
+        "model (e.g. Qwen3-Embedding): loaded without its LM head, it serves only /v1/embeddings",
+        choices=TASKS,
     )
     dummy_weights: bool = option(False, "random weights of the model's shape (no weight file is read)")
     dummy_step_ms: float = option(

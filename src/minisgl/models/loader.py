@@ -14,7 +14,13 @@ from minisgl.distributed import DistributedInfo
 from minisgl.models.base import CausalLM
 from minisgl.models.config import ModelConfig
 from minisgl.models.llama import LlamaForCausalLM
-from minisgl.models.weights import load_checkpoint, load_generated
+from minisgl.models.weights import (
+    WeightSlot,
+    checkpoint_files,
+    iter_tensor_names,
+    load_checkpoint,
+    load_generated,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +39,10 @@ def load_model(
     tp_info: DistributedInfo | None = None,
     dummy: bool = False,
     progress: bool = True,
+    task: str = "generate",
 ) -> tuple[CausalLM, ModelConfig]:
-    """The model for this rank and its config. `dummy`: random weights, only config.json is read."""
+    """The model for this rank and its config. `dummy`: random weights, only config.json is read;
+    `task="embed"`: an embedding model, whose checkpoint may lack the LM head (`embedding_slots`)."""
     model_dir = Path(model_dir)
     t0 = time.perf_counter()
     cfg = ModelConfig.from_dir(model_dir)
@@ -42,6 +50,8 @@ def load_model(
     model = MODEL_CLASSES[cfg.family](cfg, tp, dtype, torch.device(device))
     if dummy:
         fill_dummy_weights(model)
+    elif task == "embed":
+        load_checkpoint(model_dir, *embedding_slots(model, model_dir), progress=progress)
     else:
         load_checkpoint(model_dir, model.weight_slots(), model.checkpoint_ignored(), progress=progress)
     model.eval()
@@ -77,3 +87,14 @@ def fill_dummy_weights(model: LlamaForCausalLM, seed: int = 0) -> None:
     load_generated(
         model.weight_slots(), lambda name, shape: dummy_tensor(name, shape, like.dtype, like.device, seed)
     )
+
+
+def embedding_slots(model: LlamaForCausalLM, model_dir: Path) -> tuple[dict[str, list[WeightSlot]], set[str]]:
+    """(slots, ignored names) of an embedding model's checkpoint: the LM head is not needed (an
+    embedding checkpoint such as Qwen3-Embedding's has none), and names may lack the `model.` prefix
+    (saved from the base model, as Qwen3-Embedding's are)."""
+    slots = {k: v for k, v in model.weight_slots().items() if k != "lm_head.weight"}
+    names = [n for _, n in iter_tensor_names(checkpoint_files(model_dir))]
+    if not any(n.startswith("model.") for n in names):
+        slots = {k.removeprefix("model."): v for k, v in slots.items()}
+    return slots, model.checkpoint_ignored() | {"lm_head.weight"}
