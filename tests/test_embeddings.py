@@ -261,3 +261,15 @@ def test_server_task_embed_serves_an_embedding_model(embed_dir: Path) -> None:
     ids = [tok.encode(t) for t in TEXTS]
     assert_close([d.embedding for d in out.data], reference(embed_dir, ids, "last"))
     assert_close([d.embedding for d in short.data], reference(embed_dir, ids, "last", dims=8))
+
+
+def test_every_field_of_openais_embeddings_request_is_known() -> None:
+    """The installed openai package's embeddings request fields are all EmbeddingRequest's (none is
+    dropped by `extra="ignore"`)."""
+    from openai.types import embedding_create_params
+
+    from minisgl.entrypoints.openai.embeddings.protocol import EmbeddingRequest
+
+    fields = set(embedding_create_params.EmbeddingCreateParams.__annotations__)
+    assert {"input", "model", "dimensions", "encoding_format"} <= fields
+    assert fields <= set(EmbeddingRequest.model_fields), fields - set(EmbeddingRequest.model_fields)

@@ -9,65 +9,19 @@ arrive together and answered with its pooled state (no token sampled, its KV fre
 from __future__ import annotations
 
 import base64
-from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import Field, StrictInt, field_validator
 
 from minisgl.core import SamplingParams
+from minisgl.entrypoints.openai.embeddings.protocol import EmbeddingRequest
 from minisgl.entrypoints.openai.errors import APIError
-from minisgl.entrypoints.openai.protocol import TokenId, _Request
 from minisgl.entrypoints.openai.serving import finish_all, open_all
 from minisgl.entrypoints.openai.state import State, check_ready
 from minisgl.frontend.manager import TokenizerPrompt
 from minisgl.models.pooling import embedding_vector
 
 router = APIRouter()
-
-MAX_INPUTS = 2048  # inputs of one request at most (OpenAI's limit)
-_INT32 = 2**31 - 1
-
-
-# -- the request body ------------------------------------------------------------------------------
-
-
-class EmbeddingRequest(_Request):
-    """OpenAI's embeddings request (`user` is accepted and has no effect)."""
-
-    model: str | None = None
-    input: str | list[str] | list[TokenId] | list[list[TokenId]]
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Annotated[StrictInt, Field(ge=1, le=_INT32)] | None = None
-    user: str | None = None
-
-    @field_validator("input")
-    @classmethod
-    def _inputs(cls, v: Any) -> Any:
-        items = [v] if isinstance(v, str) else v
-        if not items:
-            raise ValueError("input must not be empty")
-        if isinstance(items[0], int):  # one list of token ids
-            return v
-        if len(items) > MAX_INPUTS:
-            raise ValueError(f"at most {MAX_INPUTS} inputs per request, got {len(items)}")
-        for i, item in enumerate(items):
-            if len(item) == 0:
-                raise ValueError("input is empty" if isinstance(v, str) else f"input[{i}] is empty")
-        return v
-
-    def inputs(self) -> list[str | list[int]]:
-        """Each input: a text or a list of token ids."""
-        v = self.input
-        if isinstance(v, str):
-            return [v]
-        if v and all(isinstance(t, int) for t in v):
-            return [list(v)]  # type: ignore[arg-type]
-        return list(v)  # type: ignore[arg-type]
-
-
-# -- the route -------------------------------------------------------------------------------------
-
 
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request, state: State) -> JSONResponse:
