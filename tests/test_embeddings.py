@@ -18,12 +18,12 @@ import msgpack
 import numpy as np
 import pytest
 import torch
-from test_models_support import save_tiny_hf_model
-from test_server import ServerProcess, openai_client, served
 
 from minisgl.core import RequestRejected, SamplingParams
 from minisgl.llm import LLM
 from minisgl.message import BaseFrontendMsg, BaseTokenizerMsg, DetokenizeExtra, DetokenizeMsg
+from test_models_support import save_tiny_hf_model
+from test_server import ServerProcess, openai_client, served
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,11 +33,17 @@ TEXTS = ["hello world", "a", "The quick brown fox jumps over the lazy dog, twice
 def write_pooling(model_dir: Path, mode: str) -> None:
     """sentence-transformers' modules.json and Pooling config with one pooling mode on."""
     (model_dir / "modules.json").write_text(
-        json.dumps([{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-                    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}])
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            ]
+        )
     )
     (model_dir / "1_Pooling").mkdir(exist_ok=True)
-    (model_dir / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, f"pooling_mode_{mode}": True}))
+    (model_dir / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 64, f"pooling_mode_{mode}": True})
+    )
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +246,9 @@ def test_server_embeddings_next_to_generation(server: ServerProcess, client) -> 
 
     t = threading.Thread(target=chat)
     t.start()
-    out = [client.embeddings.create(model="smol", input=f"input {i}", encoding_format="float") for i in range(4)]
+    out = [
+        client.embeddings.create(model="smol", input=f"input {i}", encoding_format="float") for i in range(4)
+    ]
     t.join(120)
     assert "".join(texts) and all(len(o.data[0].embedding) == 576 for o in out)
 
@@ -273,3 +281,29 @@ def test_every_field_of_openais_embeddings_request_is_known() -> None:
     fields = set(embedding_create_params.EmbeddingCreateParams.__annotations__)
     assert {"input", "model", "dimensions", "encoding_format"} <= fields
     assert fields <= set(EmbeddingRequest.model_fields), fields - set(EmbeddingRequest.model_fields)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_embeddings_share_steps_with_generation_and_survive_retraction(mean_dir: Path, overlap: bool) -> None:
+    """Generations and mean-pooled embeddings in one run of a pool too small for all of them: the
+    scheduler retracts requests (an embedding included, on some runs) and recomputes them; every
+    embedding still equals transformers', every generation its run alone. With overlap scheduling
+    (on the CPU here) an embedding's answer is pending like a token."""
+    gen = SamplingParams(max_tokens=30, ignore_eos=True)
+    prompts = [f"story {i}: once" for i in range(4)]
+    with LLM(str(mean_dir), device="cpu", num_pages=64) as llm:
+        alone = [r["token_ids"] for r in llm.generate(prompts, gen)]
+        ids = [llm.tokenizer.encode(t) for t in TEXTS]
+    options = dict(device="cpu", num_pages=20, page_size=4, max_prefill_tokens=8, overlap_schedule=overlap)
+    with LLM(str(mean_dir), **options) as llm:
+        embed = SamplingParams(max_tokens=1, embed=True)
+        token_lists = [llm.tokenizer.encode(p) for p in prompts] + ids
+        results = llm._run(token_lists, [gen] * len(prompts) + [embed] * len(ids))
+        assert llm.num_retractions > 0
+        assert llm.table.allocator.num_free + llm.cache.prefix.num_pages == llm.table.allocator.num_pages
+    assert [r["token_ids"] for r in results[: len(prompts)]] == alone
+    from minisgl.models.pooling import embedding_vector
+
+    assert_close(
+        [embedding_vector(r["embedding"]) for r in results[len(prompts) :]], reference(mean_dir, ids, "mean")
+    )

@@ -70,7 +70,11 @@ class LocalServer:
             "--dtype",
             ns.dtype,
         ]
-        for flag, value in (("--model", ns.model), ("--revision", ns.revision), ("--download-dir", ns.download_dir)):
+        for flag, value in (
+            ("--model", ns.model),
+            ("--revision", ns.revision),
+            ("--download-dir", ns.download_dir),
+        ):
             if value:
                 cmd += [flag, value]
         if ns.max_seq_len:

@@ -451,4 +451,8 @@ def _pooling_mode(options: EngineOptions) -> str:
     """The model directory's pooling ("last" when it names none; `read_pooling`)."""
     from minisgl.models.pooling import read_pooling
 
-    return read_pooling(options.model_path, strict=options.task == "embed").mode if options.model_path else "last"
+    return (
+        read_pooling(options.model_path, strict=options.task == "embed").mode
+        if options.model_path
+        else "last"
+    )

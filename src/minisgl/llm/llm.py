@@ -53,7 +53,9 @@ class LLM(OfflineAPI, Scheduler):
         device = resolve_device(str(options.pop("device", "auto")))
         dtype = resolve_dtype(options.pop("dtype", None), device)
         hub = pop_hub_options(options)
-        model_dir = resolve_model_path(model, require_weights=not options.get("dummy_weights", False), hub=hub)
+        model_dir = resolve_model_path(
+            model, require_weights=not options.get("dummy_weights", False), hub=hub
+        )
         check_options(options)
         config = SchedulerConfig(
             model_path=str(model_dir),

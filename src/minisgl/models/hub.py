@@ -76,7 +76,9 @@ def cache_dir(options: HubOptions) -> Path:
     return Path(options.download_dir or os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE).expanduser()
 
 
-def fetch_model(model_id: str, options: HubOptions, require_weights: bool = True, progress: bool = True) -> Path:
+def fetch_model(
+    model_id: str, options: HubOptions, require_weights: bool = True, progress: bool = True
+) -> Path:
     """The snapshot directory (or .gguf file) of `model_id`, downloading what is missing when the hub
     can be reached. Raises ModelConfigError saying why not."""
     parsed = parse_model_id(model_id)
@@ -136,7 +138,9 @@ def select_files(
         raise ModelConfigError(f"{repo}: the repo has no config.json (not a transformers model)")
     if require_weights:
         if not weights:
-            raise ModelConfigError(f"{repo}: the repo has no *.safetensors weights (only safetensors is supported)")
+            raise ModelConfigError(
+                f"{repo}: the repo has no *.safetensors weights (only safetensors is supported)"
+            )
         chosen += ([SHARD_INDEX] if shard_names is not None else []) + weights
     return Selection(chosen)
 
@@ -242,10 +246,11 @@ def _shard_names(index: Path) -> list[str]:
         raise ModelConfigError(f"{index}: cannot read the shard index: {e}") from None
 
 
-def _silent_tqdm() -> type:
+def _silent_tqdm() -> Any:
+    """A tqdm class that shows nothing (progress=False)."""
     from tqdm.auto import tqdm
 
-    class Silent(tqdm):  # type: ignore[misc, type-arg]
+    class Silent(tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = True
             super().__init__(*args, **kwargs)
@@ -256,7 +261,9 @@ def _silent_tqdm() -> type:
 # -- the cache (offline) --------------------------------------------------------------------------
 
 
-def _from_cache(repo: str, quant: str | None, options: HubOptions, require_weights: bool, reason: str) -> Path:
+def _from_cache(
+    repo: str, quant: str | None, options: HubOptions, require_weights: bool, reason: str
+) -> Path:
     """The cached snapshot of the revision, used as it is (the hub is not asked)."""
     cache = cache_dir(options)
     folder = snapshot_folder(cache, repo, options.revision)
@@ -325,7 +332,11 @@ def _network_errors() -> tuple[type[BaseException], ...]:
     from huggingface_hub.errors import OfflineModeIsEnabled
 
     errors: list[type[BaseException]] = [OfflineModeIsEnabled, ConnectionError, TimeoutError]
-    for module, names in (("httpx2", ("TransportError",)), ("httpx", ("TransportError",)), ("requests", ("ConnectionError", "Timeout"))):
+    for module, names in (
+        ("httpx2", ("TransportError",)),
+        ("httpx", ("TransportError",)),
+        ("requests", ("ConnectionError", "Timeout")),
+    ):
         try:
             mod = importlib.import_module(module)
         except ImportError:
@@ -353,7 +364,10 @@ def _hub_error(repo: str, options: HubOptions, e: BaseException) -> ModelConfigE
     if isinstance(e, ModelConfigError):
         return e
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    if isinstance(e, GatedRepoError) or getattr(getattr(e, "response", None), "status_code", None) in (401, 403):
+    if isinstance(e, GatedRepoError) or getattr(getattr(e, "response", None), "status_code", None) in (
+        401,
+        403,
+    ):
         hint = "; the repo is gated or private: set HF_TOKEN to a token with access to it"
     elif isinstance(e, RevisionNotFoundError):
         hint = f"; no revision {options.revision!r}"
@@ -361,4 +375,6 @@ def _hub_error(repo: str, options: HubOptions, e: BaseException) -> ModelConfigE
         hint = "; no such repo (or a private one: set HF_TOKEN)"
     else:
         hint = ""
-    return ModelConfigError(f"{repo}: cannot fetch from the Hugging Face hub: {type(e).__name__}: {first}{hint}")
+    return ModelConfigError(
+        f"{repo}: cannot fetch from the Hugging Face hub: {type(e).__name__}: {first}{hint}"
+    )

@@ -50,7 +50,9 @@ def resolve_model_path(
     if model is not None and not path.exists() and parse_model_id(str(model)) is not None:
         path = fetch_model(str(model), hub, require_weights, progress)
     elif hub.gguf_file is not None:
-        raise ModelConfigError(f"--gguf-file names a file of a Hugging Face repo; {model or 'the model'} is not an id")
+        raise ModelConfigError(
+            f"--gguf-file names a file of a Hugging Face repo; {model or 'the model'} is not an id"
+        )
     if path.is_file() and path.suffix.lower() == ".gguf":
         return convert_gguf_cached(path.resolve(), cache_dir(), progress=progress)
     if path.is_dir():

@@ -302,7 +302,9 @@ class Scheduler(SchedulerIOMixin):
         if req.sampling_params.embed and self.engine.pooling is None:
             raise RequestRejected("embeddings need a model (not --engine dummy)")
         if self.config.task == "embed" and not req.sampling_params.embed:
-            raise RequestRejected("this server runs an embedding model (--task embed): it serves only embeddings")
+            raise RequestRejected(
+                "this server runs an embedding model (--task embed): it serves only embeddings"
+            )
         if grammar is None:
             self.prefill.add(req)
         elif self.grammar_wait is None:

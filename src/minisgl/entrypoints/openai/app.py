@@ -12,8 +12,8 @@ from fastapi import FastAPI
 
 from minisgl.entrypoints.openai import chat, completions, generate, health
 from minisgl.entrypoints.openai.body_limit import BodyLimit
-from minisgl.entrypoints.openai.errors import EXCEPTION_HANDLERS
 from minisgl.entrypoints.openai.embeddings import route as embeddings
+from minisgl.entrypoints.openai.errors import EXCEPTION_HANDLERS
 from minisgl.entrypoints.openai.responses import route as responses
 from minisgl.entrypoints.openai.state import ServerState
 

@@ -23,6 +23,7 @@ from minisgl.models.pooling import embedding_vector
 
 router = APIRouter()
 
+
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request, state: State) -> JSONResponse:
     check_ready(state, body.model)
