@@ -1,5 +1,6 @@
 """Embeddings: the offline `LLM.embed()` and `POST /v1/embeddings` (through the openai client) on a
-tiny random Qwen3 written by the test, checked against transformers' final hidden states (last-token
+tiny random Qwen3 written by the test, checked in float32 (`dtype="float32"`: float32 weights and KV
+pool) against transformers' final hidden states (last-token
 and mean pooling, prompts split into several prefill chunks, a Qwen3-Embedding style checkpoint with
 --task embed, Matryoshka truncation), and on the embedded model (float and base64, every input shape,
 the errors in OpenAI's format). An embedding request is prefill only: no token sampled, no KV kept,
@@ -103,7 +104,7 @@ def assert_close(got: list[list[float]] | np.ndarray, want: list[np.ndarray], at
 
 
 def test_llm_embed_matches_transformers_last_token(qwen3_dir: Path) -> None:
-    with LLM(str(qwen3_dir), device="cpu", num_pages=64) as llm:
+    with LLM(str(qwen3_dir), device="cpu", dtype="float32", num_pages=64) as llm:
         ids = [llm.tokenizer.encode(t) for t in TEXTS]
         prefills = llm.engine.stats.prefill_batches
         got = llm.embed(TEXTS)
@@ -120,7 +121,9 @@ def test_llm_embed_matches_transformers_last_token(qwen3_dir: Path) -> None:
 
 def test_llm_embed_mean_pooling_over_prefill_chunks(mean_dir: Path) -> None:
     # 5 tokens a step: the long prompt is pooled over chunks of several steps, next to the others
-    with LLM(str(mean_dir), device="cpu", num_pages=64, max_prefill_tokens=5, page_size=4) as llm:
+    with LLM(
+        str(mean_dir), device="cpu", dtype="float32", num_pages=64, max_prefill_tokens=5, page_size=4
+    ) as llm:
         ids = [llm.tokenizer.encode(t) for t in TEXTS]
         got = llm.embed(TEXTS)
         assert llm.engine.stats.prefill_batches > 10
@@ -128,7 +131,7 @@ def test_llm_embed_mean_pooling_over_prefill_chunks(mean_dir: Path) -> None:
 
 
 def test_task_embed_loads_an_embedding_checkpoint(embed_dir: Path) -> None:
-    with LLM(str(embed_dir), task="embed", device="cpu", num_pages=64) as llm:
+    with LLM(str(embed_dir), task="embed", device="cpu", dtype="float32", num_pages=64) as llm:
         ids = [llm.tokenizer.encode(t) for t in TEXTS]
         assert_close(llm.embed(TEXTS), reference(embed_dir, ids, "last"))
         assert_close(llm.embed(TEXTS, dimensions=16), reference(embed_dir, ids, "last", dims=16))
@@ -254,7 +257,9 @@ def test_server_embeddings_next_to_generation(server: ServerProcess, client) -> 
 
 
 def test_server_task_embed_serves_an_embedding_model(embed_dir: Path) -> None:
-    srv = ServerProcess("--model", str(embed_dir), "--task", "embed", "--max-seq-len", "128")
+    srv = ServerProcess(
+        "--model", str(embed_dir), "--task", "embed", "--dtype", "float32", "--max-seq-len", "128"
+    )
     try:
         client = openai_client(srv)
         out = client.embeddings.create(model=str(embed_dir), input=TEXTS, encoding_format="float")
@@ -291,10 +296,17 @@ def test_embeddings_share_steps_with_generation_and_survive_retraction(mean_dir:
     (on the CPU here) an embedding's answer is pending like a token."""
     gen = SamplingParams(max_tokens=30, ignore_eos=True)
     prompts = [f"story {i}: once" for i in range(4)]
-    with LLM(str(mean_dir), device="cpu", num_pages=64) as llm:
+    with LLM(str(mean_dir), device="cpu", dtype="float32", num_pages=64) as llm:
         alone = [r["token_ids"] for r in llm.generate(prompts, gen)]
         ids = [llm.tokenizer.encode(t) for t in TEXTS]
-    options = dict(device="cpu", num_pages=20, page_size=4, max_prefill_tokens=8, overlap_schedule=overlap)
+    options = dict(
+        device="cpu",
+        dtype="float32",
+        num_pages=20,
+        page_size=4,
+        max_prefill_tokens=8,
+        overlap_schedule=overlap,
+    )
     with LLM(str(mean_dir), **options) as llm:
         embed = SamplingParams(max_tokens=1, embed=True)
         token_lists = [llm.tokenizer.encode(p) for p in prompts] + ids

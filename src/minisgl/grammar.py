@@ -32,9 +32,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch, in the functions that take tensors: the API server checks grammars without it
+    import torch
     from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 
 # Any JSON object: `response_format: {"type": "json_object"}`.
@@ -309,6 +308,8 @@ class GrammarCompiler:
 def apply_bitmask(logits: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None) -> None:
     """Set to -inf, in place, the logits (B, V) at the tokens the mask (G, W) int32 (on the logits'
     device) does not allow: mask row i is for logits row rows[i] (rows None: G == B, in order)."""
+    import torch
+
     vocab = logits.shape[1]
     bits = torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int32, device=mask.device)
     forbidden = (torch.bitwise_and(mask.unsqueeze(-1), bits) == 0).view(mask.shape[0], -1)[:, :vocab]

@@ -48,6 +48,8 @@ def create_engine(options: EngineOptions) -> EngineProtocol:
         tp_info=tp_info,
         dummy=options.dummy_weights,
         task=options.task,
+        native=options.native_weights,
+        quantization=options.quantization,
     )
     return Engine(model, model_config, options)
 

@@ -94,7 +94,9 @@ class ServerArgs:
     )
     dtype: str = flag(
         "auto",
-        "weights and activations (auto: bfloat16 on a GPU, float32 on the CPU)",
+        "weights and activations (auto: bfloat16 on a GPU; on the CPU float32 activations with the weights "
+        "kept in the checkpoint's format, GGUF blocks or 16-bit floats, and a float16 KV cache; float32 on "
+        "the CPU: everything in float32, the reference)",
         MODEL,
         choices=("auto", "float32", "float16", "bfloat16"),  # a test holds them to engine.options.DTYPES
     )
@@ -106,6 +108,8 @@ class ServerArgs:
         choices=("auto", "hermes", "llama3_json"),
     )
     task: str | None = engine_flag(MODEL, metavar="TASK")
+    quantization: str | None = engine_flag(MODEL, metavar="METHOD")
+    kv_cache_dtype: str | None = engine_flag(MODEL, metavar="DTYPE")
     dummy_weights: bool | None = engine_flag(MODEL)
     # -- engine
     device: str = flag(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from minisgl.engine.options import resolve_device, resolve_dtype
+from minisgl.engine.options import resolve_device, resolve_dtype, resolve_native
 from minisgl.message import BaseBackendMsg, BaseTokenizerMsg
 from minisgl.scheduler.scheduler import Scheduler
 
@@ -51,6 +51,7 @@ class LLM(OfflineAPI, Scheduler):
 
         options.pop("tp", None)
         device = resolve_device(str(options.pop("device", "auto")))
+        native = resolve_native(options.get("dtype"), device)
         dtype = resolve_dtype(options.pop("dtype", None), device)
         hub = pop_hub_options(options)
         model_dir = resolve_model_path(
@@ -61,6 +62,7 @@ class LLM(OfflineAPI, Scheduler):
             model_path=str(model_dir),
             tp_info=DistributedInfo(0, 1),
             dtype=dtype,
+            native_weights=native,
             device=device,
             **{**options, "offline_mode": True},
         )
