@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 # `make test` runs everything but the tests marked `slow` (the long fuzz runs and the soak, also
-# deselected by pyproject's addopts); `make test-slow` runs only those. tests/test_docs.py builds the
+# deselected by pyproject's addopts); `make test-slow` runs only those. tests/system/test_docs.py builds the
 # docs site strictly and runs the README's and the docs' code blocks marked runnable.
 test: $(STAMP)
 	$(PY) -m ruff check src tests examples benchmarks

@@ -20,9 +20,9 @@ steps=${*:-tests profile bench}
 for step in $steps; do
   case $step in
     tests)
-      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py tests/test_attention.py \
-        tests/test_engine_backends.py tests/test_engine.py tests/test_cuda_graph_gpu.py tests/test_engine_gpu.py \
-        tests/test_models_gpu.py tests/test_overlap.py tests/test_features_gpu.py 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
+      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py tests/attention/test_attention.py \
+        tests/engine/test_engine_backends.py tests/engine/test_engine.py tests/engine/test_cuda_graph_gpu.py tests/engine/test_engine_gpu.py \
+        tests/models/test_models_gpu.py tests/scheduler/test_overlap.py tests/engine/test_features_gpu.py 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
     profile)
       for cfg in "llama3-8b 1" "smollm2-135m 1"; do
         set -- $cfg
@@ -69,7 +69,7 @@ for step in $steps; do
         | grep -v "it/s\]" | tail -60 | tee "$OUT/wprof.log" ;;
     tp)  # on nvidia-h200-x2: 8B shapes at TP=1 then TP=2, transformers' greedy tokens on the same random
       # weights in each run (decode at batch 1 and 64), then the throughput workload; NCCL logits test
-      timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_models_tp.py -k nccl 2>&1 | tail -3 | tee "$OUT/tp.log"
+      timeout 120 python3 -m pytest -q -p no:cacheprovider tests/models/test_models_tp.py -k nccl 2>&1 | tail -3 | tee "$OUT/tp.log"
       for tp in 1 2; do
         timeout 200 python3 -m minisgl bench offline --device cuda --model-config llama3-8b --batch-sizes 1,64 --tp $tp \
           --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 1 --kv-cache-memory 40 2>&1 \
@@ -124,7 +124,7 @@ for step in $steps; do
       # launch shapes, then issue 26's targets on Qwen3-30B-A3B shapes (batch 1 decode against the
       # floor; batch 64 against transformers' generate; the 256-request workload) and Mixtral-8x7B's
       # (too large for transformers beside minisgl on one H200: --skip-hf)
-      timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_moe_gpu.py tests/test_moe.py -k "not llm_tp2" 2>&1 \
+      timeout 400 python3 -m pytest -q -p no:cacheprovider tests/models/test_moe_gpu.py tests/models/test_moe.py -k "not llm_tp2" 2>&1 \
         | tail -30 | tee "$OUT/moe_tests.log"
       for cfg in qwen3-30b-a3b mixtral-8x7b; do
         timeout 300 python3 benchmarks/bench_moe.py --model-config $cfg --tokens 1,8,64,256,2048 --sweep 2>&1 \
@@ -141,15 +141,15 @@ for step in $steps; do
         | grep -v "it/s\]" | tail -16 | tee -a "$OUT/moe_bench.log" ;;
     moe-tp)  # on nvidia-h200-x2: the MoE NCCL test, then Qwen3-30B-A3B shapes at TP=2 (tokens of TP=1 on the
       # same random weights: transformers' greedy tokens in each run)
-      timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_moe_gpu.py -k two_gpus 2>&1 | tail -3 | tee "$OUT/moe_tp.log"
+      timeout 120 python3 -m pytest -q -p no:cacheprovider tests/models/test_moe_gpu.py -k two_gpus 2>&1 | tail -3 | tee "$OUT/moe_tp.log"
       for tp in 1 2; do
         timeout 500 python3 -m minisgl bench offline --device cuda --model-config qwen3-30b-a3b --batch-sizes 1,64 --tp $tp \
           --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 1 --kv-cache-memory 8 2>&1 \
           | grep -v "it/s\]" | tail -16 | tee -a "$OUT/moe_tp.log"
       done ;;
     fp8tests)  # the fp8 weights and KV cache tests, compiled (the whole log kept)
-      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_kernels.py tests/test_fp8_gpu.py \
-        tests/test_fp8_kv.py ${FP8_TESTS_MORE:-} > "$OUT/fp8tests.log" 2>&1
+      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fp8_kernels.py tests/engine/test_fp8_gpu.py \
+        tests/engine/test_fp8_kv.py ${FP8_TESTS_MORE:-} > "$OUT/fp8tests.log" 2>&1
       grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/fp8tests.log" | tail -20 ;;
     fp8linear)  # fp8 projections (8B shapes) against bf16, per row count; the fp8 GEMV's launch shapes
       timeout 200 python3 benchmarks/bench_fp8_linear.py --rows ${FP8_ROWS:-1,8,16,64,256,2048} ${FP8_LINEAR_ARGS:---sweep} 2>&1 \

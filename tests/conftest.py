@@ -12,6 +12,19 @@ from pathlib import Path
 import pytest
 import torch
 
+# The tests live in folders mirroring the package map (tests/engine/, tests/entrypoints/, ...) and
+# import each other's helpers by module name (test_models_support, test_server, ...): every folder
+# goes on sys.path, as the flat tests/ directory was. `TEST_DIRS` is the same list for the tests
+# that start Python subprocesses importing those helpers.
+TESTS = Path(__file__).resolve().parent
+TEST_DIRS = [str(TESTS)] + sorted(
+    str(d) for d in TESTS.iterdir() if d.is_dir() and not d.name.startswith((".", "_"))
+)
+for _d in TEST_DIRS:
+    if _d not in sys.path:
+        sys.path.append(_d)
+os.environ["MINISGL_TEST_DIRS"] = os.pathsep.join(TEST_DIRS)
+
 # Without a GPU, minisgl's Triton kernels run in Triton's CPU interpreter (small shapes, slowly), so
 # the suite checks their logic everywhere. Set before any test module imports a kernel: the choice
 # is made when a kernel is defined.
@@ -60,7 +73,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 @pytest.fixture(scope="module", autouse=True)
 def _server_files(request: pytest.FixtureRequest) -> Iterator[None]:
     """Once a module is over (its server fixtures stopped), removes the ipc roots and logs of the
-    servers it started (tests/test_server.py's `SERVER_FILES`); the logs stay when a test failed."""
+    servers it started (tests/system/test_server.py's `SERVER_FILES`); the logs stay when a test failed."""
     files = _registry()
     first = len(files)
     yield

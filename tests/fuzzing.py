@@ -1,5 +1,5 @@
 """Hypothesis strategies for the reliability fuzz tests (issue 9): HTTP bodies for the API and raw
-frames for every internal socket. Not a test module; imported by tests/test_fuzz_*.py.
+frames for every internal socket. Not a test module; imported by the fuzz tests (tests/entrypoints/test_fuzz_http.py, tests/system/test_fuzz_*.py).
 
 HTTP bodies mix valid requests with fields replaced by junk (wrong types, NaN, huge numbers, lone
 surrogates, nested containers), arbitrary JSON, and bytes that are not JSON at all. Frames mix

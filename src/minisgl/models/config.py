@@ -9,9 +9,10 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from minisgl.checkpoint.fp8 import Fp8Scheme, parse_scheme
+if TYPE_CHECKING:  # (torch: the config is read where no torch is loaded, e.g. the API server)
+    from minisgl.checkpoint.fp8 import Fp8Scheme
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ def _parse(raw: dict[str, Any], arch: str) -> ModelConfig:
         torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         sliding_window=int(sliding) if sliding else None,
         moe=_moe(raw, family),
-        quantization=parse_scheme(raw),
+        quantization=_fp8_scheme(raw),
     )
     _check(cfg)
     return cfg
@@ -277,3 +278,12 @@ def _tokenizer_eos_ids(path: Path) -> list[int]:
         if isinstance(eos_id, int):
             ids.append(eos_id)
     return ids
+
+
+def _fp8_scheme(raw: dict[str, Any]) -> Fp8Scheme | None:
+    """The checkpoint's fp8 scheme, read only when config.json has a `quantization_config`."""
+    if raw.get("quantization_config") is None:
+        return None
+    from minisgl.checkpoint.fp8 import parse_scheme
+
+    return parse_scheme(raw)

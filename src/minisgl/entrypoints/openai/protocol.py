@@ -13,7 +13,7 @@ Integers are strict (`true`, `"5"` and `5.0` are not integers: `"prompt": [true,
 list of token ids). Text must be valid Unicode: JSON may spell a lone surrogate (`"\\ud800"`), which
 no UTF-8 pipe can carry, so a body holding one anywhere is refused before any field is read. OpenAI
 fields that would change the output but are not implemented are refused by name, not ignored
-(tests/test_openai_fields.py walks every field of the openai package's request types).
+(tests/entrypoints/test_openai_fields.py walks every field of the openai package's request types).
 """
 
 from __future__ import annotations
