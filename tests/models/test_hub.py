@@ -16,11 +16,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from hub_stand_in import StandInHub, read_dir, write_cache
+from test_models_support import save_tiny_hf_model
+
 from minisgl.models import ModelConfigError, resolve_model_path
 from minisgl.models.hub import META_FILES, HubOptions, parse_model_id, select_files
-from test_models_support import save_tiny_hf_model
 
 pytestmark = pytest.mark.timeout(240)
 

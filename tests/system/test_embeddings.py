@@ -19,12 +19,12 @@ import msgpack
 import numpy as np
 import pytest
 import torch
+from test_models_support import save_tiny_hf_model
+from test_server import ServerProcess, openai_client, served
 
 from minisgl.core import RequestRejected, SamplingParams
 from minisgl.llm import LLM
 from minisgl.message import BaseFrontendMsg, BaseTokenizerMsg, DetokenizeExtra, DetokenizeMsg
-from test_models_support import save_tiny_hf_model
-from test_server import ServerProcess, openai_client, served
 
 pytestmark = pytest.mark.timeout(300)
 
