@@ -52,6 +52,7 @@ CHAT = {"model": "smol", "messages": [{"role": "user", "content": "hi there"}], 
 COMPLETION = {"model": "smol", "prompt": "once upon", "max_tokens": 4}
 GENERATE = {"prompt": "hello", "max_tokens": 4}
 RESPONSES = {"model": "smol", "input": "hi there", "max_output_tokens": 4}
+EMBEDDINGS = {"model": "smol", "input": ["hi there", "and more"]}
 _ITEM = st.fixed_dictionaries(
     {
         "type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "x"]),
@@ -113,6 +114,8 @@ PLAUSIBLE = {  # per field: values of about the right type, often valid
         st.none(), st.lists(st.sampled_from(["message.output_text.logprobs", "x"]), max_size=2)
     ),
     "top_logprobs": st.one_of(st.none(), _SMALL),
+    "encoding_format": st.sampled_from([None, "float", "base64", "int8"]),
+    "dimensions": st.one_of(st.none(), _SMALL, INT),
 }
 FIELDS = sorted(PLAUSIBLE)
 JUNK = st.one_of(
@@ -127,6 +130,7 @@ _BASES = {
     "/v1/chat/completions": CHAT,
     "/v1/completions": COMPLETION,
     "/v1/responses": RESPONSES,
+    "/v1/embeddings": EMBEDDINGS,
     "/generate": GENERATE,
 }
 

@@ -51,6 +51,9 @@ class SamplingParams:
     # Structured output: llguidance's grammar text (minisgl.grammar builds it from a JSON schema or a
     # Lark grammar); sampling keeps to it and the request stops when it is complete. None: free text.
     grammar: str | None = None
+    # Embeddings: the request is its prompt's prefill only, answered with the pooled final hidden
+    # state (the engine's pooling) instead of tokens; nothing is sampled, max_tokens is not used.
+    embed: bool = False
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError naming the first bad field; a client's mistake, never a crash."""
@@ -154,6 +157,13 @@ def check_request(token_ids: list[int], params: SamplingParams, vocab_size: int,
         params.validate(vocab_size)
     except (ValueError, TypeError) as e:
         raise RequestRejected(str(e)) from None
+    if params.embed:
+        if len(token_ids) > max_seq_len:
+            raise RequestRejected(
+                f"This model's maximum context length is {max_seq_len} tokens, however you requested "
+                f"{len(token_ids)} tokens in the input. Please reduce the length of the input."
+            )
+        return
     total = len(token_ids) + params.max_tokens
     if total > max_seq_len:
         raise RequestRejected(
@@ -272,6 +282,9 @@ class Req:
     prompt_logprobs: TokenLogprobs | None = None
     # Structured output (sampling_params.grammar): the request's matcher, made when it is admitted.
     grammar: Grammar | None = None
+    # Embeddings (sampling_params.embed): the pooled hidden state of the chunks computed so far,
+    # (H,) float32 (mean pooling: their sum), set as each step's result arrives.
+    pooled: torch.Tensor | None = None
 
     def move_to(self, status: ReqStatus) -> None:
         """Change the status; IllegalTransition if the current one does not lead there."""
@@ -291,6 +304,12 @@ class Req:
     def holds_pages(self) -> bool:
         """Admitted and not retracted or finished since: its KV pages are in its page-table row."""
         return self.status is ReqStatus.PREFILLING or self.status is ReqStatus.DECODING
+
+    @property
+    def computes_whole_prompt(self) -> bool:
+        """Every prompt position must be computed (no prefix from the cache): prompt logprobs still
+        to come, or an embedding (its pooling reads every position's hidden state)."""
+        return self.wants_prompt_logprobs or self.sampling_params.embed
 
     @property
     def wants_prompt_logprobs(self) -> bool:
@@ -340,13 +359,16 @@ class Batch:
     phase: str  # "prefill" or "decode"
     sample_mask: list[bool] = field(init=False)
     kv_ends: list[int] = field(init=False)  # per request: tokens with K/V once this step has run
+    # per request: an embedding request whose prompt this step ends (its pooled state is its answer)
+    embed_done: list[bool] = field(init=False)
 
     def __post_init__(self) -> None:
         decode = self.phase == "decode"
         self.kv_ends = [r.cached_len + n for r, n in zip(self.reqs, self.extend_lens, strict=True)]
-        self.sample_mask = [
-            decode or end == r.seq_len for r, end in zip(self.reqs, self.kv_ends, strict=True)
-        ]
+        ends = [decode or end == r.seq_len for r, end in zip(self.reqs, self.kv_ends, strict=True)]
+        embeds = [r.sampling_params.embed for r in self.reqs]
+        self.sample_mask = [e and not b for e, b in zip(ends, embeds, strict=True)]
+        self.embed_done = [e and b for e, b in zip(ends, embeds, strict=True)]
 
     @property
     def is_decode(self) -> bool:

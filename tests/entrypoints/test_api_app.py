@@ -3,12 +3,15 @@ n > 1, usage, every client error, overload, health and metrics.
 
 The fake tokenizer acknowledges a prompt with its word count, rejects prompts containing "REJECT",
 and answers with the words of "echo: <prompt>" one reply per word, each saying that half the prompt's
-words (rounded down) came from the prefix cache; "FOREVER" never finishes."""
+words (rounded down) came from the prefix cache; "FOREVER" never finishes. An embedding request is
+answered with the 4 floats (len(prompt), 1, 0, -1)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import struct
 
 import httpx
 import pytest
@@ -73,6 +76,10 @@ class FakeWorkers:
             self.out.put_nowait(UserReply(uid, "", True, "error", error="prompt too long for the context"))
             return
         self.out.put_nowait(UserReply(uid, "", False, prompt_tokens=len(prompt.split())))
+        if m.sampling_params.embed:  # the pooled state of a model whose hidden size is 4
+            vector = struct.pack("<4f", len(prompt), 1.0, 0.0, -1.0)
+            self.out.put_nowait(UserReply(uid, "", True, "stop", extra=UserReplyExtra(embedding=vector)))
+            return
         words = ("echo: " + prompt).split(" ")
         k = 0
         while True:
@@ -423,3 +430,28 @@ async def test_generate_and_completions_routes_alone(alone) -> None:
     with pytest.raises(APIError) as e:
         await chat.chat(ChatCompletionRequest(**chat_body(model="gpt-9")), bare_request(), state)
     assert (e.value.status, e.value.code) == (404, "model_not_found") and len(workers.received) == 2
+
+
+async def test_embeddings_shape_usage_and_dimensions(api) -> None:
+    from minisgl.models.pooling import PoolingConfig
+
+    api.state.pooling = PoolingConfig("last", 4, (2, 4))
+    r = await api.post("/v1/embeddings", json={"model": "smol", "input": ["one two", "three"]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "list" and body["model"] == "smol"
+    assert body["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
+    first = [7.0, 1.0, 0.0, -1.0]  # (len("one two"), 1, 0, -1), normalised
+    norm = sum(x * x for x in first) ** 0.5
+    assert [d["index"] for d in body["data"]] == [0, 1] and {d["object"] for d in body["data"]} == {
+        "embedding"
+    }
+    assert body["data"][0]["embedding"] == pytest.approx([x / norm for x in first], abs=1e-6)
+    assert [m.sampling_params.embed for m in api.workers.received] == [True, True]
+    r = await api.post(
+        "/v1/embeddings", json={"input": "three", "dimensions": 2, "encoding_format": "base64"}
+    )
+    vector = struct.unpack("<2f", base64.b64decode(r.json()["data"][0]["embedding"]))
+    assert vector == pytest.approx([5 / 26**0.5, 1 / 26**0.5], abs=1e-6)
+    r = await api.post("/v1/embeddings", json={"input": "three", "dimensions": 3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions", r.text

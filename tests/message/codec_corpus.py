@@ -11,7 +11,10 @@ the 107 entries that carry them were rewritten by the same command on today's pa
 `golden()` first checks each message's bytes against msgpack of its reference `encoder()` dict.
 Issue 24 took the per-token messages' rare fields off a plain token's bytes (DetokenizeMsg and
 UserReply leave out what holds its default, the rare fields grouped in an optional `extra`): the 80
-entries that carry one of the two were rewritten the same way, and two entries were added.
+entries that carry one of the two were rewritten the same way, and two entries were added. Issue 25
+gave SamplingParams `embed` (an embedding request; the per-token messages' new `embedding` extra
+stays off their bytes): the 107 entries that carry SamplingParams were rewritten the same way, each
+7 bytes longer ("embed": false), and no other entry changed.
 """
 
 from __future__ import annotations

@@ -25,7 +25,13 @@ _HELP = "Type a message; /reset forgets the conversation, /exit or Ctrl-D quits.
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", help="chat with this running server instead of starting one")
-    p.add_argument("--model", help="model directory or .gguf for the server started here (default: embedded)")
+    p.add_argument(
+        "--model",
+        help="for the server started here: a model directory, a .gguf file or a Hugging Face id "
+        "(ORG/NAME, ORG/NAME:QUANT; default: the embedded model)",
+    )
+    p.add_argument("--revision", help="for the server started here: the model id's branch, tag or commit")
+    p.add_argument("--download-dir", help="for the server started here: the Hugging Face cache to use")
     p.add_argument(
         "--device", default="auto", choices=["auto", "cpu", "cuda"], help="for the server started here"
     )
@@ -64,8 +70,13 @@ class LocalServer:
             "--dtype",
             ns.dtype,
         ]
-        if ns.model:
-            cmd += ["--model", ns.model]
+        for flag, value in (
+            ("--model", ns.model),
+            ("--revision", ns.revision),
+            ("--download-dir", ns.download_dir),
+        ):
+            if value:
+                cmd += [flag, value]
         if ns.max_seq_len:
             cmd += ["--max-seq-len", str(ns.max_seq_len)]
         self.log_path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"minisgl-chat-{self.port}.log")

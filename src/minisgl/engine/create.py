@@ -35,6 +35,7 @@ def create_engine(options: EngineOptions) -> EngineProtocol:
         torch.device(options.device),
         tp_info=tp_info,
         dummy=options.dummy_weights,
+        task=options.task,
         native=options.native_weights,
         quantization=options.quantization,
     )

@@ -52,6 +52,7 @@ class DummyEngine:
         self._eos = set(self.eos_token_ids)
         self.device = torch.device("cpu")
         self.grammars: GrammarCompiler | None = None  # no model, no structured output
+        self.pooling: str | None = None  # no hidden states, no embeddings
 
     def launch(self, batch: Batch, pending: StepOutput | None = None) -> StepOutput:
         t0 = time.perf_counter()

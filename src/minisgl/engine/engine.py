@@ -35,7 +35,7 @@ from .logprobs import LogprobTensors
 from .options import EngineOptions
 from .penalties import apply_penalties
 from .sampler import Sampler
-from .step import StepLogprobs, StepOutput
+from .step import PooledRows, StepLogprobs, StepOutput
 
 if TYPE_CHECKING:
     from minisgl.models import CausalLM, ModelConfig
@@ -119,6 +119,7 @@ class Engine:
         )
         self.sampler = Sampler(self.device, options.seed)
         self.grammars = GrammarCompiler(options.model_path, self.vocab_size, self.eos_token_ids)
+        self.pooling: str | None = _pooling_mode(options)
         self.stats = EngineStats()
         logger.info(
             "KV pool: %d pages x %d tokens (%.1f MiB %s, %s), context limit %d tokens; ops %s, attention %s",
@@ -153,6 +154,8 @@ class Engine:
 
     def _capture_graphs(self) -> CudaGraphRunner | CpuGraphRunner | None:
         max_bs = min(self.options.cuda_graph_max_bs, self.options.max_running_requests)
+        if self.options.task == "embed":  # prefill only: nothing decodes
+            return None
         if self.device.type == "cpu" and max_bs >= 1 and self._cpu_graphs_apply():
             prepare = lambda: self.ops.prepare(True)  # noqa: E731
             return CpuGraphRunner(self._logits_of_all, max_bs, self.vocab_size, prepare)
@@ -231,13 +234,14 @@ class Engine:
         logits: torch.Tensor | None
         prompt_logits: torch.Tensor | None = None
         prompt_rows: list[tuple[Req, int, int]] = []
+        pooled: PooledRows | None = None
         if batch.is_decode and self.graphs is not None and self.graphs.padded_size(len(batch.reqs)):
             logits, best = self.graphs.replay(torch.stack((input_ids, positions)), fed)  # (B, V), (B,)
             if all(p.is_greedy and not p.adjusts_logits for p in params):
                 tokens = best  # the graph's argmax: no sampling kernels
         else:
             prompt_rows = self._prompt_logprob_rows(batch)
-            logits, prompt_logits = self._forward_eager(
+            logits, prompt_logits, pooled = self._forward_eager(
                 batch, input_ids, positions, sample_rows, prompt_rows, fed
             )
         raw = logits
@@ -251,7 +255,7 @@ class Engine:
         if tokens is None:
             tokens = torch.empty(0, dtype=torch.int64, device=self.device)
         logprobs = self._logprobs(raw, tokens, reqs, prompt_logits, prompt_rows)
-        return StepOutput(tokens, batch, t0, logprobs, on_done=self._account)
+        return StepOutput(tokens, batch, t0, logprobs, on_done=self._account, pooled=pooled)
 
     @torch.inference_mode()
     def forward_logits(self, batch: Batch) -> torch.Tensor:
@@ -399,9 +403,10 @@ class Engine:
         sample_rows: list[int],
         prompt_rows: list[tuple[Req, int, int]],
         pending: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, PooledRows | None]:
         """The model on this batch -> logits (S, V) float32 of the rows that sample (None if none),
-        and those of the `prompt_rows` positions (P, V) (None if none)."""
+        those of the `prompt_rows` positions (P, V) (None if none), and the embedding requests'
+        pooled hidden states (None if none)."""
         dev = self.device
         ids = input_ids.to(dev, non_blocking=True)
         if pending is not None:
@@ -409,17 +414,43 @@ class Engine:
         set_global_ctx(Context(attn_backend=self.attn_backend))
         try:
             hidden = self.model.forward(ids, positions.to(dev, non_blocking=True))  # (T, H)
+            pooled = self._pool(batch, hidden)
             extra = self._flat_rows(batch, prompt_rows)
             rows = sample_rows + extra
             if not rows:
-                return None, None
+                return None, None, pooled
             if len(rows) < hidden.shape[0] or extra:
                 hidden = hidden.index_select(0, torch.tensor(rows, device=dev))  # (S + P, H)
             logits = self.model.compute_logits(hidden)  # (S + P, V) float32
         finally:
             set_global_ctx(None)
         s = len(sample_rows)
-        return (logits[:s] if s else None), (logits[s:] if extra else None)
+        return (logits[:s] if s else None), (logits[s:] if extra else None), pooled
+
+    def _pool(self, batch: Batch, hidden: torch.Tensor) -> PooledRows | None:
+        """The embedding requests' share of this prefill step, from `hidden` (T, H): last-token
+        pooling takes the last row of the chunk that ends a prompt; mean pooling sums every chunk's
+        rows (the scheduler adds the chunks up and divides by the prompt's length)."""
+        if batch.is_decode or not any(r.sampling_params.embed for r in batch.reqs):
+            return None
+        uids: list[int] = []
+        rows: list[int] = []  # of `hidden`
+        groups: list[int] = []  # per row: its request's index in `uids`
+        offset = 0
+        for r, n, done in zip(batch.reqs, batch.extend_lens, batch.embed_done, strict=True):
+            if r.sampling_params.embed and (done or self.pooling == "mean"):
+                span = range(offset + n - 1 if self.pooling == "last" else offset, offset + n)
+                rows += span
+                groups += [len(uids)] * len(span)
+                uids.append(r.uid)
+            offset += n
+        if not uids:
+            return None
+        picked = hidden.index_select(0, torch.tensor(rows, device=self.device)).float()  # (R, H)
+        if self.pooling == "last":
+            return PooledRows(uids, picked)  # (E, H)
+        sums = torch.zeros(len(uids), hidden.shape[1], dtype=torch.float32, device=self.device)
+        return PooledRows(uids, sums.index_add_(0, torch.tensor(groups, device=self.device), picked))
 
     @staticmethod
     def _flat_rows(batch: Batch, prompt_rows: list[tuple[Req, int, int]]) -> list[int]:
@@ -478,3 +509,14 @@ class Engine:
             row_ids=[r.table_row for r in reqs],
         )
         return torch.tensor(ids, dtype=torch.int64), pos, attn_input, sample_rows
+
+
+def _pooling_mode(options: EngineOptions) -> str:
+    """The model directory's pooling ("last" when it names none; `read_pooling`)."""
+    from minisgl.models.pooling import read_pooling
+
+    return (
+        read_pooling(options.model_path, strict=options.task == "embed").mode
+        if options.model_path
+        else "last"
+    )

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 @runtime_checkable
 class EngineProtocol(Protocol):
     """One rank's engine as the scheduler sees it: the KV page table it schedules into, the model's
-    limits, a grammar compiler (None: no structured output), and launching a batch."""
+    limits, a grammar compiler (None: no structured output), its embeddings' pooling (None: none), and
+    launching a batch."""
 
     device: torch.device  # where steps run: overlap scheduling is on by default on a GPU
     page_table: PageTable
@@ -28,6 +29,12 @@ class EngineProtocol(Protocol):
     @property
     def grammars(self) -> GrammarCompiler | None:
         """The compiler of structured output's grammars; None: the engine has none."""
+        ...
+
+    @property
+    def pooling(self) -> str | None:
+        """How an embedding request's hidden states are pooled ("last", "mean"); None: the engine
+        computes no embeddings."""
         ...
 
     def launch(self, batch: Batch, pending: StepOutput | None = None) -> StepOutput:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import torch
 
 ENGINES = ("model", "dummy")
+TASKS = ("generate", "embed")
 QUANTIZATIONS = (None, "fp8")  # see minisgl.checkpoint.fp8
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # auto: the model's dtype
 DTYPES = ("float32", "float16", "bfloat16")  # the activations' dtypes, by their torch names
@@ -47,6 +48,12 @@ class EngineOptions:
         "model: load the weights and run the model; dummy: a scheduler that emits tokens without a "
         "model (measures the serving layers)",
         choices=ENGINES,
+    )
+    task: str = option(
+        "generate",
+        "generate: text generation (and embeddings of the model's hidden states); embed: an embedding "
+        "model (e.g. Qwen3-Embedding): loaded without its LM head, it serves only /v1/embeddings",
+        choices=TASKS,
     )
     dummy_weights: bool = option(False, "random weights of the model's shape (no weight file is read)")
     dummy_step_ms: float = option(

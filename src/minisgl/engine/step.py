@@ -32,6 +32,7 @@ class StepOutput:
         launched_at: float,
         logprobs: StepLogprobs | None = None,
         on_done: Callable[[StepOutput], None] | None = None,
+        pooled: PooledRows | None = None,
     ) -> None:
         self.tokens = tokens  # (S,) int64 on the device
         self.batch, self.launched_at = batch, launched_at
@@ -40,7 +41,9 @@ class StepOutput:
         self._on_done = on_done
         self._event: torch.cuda.Event | None = None
         self._logprobs = logprobs
+        self._pooled_uids = pooled.uids if pooled is not None else []
         extra = logprobs.tensors() if logprobs is not None else []
+        extra += [pooled.values] if pooled is not None else []  # last: read by `pooled()`
         if tokens.is_cuda:
             self._host = [_to_host(t) for t in (tokens, *extra)]
             self._event = torch.cuda.Event()
@@ -66,7 +69,14 @@ class StepOutput:
         logprobs of the prompt tokens after it) for requests that asked for them."""
         if self._logprobs is None:
             return {}, {}
-        return self._logprobs.to_lists(self._host[1:])
+        return self._logprobs.to_lists(self._host[1 : len(self._host) - bool(self._pooled_uids)])
+
+    def pooled(self) -> dict[int, torch.Tensor]:
+        """After `tolist()`: uid -> its embedding request's pooled rows of this step, (H,) float32
+        on the host (see Engine._pool); empty when the step had none."""
+        if not self._pooled_uids:
+            return {}
+        return dict(zip(self._pooled_uids, self._host[-1].unbind(0), strict=True))
 
     # -- pending tokens (overlap scheduling) ------------------------------------------------------------
     def row_of(self, req: Req) -> int:
@@ -86,6 +96,14 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
     return host
+
+
+@dataclass
+class PooledRows:
+    """A step's pooled hidden states of embedding requests: `values` (E, H) float32, row i `uids[i]`'s."""
+
+    uids: list[int]
+    values: torch.Tensor
 
 
 @dataclass

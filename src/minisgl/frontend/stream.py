@@ -44,6 +44,7 @@ class RequestStream:
         self.echo = echo  # the first chunk starts with the prompt's text
         self.prompt_text = ""
         self.stop_token_id = -1
+        self.embedding = b""  # an embedding request's answer: the pooled state, float32 bytes
         self._logprobs = LogprobBuffer()
         self.usage = StreamUsage(manager.metrics, lambda: manager.mark_running(uid))
         self.finish_reason: str | None = None
@@ -132,9 +133,10 @@ class RequestStream:
         return RequestError(why, status, self.grammar_field if grammar else None)
 
     def _take_extra(self, x: UserReplyExtra, finished: bool) -> None:
-        """A reply's rare fields: the echo's prompt text, the prefix-cache usage, logprobs, and on
-        the last reply the stop token id."""
+        """A reply's rare fields: the echo's prompt text, the prefix-cache usage, logprobs, an
+        embedding, and on the last reply the stop token id."""
         self.prompt_text = self.prompt_text or x.prompt_text
+        self.embedding = self.embedding or x.embedding
         self.usage.count_cached(x.cached_tokens)
         self._logprobs.add(x)
         if finished:

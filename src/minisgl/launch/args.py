@@ -16,10 +16,13 @@ import re
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minisgl.launch import lws
 from minisgl.utils.options import check_choices, shown_default
+
+if TYPE_CHECKING:
+    from minisgl.models.hub import HubOptions
 
 DEFAULT_PORT = 1919
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -66,9 +69,27 @@ class ServerArgs:
     # -- model
     model: str | None = flag(
         None,
-        "a Hugging Face model directory or a .gguf file; nothing is downloaded",
+        "a Hugging Face model directory, a .gguf file, or a Hugging Face id (ORG/NAME; ORG/NAME:QUANT "
+        "for one file of a GGUF repo), taken from the Hugging Face cache or downloaded into it",
         MODEL,
         unset=f"the embedded {EMBEDDED_MODEL_NAME}",
+    )
+    revision: str | None = flag(
+        None, "with a model id: the branch, tag or commit to fetch", MODEL, unset="main", metavar="REV"
+    )
+    download_dir: str | None = flag(
+        None,
+        "with a model id: the Hugging Face cache directory to look in and download into",
+        MODEL,
+        unset="HF_HUB_CACHE, or HF_HOME/hub",
+        metavar="DIR",
+    )
+    gguf_file: str | None = flag(
+        None,
+        "with the id of a GGUF repo: the file to serve (instead of ORG/NAME:QUANT)",
+        MODEL,
+        unset="from :QUANT",
+        metavar="FILE",
     )
     served_model_name: str | None = flag(
         None, 'the name clients give as "model"', MODEL, unset="--model as given"
@@ -88,6 +109,7 @@ class ServerArgs:
         MODEL,
         choices=("auto", "hermes", "llama3_json"),
     )
+    task: str | None = engine_flag(MODEL, metavar="TASK")
     quantization: str | None = engine_flag(MODEL, metavar="METHOD")
     kv_cache_dtype: str | None = engine_flag(MODEL, metavar="DTYPE")
     dummy_weights: bool | None = engine_flag(MODEL)
@@ -230,6 +252,13 @@ class ServerArgs:
         if self.served_model_name:
             return self.served_model_name
         return self.model if self.model is not None else EMBEDDED_MODEL_NAME
+
+    @property
+    def hub(self) -> HubOptions:
+        """How a model id is fetched (--revision, --download-dir, --gguf-file)."""
+        from minisgl.models.hub import HubOptions
+
+        return HubOptions(self.revision, self.download_dir, self.gguf_file)
 
     @property
     def url(self) -> str:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from minisgl.launch import watchdog
 from minisgl.launch.args import ServerArgs
 from minisgl.launch.processes import Child, ProcessGroup, StartupError
+from minisgl.models.pooling import read_pooling
 from minisgl.tokenizer.server import Role, TokenizerWorkerConfig, run_tokenizer_worker
 from minisgl.utils.handshake import send_status
 from minisgl.utils.logger import init_logger
@@ -234,6 +235,7 @@ class Launcher:
             max_request_bytes=self.args.max_request_bytes,
             tokenize_timeout=self.args.tokenize_timeout,
             tools=ToolFormat.of(self.model_dir, self.args.tool_call_parser),
+            pooling=read_pooling(self.model_dir, strict=False),
         )
         max_connections = self.args.max_connections
         log_accept_errors(asyncio.get_running_loop())
@@ -430,7 +432,7 @@ def serve(args: ServerArgs) -> int:
 
     try:
         needs_weights = args.engine != "dummy" and not args.dummy_weights
-        model_dir = resolve_model_path(args.model, require_weights=needs_weights)
+        model_dir = resolve_model_path(args.model, require_weights=needs_weights, hub=args.hub)
     except Exception as e:
         print(f"minisgl: {e}", file=sys.stderr)
         return 2

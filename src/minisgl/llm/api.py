@@ -1,4 +1,4 @@
-"""What every offline LLM offers, however its ranks run: `generate`, `chat`, `close`.
+"""What every offline LLM offers, however its ranks run: `generate`, `chat`, `embed`, `close`.
 
 The subclass says where the requests go (`_submit`) and how the replies come back (`_advance`, which
 hands each reply to `_record`): `LLM` steps a scheduler in this process, `MultiRankLLM` talks to
@@ -25,6 +25,9 @@ from minisgl.message import (
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from minisgl.models.hub import HubOptions
+    from minisgl.scheduler.config import SchedulerConfig
+
 Prompts = str | list[str] | list[int] | list[list[int]]
 
 
@@ -34,6 +37,7 @@ class OfflineAPI:
     tokenizer: PreTrainedTokenizerBase
     vocab_size: int
     max_seq_len: int
+    config: SchedulerConfig
 
     def _init_api(self) -> None:
         self._results: dict[int, dict[str, Any]] = {}
@@ -66,6 +70,8 @@ class OfflineAPI:
                 res["token_ids"].append(msg.next_token)
             if msg.extra is not None:  # the usage comes with the first token (or an abort)
                 res["cached_tokens"] = max(res["cached_tokens"], msg.extra.cached_tokens)
+                if msg.extra.embedding:
+                    res["embedding"] = msg.extra.embedding
             if msg.finished:
                 res["finish_reason"] = msg.finish_reason
         elif isinstance(msg, ErrorMsg):
@@ -101,6 +107,27 @@ class OfflineAPI:
             if not isinstance(conv, list) or not conv or not all(isinstance(m, dict) for m in conv):
                 raise ValueError("each conversation must be a non-empty list of {'role', 'content'} dicts")
         return self.generate([apply_chat_template(self.tokenizer, conv) for conv in convs], sampling_params)
+
+    def embed(self, prompts: Prompts, dimensions: int | None = None) -> list[list[float]]:
+        """The embedding of each prompt (text or token ids): the model's final hidden states pooled
+        as its config says (last token, or mean), L2-normalised; `dimensions` truncates them first
+        where the model allows it (Matryoshka). Prompts are prefilled together, nothing is sampled,
+        and their KV is freed after. RequestRejected names a prompt that cannot be embedded."""
+        from minisgl.models.pooling import embedding_vector, read_pooling
+
+        if dimensions is not None:
+            why = read_pooling(self.config.model_path).check_dimensions(dimensions)
+            if why is not None:
+                raise ValueError(why)
+        token_lists = [self._tokenize(p) for p in _as_prompt_list(prompts)]
+        params = SamplingParams(max_tokens=1, embed=True)
+        for i, ids in enumerate(token_lists):
+            self._check(i, ids, params)
+        results = self._run(token_lists, [params] * len(token_lists))
+        for i, res in enumerate(results):
+            if "embedding" not in res:
+                raise RequestRejected(f"prompt {i}: {res.get('error') or 'no embedding came back'}")
+        return [embedding_vector(res["embedding"], dimensions).tolist() for res in results]
 
     def _abandon(self, uids: list[int]) -> None:
         """`generate` was interrupted (an error, Ctrl-C): stop what it left running."""
@@ -175,3 +202,14 @@ def check_options(options: dict[str, object]) -> None:
     unknown = sorted(set(options) - known)
     if unknown:
         raise ValueError(f"unknown LLM option(s) {unknown}; valid options: {sorted(known - {'tp_info'})}")
+
+
+def pop_hub_options(options: dict[str, object]) -> HubOptions:
+    """The Hugging Face id options (revision, download_dir, gguf_file) taken out of an LLM's options."""
+    from minisgl.models.hub import HubOptions
+
+    values = {name: options.pop(name, None) for name in ("revision", "download_dir", "gguf_file")}
+    for name, value in values.items():
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, got {type(value).__name__}")
+    return HubOptions(**values)  # type: ignore[arg-type]

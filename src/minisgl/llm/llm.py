@@ -12,7 +12,7 @@ from minisgl.engine.options import resolve_device, resolve_dtype, resolve_native
 from minisgl.message import BaseBackendMsg, BaseTokenizerMsg
 from minisgl.scheduler.scheduler import Scheduler
 
-from .api import OfflineAPI, Prompts, check_options
+from .api import OfflineAPI, Prompts, check_options, pop_hub_options
 
 if TYPE_CHECKING:
     from minisgl.core import SamplingParams
@@ -25,10 +25,12 @@ __all__ = ["LLM", "Prompts"]
 
 
 class LLM(OfflineAPI, Scheduler):
-    """`LLM(model=None, tp=1, **options)`: model None = the embedded SmolLM2-135M-Instruct; options are
-    SchedulerConfig fields (device="auto", dtype, page_size, num_pages, kv_cache_memory,
-    max_running_requests, max_prefill_tokens, max_seq_len, seed, engine, dummy_weights,
-    cache_type="radix"|"naive", ...). tp > 1 gives a `MultiRankLLM` (N processes, same API)."""
+    """`LLM(model=None, tp=1, **options)`: model None = the embedded SmolLM2-135M-Instruct, else a
+    directory, a .gguf file or a Hugging Face id (with `revision`, `download_dir`, `gguf_file` as
+    `minisgl serve` takes them); options are SchedulerConfig fields (device="auto", dtype, task,
+    page_size, num_pages, kv_cache_memory, max_running_requests, max_prefill_tokens, max_seq_len,
+    seed, engine, dummy_weights, cache_type="radix"|"naive", ...). tp > 1 gives a `MultiRankLLM`
+    (N processes, same API)."""
 
     # LLM(tp=N > 1) is a MultiRankLLM by design (the same API over N rank processes), not an LLM.
     def __new__(cls, model: str | None = None, **options: Any) -> LLM | MultiRankLLM:  # type: ignore[misc]
@@ -51,7 +53,10 @@ class LLM(OfflineAPI, Scheduler):
         device = resolve_device(str(options.pop("device", "auto")))
         native = resolve_native(options.get("dtype"), device)
         dtype = resolve_dtype(options.pop("dtype", None), device)
-        model_dir = resolve_model_path(model, require_weights=not options.get("dummy_weights", False))
+        hub = pop_hub_options(options)
+        model_dir = resolve_model_path(
+            model, require_weights=not options.get("dummy_weights", False), hub=hub
+        )
         check_options(options)
         config = SchedulerConfig(
             model_path=str(model_dir),

@@ -28,7 +28,7 @@ from minisgl.utils.batch import unbatch
 from minisgl.utils.host import find_free_port
 from minisgl.utils.logger import init_logger
 
-from .api import OfflineAPI, check_options
+from .api import OfflineAPI, check_options, pop_hub_options
 
 logger = init_logger(__name__)
 
@@ -53,7 +53,10 @@ class MultiRankLLM(OfflineAPI):
         device = resolve_device(str(options.pop("device", "auto")))
         native = resolve_native(options.get("dtype"), device)
         dtype = resolve_dtype(options.pop("dtype", None), device)
-        model_dir = resolve_model_path(model, require_weights=not options.get("dummy_weights", False))
+        hub = pop_hub_options(options)
+        model_dir = resolve_model_path(
+            model, require_weights=not options.get("dummy_weights", False), hub=hub
+        )
         check_options(options)
         self.tokenizer = load_tokenizer(model_dir)
         self._store = host_store("127.0.0.1", find_free_port())

@@ -40,6 +40,8 @@ class UserReplyExtra:
     prompt_lp_values: list[float] = field(default_factory=list)
     prompt_lp_top_tokens: list[list[bytes]] = field(default_factory=list)
     prompt_lp_top_values: list[list[float]] = field(default_factory=list)
+    # An embedding request's answer: the pooled hidden state, float32 bytes (DetokenizeExtra's).
+    embedding: bytes = b""
 
 
 @dataclass

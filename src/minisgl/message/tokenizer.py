@@ -59,6 +59,9 @@ class DetokenizeExtra:
     prompt_logprobs: list[float] = field(default_factory=list)
     prompt_top_ids: list[list[int]] = field(default_factory=list)
     prompt_top_logprobs: list[list[float]] = field(default_factory=list)
+    # An embedding request's answer (its only message, next_token -1): the pooled final hidden state
+    # as the bytes of a float32 array (H,), native byte order; not yet normalised.
+    embedding: bytes = b""
 
 
 @dataclass

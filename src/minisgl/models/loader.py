@@ -49,11 +49,13 @@ def load_model(
     progress: bool = True,
     native: bool = False,
     quantization: str | None = None,
+    task: str = "generate",
 ) -> tuple[CausalLM, ModelConfig]:
     """The model for this rank and its config. `dummy`: random weights, only config.json is read;
     `native`: matrices kept in the checkpoint's format (see the module's docstring). An fp8
     checkpoint loads as published; `quantization="fp8"` quantizes a 16/32-bit one as it loads
-    (`minisgl.checkpoint.fp8`)."""
+    (`minisgl.checkpoint.fp8`). `task="embed"`: an embedding model, whose checkpoint may lack the LM
+    head (`embedding_slots`)."""
     model_dir = Path(model_dir)
     t0 = time.perf_counter()
     cfg = ModelConfig.from_dir(model_dir)
@@ -66,6 +68,8 @@ def load_model(
     if scheme is not None:
         fp8_slots(model, slots, scheme)
     ignore = model.checkpoint_ignored()
+    if task == "embed" and not dummy:
+        slots, ignore = embedding_slots(slots, ignore, model_dir)
     if dummy:
         fill_dummy_weights(model, slots=slots)
     elif gguf_file_of(model_dir) is not None:
@@ -159,3 +163,17 @@ def fill_dummy_weights(
         slots if slots is not None else model.weight_slots(),
         lambda name, shape: dummy_tensor(name, shape, like.dtype, like.device, seed),
     )
+
+
+def embedding_slots(
+    slots: dict[str, list[WeightSlot]], ignore: set[str], model_dir: Path
+) -> tuple[dict[str, list[WeightSlot]], set[str]]:
+    """(slots, ignored names) of an embedding model's checkpoint: the LM head is not needed (an
+    embedding checkpoint such as Qwen3-Embedding's has none), and a safetensors checkpoint's names
+    may lack the `model.` prefix (saved from the base model, as Qwen3-Embedding's are)."""
+    slots = {k: v for k, v in slots.items() if k != "lm_head.weight"}
+    if gguf_file_of(model_dir) is None:
+        names = [n for _, n in iter_tensor_names(checkpoint_files(model_dir))]
+        if not any(n.startswith("model.") for n in names):
+            slots = {k.removeprefix("model."): v for k, v in slots.items()}
+    return slots, ignore | {"lm_head.weight"}

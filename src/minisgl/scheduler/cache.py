@@ -49,8 +49,8 @@ class CacheManager:
         """Give `req` a row: the longest cached prefix of its tokens, never the last one (a step must
         compute at least one token's logits), and its own pages for the rest. False, and nothing
         taken, unless the available pages cover that plus `reserve_pages` of headroom."""
-        # A request that wants its prompt's logprobs needs the logits of every prompt token.
-        match = self.prefix.match(req.token_ids[: 0 if req.wants_prompt_logprobs else req.seq_len - 1])
+        # A request that wants its prompt's logprobs (or an embedding) needs every prompt position.
+        match = self.prefix.match(req.token_ids[: 0 if req.computes_whole_prompt else req.seq_len - 1])
         need = -(-req.seq_len // self.page_size) - len(match.pages)
         self.prefix.lock(match.node)
         if need + reserve_pages > self.num_available or not self.make_room(need):
@@ -72,7 +72,7 @@ class CacheManager:
         """Whether `req` should wait because a request being prefilled (`producers`) will soon cache
         at least one more whole page of `req`'s prefix than is cached now: admitted now, `req` would
         compute those tokens a second time (concurrent requests with one system prompt)."""
-        if req.wants_prompt_logprobs:  # it will not borrow a prefix anyway
+        if req.computes_whole_prompt:  # it will not borrow a prefix anyway
             return False
         limit = req.token_ids[: req.seq_len - 1]
         cached = len(self.prefix.match(limit).pages)
@@ -86,7 +86,10 @@ class CacheManager:
 
     def cache_prefix(self, req: Req) -> None:
         """Move the whole pages of `req`'s first `kv_ready_len` tokens into the prefix cache; where the
-        cache already held them (another request got there first) the row switches to its pages."""
+        cache already held them (another request got there first) the row switches to its pages.
+        An embedding request's K/V are not kept: its pages are freed when it is done."""
+        if req.sampling_params.embed:
+            return
         row = req.table_row
         n = min(req.kv_ready_len, req.seq_len) // self.page_size
         if n <= self.table.row_shared[row]:

@@ -164,7 +164,7 @@ class Scheduler(SchedulerIOMixin):
             self._idle_logged = False
             out = self.engine.launch(batch)
             self._on_launch(batch)
-            self._on_result(batch, out.tolist(), out.logprobs())
+            self._on_result(batch, out.tolist(), out.logprobs(), out.pooled())
         else:
             self._wait_for_grammars()
         self._send_replies()
@@ -180,7 +180,7 @@ class Scheduler(SchedulerIOMixin):
             launched = self.engine.launch(batch, pending=done)  # feeds the tokens `done` sampled
             self._on_launch(batch)
         if done is not None:
-            self._on_result(done.batch, done.tolist(), done.logprobs())
+            self._on_result(done.batch, done.tolist(), done.logprobs(), done.pooled())
         elif launched is None:
             self._wait_for_grammars()
         self._in_flight = launched
@@ -299,6 +299,12 @@ class Scheduler(SchedulerIOMixin):
     def _queue(self, req: Req) -> None:
         """Into the prefill queue, or, with a grammar, to wait for its compile first."""
         grammar = req.sampling_params.grammar
+        if req.sampling_params.embed and self.engine.pooling is None:
+            raise RequestRejected("embeddings need a model (not --engine dummy)")
+        if self.config.task == "embed" and not req.sampling_params.embed:
+            raise RequestRejected(
+                "this server runs an embedding model (--task embed): it serves only embeddings"
+            )
         if grammar is None:
             self.prefill.add(req)
         elif self.grammar_wait is None:
@@ -368,7 +374,8 @@ class Scheduler(SchedulerIOMixin):
 
     def _ends_with_pending(self, req: Req) -> bool:
         return req.pending > 0 and (
-            req.decoding_output_len >= req.sampling_params.max_tokens
+            req.sampling_params.embed  # its answer is in flight: it never decodes
+            or req.decoding_output_len >= req.sampling_params.max_tokens
             or req.seq_len + req.pending >= self.max_seq_len
         )
 
@@ -386,6 +393,7 @@ class Scheduler(SchedulerIOMixin):
         req.move_to(ReqStatus.RETRACTED)
         self.cache.release(req)
         req.cached_len, req.kv_ready_len, req.admit_seq = 0, 0, -1
+        req.pooled = None  # an embedding request pools its prompt again
         self.prefill.add(req, front=True)
         self._under_pressure = True
         self.num_retractions += 1
@@ -402,24 +410,37 @@ class Scheduler(SchedulerIOMixin):
         whose prefill ended decode from now on."""
         if not batch.is_decode:
             self.num_prefill_tokens += batch.num_tokens
-        for req, n, samples in zip(batch.reqs, batch.extend_lens, batch.sample_mask, strict=True):
+        for req, n, samples, embedded in zip(
+            batch.reqs, batch.extend_lens, batch.sample_mask, batch.embed_done, strict=True
+        ):
             req.cached_len += n
-            if samples:
+            if samples or embedded:  # a token, or an embedding request's answer, is pending
                 req.pending += 1
                 if not batch.is_decode:
                     self.prefill.done(req)
                     req.move_to(ReqStatus.DECODING)
                     self.decode.add(req)
 
-    def _on_result(self, batch: Batch, tokens: list[int], logprobs: StepLogprobLists | None = None) -> None:
+    def _on_result(
+        self,
+        batch: Batch,
+        tokens: list[int],
+        logprobs: StepLogprobLists | None = None,
+        pooled: dict[int, torch.Tensor] | None = None,
+    ) -> None:
         """A step's sampled tokens arrived: append them, cache the prefixes it computed (prefill
-        steps; decoded pages are cached at release), reply, and end the requests that finished."""
+        steps; decoded pages are cached at release), reply, and end the requests that finished.
+        `pooled`: the embedding requests' pooled hidden states of the step (uid -> (H,))."""
         sampled_lp, prompt_lp = logprobs or ({}, {})
         sampled = iter(tokens)
-        for req, end, samples in zip(batch.reqs, batch.kv_ends, batch.sample_mask, strict=True):
+        rows = zip(batch.reqs, batch.kv_ends, batch.sample_mask, batch.embed_done, strict=True)
+        for req, end, samples, embedded in rows:
             token = next(sampled) if samples else -1
-            req.pending -= samples
+            req.pending -= samples or embedded
             if req.finished:  # aborted or stopped while this step ran: its token is dropped
+                continue
+            if req.sampling_params.embed:
+                self._on_pooled(req, (pooled or {}).get(req.uid), end, embedded)
                 continue
             if req.uid in prompt_lp:
                 _add_prompt_logprobs(req, *prompt_lp[req.uid])
@@ -432,6 +453,26 @@ class Scheduler(SchedulerIOMixin):
             if not samples:
                 continue
             self._reply(req, token, sampled_lp.get(req.uid))
+
+    def _on_pooled(self, req: Req, part: torch.Tensor | None, end: int, done: bool) -> None:
+        """An embedding request's share of a step: added to its pooled state (dropped if it was
+        retracted meanwhile: it computes its prompt again); the step that ends its prompt answers it
+        and frees its pages (they are not cached)."""
+        if not req.holds_pages:
+            return
+        req.kv_ready_len = end
+        if part is not None:
+            req.pooled = part if req.pooled is None else req.pooled + part
+        if not done:
+            return
+        if req.pooled is None:  # (the engine pools every chunk that ends a prompt)
+            self._replies.append(ErrorMsg(req.uid, "the engine returned no hidden state for the embedding"))
+        else:
+            vector = req.pooled / req.prompt_len if self.engine.pooling == "mean" else req.pooled
+            extra = DetokenizeExtra(embedding=vector.to(torch.float32).numpy().tobytes())
+            self._replies.append(DetokenizeMsg(req.uid, -1, True, "stop", extra))
+        self.decode.remove(req.uid)
+        self._release(req)
 
     def _reply(self, req: Req, token: int, logprobs: TokenLogprobs | None) -> None:
         """The DetokenizeMsg of `req`'s new `token` (ending it if it finished)."""

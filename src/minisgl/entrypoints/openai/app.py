@@ -1,5 +1,5 @@
 """The HTTP app: `create_app(state)` builds the FastAPI app from the endpoint modules' routers
-(chat, completions, responses, generate, health), the error handlers and the body limit; the
+(chat, completions, responses, generate, health, embeddings), the error handlers and the body limit; the
 launcher runs it under uvicorn, the unit tests against fake workers.
 
 A request with `n` choices (times the number of prompts) becomes that many scheduler requests, each
@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from minisgl.entrypoints.openai import chat, completions, generate, health
 from minisgl.entrypoints.openai.body_limit import BodyLimit
+from minisgl.entrypoints.openai.embeddings import route as embeddings
 from minisgl.entrypoints.openai.errors import EXCEPTION_HANDLERS
 from minisgl.entrypoints.openai.responses import route as responses
 from minisgl.entrypoints.openai.state import ServerState
@@ -28,6 +29,6 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.server = state
     if state.max_request_bytes is not None:
         app.add_middleware(BodyLimit, limit=state.max_request_bytes)
-    for module in (chat, completions, responses, generate, health):
+    for module in (chat, completions, responses, generate, health, embeddings):
         app.include_router(module.router)
     return app

@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 from minisgl.entrypoints.openai.errors import APIError
 from minisgl.entrypoints.openai.tools import ToolFormat
 from minisgl.frontend.manager import FrontendManager
+from minisgl.models.pooling import PoolingConfig
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 2**20
 
@@ -31,6 +32,7 @@ class ServerState:
     max_request_bytes: int | None = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413; None: no cap
     tokenize_timeout: float = DEFAULT_TOKENIZE_TIMEOUT_S  # seconds to wait for the tokenizer's verdict
     tools: ToolFormat = field(default_factory=ToolFormat)  # how tools are rendered and parsed
+    pooling: PoolingConfig = field(default_factory=PoolingConfig)  # the model's embeddings (/v1/embeddings)
     status: str = "starting"  # starting | serving | stopping | unhealthy
     detail: str = ""
     stalled: str = ""  # while serving: the scheduler ranks that stopped making progress (watchdog.py)
