@@ -35,15 +35,23 @@ class RequestStream:
     """One request (one choice) in flight: its replies as they arrive, and its stop strings."""
 
     def __init__(
-        self, manager: FrontendManager, uid: int, stops: list[str], replica: int = 0, echo: bool = False
+        self,
+        manager: FrontendManager,
+        uid: int,
+        stops: list[str],
+        replica: int = 0,
+        echo: bool = False,
+        include_stop: bool = False,
     ) -> None:
         self.manager = manager
         self.uid = uid
         self.replica = replica  # the data-parallel replica that serves it
-        self.matcher = StopMatcher(stops)
+        self.matcher = StopMatcher(stops, include_stop)
         self.echo = echo  # the first chunk starts with the prompt's text
         self.prompt_text = ""
         self.stop_token_id = -1
+        self.reasoning = ""  # a reasoning model's chat answer: where it starts ("inside", ...)
+        self.reasoning_tokens = 0
         self._logprobs = LogprobBuffer()
         self.usage = StreamUsage(manager.metrics, lambda: manager.mark_running(uid))
         self.finish_reason: str | None = None
@@ -135,6 +143,8 @@ class RequestStream:
         """A reply's rare fields: the echo's prompt text, the prefix-cache usage, logprobs, and on
         the last reply the stop token id."""
         self.prompt_text = self.prompt_text or x.prompt_text
+        self.reasoning = self.reasoning or x.reasoning
+        self.reasoning_tokens = max(self.reasoning_tokens, x.reasoning_tokens)
         self.usage.count_cached(x.cached_tokens)
         self._logprobs.add(x)
         if finished:
@@ -156,7 +166,8 @@ class RequestStream:
             if res.matched is not None:
                 self.manager.abort(self.uid)  # the scheduler stops generating and frees the pages
             self._finish(self.finish_reason or "stop")
-        if self.echo and self.prompt_text:
+        if self.echo and self.prompt_text and (self.completion_tokens or self.finished):
+            # with the first output: its prompt logprobs come with the first token
             text, self.echo = self.prompt_text + text, False
         stop_reason = res.matched if res.matched is not None else self._stop_token()
         logprobs, prompt_logprobs = self._logprobs.take()
@@ -170,6 +181,7 @@ class RequestStream:
             logprobs,
             prompt_logprobs,
             self.error if self.finish_reason == "error" else None,
+            self.reasoning,
         )
 
     def _stop_token(self) -> int | None:

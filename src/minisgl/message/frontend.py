@@ -29,6 +29,11 @@ class UserReplyExtra:
     cached_tokens: int = 0
     stop_token_id: int = -1
     prompt_text: str = ""
+    # Reasoning models: in the acknowledgement, where the answer starts ("inside" its reasoning,
+    # reasoning "optional", or "off"; "" for no reasoning parser); on the last reply the number of
+    # reasoning tokens.
+    reasoning: str = ""
+    reasoning_tokens: int = 0
     # Logprobs of this reply's token (if asked for): its bytes, log probability and alternatives.
     lp_tokens: list[bytes] = field(default_factory=list)
     lp_values: list[float] = field(default_factory=list)

@@ -38,6 +38,10 @@ class TokenizeMsg(BaseTokenizerMsg):
     # Tool calling: the tools for the chat template (a JSON list, "" for none). A chat message's
     # values are strings: an assistant's "tool_calls" is their JSON text.
     tools: str = ""
+    # The request's own chat template ("": the model's) and the variables it passes to the template
+    # (a JSON object, "" for none: chat_template_kwargs, documents, reasoning_effort).
+    chat_template: str = ""
+    template_kwargs: str = ""
 
 
 @dataclass
@@ -49,6 +53,7 @@ class DetokenizeExtra:
     omit_defaults: ClassVar[bool] = True
     cached_tokens: int = 0
     stop_token_id: int = -1
+    reasoning_tokens: int = 0  # on the last token of a reasoning model's chat answer: its reasoning's
     # With sampling_params.logprobs: the token's log probability and the top alternatives.
     logprob: float | None = None
     top_ids: list[int] = field(default_factory=list)

@@ -133,7 +133,9 @@ class DetokenizeManager:
     def _extra(self, token: int, x: DetokenizeExtra) -> UserReplyExtra:
         """The rare fields of a token's message -> those of its reply (token ids -> their bytes)."""
         tb = self.token_bytes
-        out = UserReplyExtra(cached_tokens=x.cached_tokens, stop_token_id=x.stop_token_id)
+        out = UserReplyExtra(
+            cached_tokens=x.cached_tokens, stop_token_id=x.stop_token_id, reasoning_tokens=x.reasoning_tokens
+        )
         if x.logprob is not None and token >= 0:
             out.lp_tokens = [tb(token)]
             out.lp_values = [x.logprob]

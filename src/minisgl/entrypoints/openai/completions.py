@@ -3,7 +3,6 @@ logprobs."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 
 from fastapi import APIRouter, Request
@@ -32,7 +31,7 @@ def _text_choice(logprobs: list[CompletionLogprobs] | None) -> Callable[[int, Ch
         lp = logprobs[i].of(chunk) if logprobs else None
         out = {"index": i, "text": chunk.text, "logprobs": lp, "finish_reason": chunk.finish_reason}
         if chunk.finish_reason is not None:
-            out["stop_reason"] = chunk.stop_reason
+            out["stop_reason"] = out["matched_stop"] = chunk.stop_reason
         return out
 
     return choice
@@ -43,11 +42,11 @@ async def completions(body: CompletionRequest, request: Request, state: State) -
     check_ready(state, body.model)
     prompts: list[TokenizerPrompt] = list(body.prompts())
     params = body.sampling_params()
-    options = PromptOptions(echo=body.echo)
+    options = PromptOptions(echo=body.echo, include_stop_str=body.include_stop_str)
     streams = await open_all(
         state, request, prompts, params, body.stop_list, body.n, options, body.grammar_field, body.stream
     )
-    rid, name = f"cmpl-{uuid.uuid4().hex}", body.model or state.model_name
+    rid, name = f"cmpl-{body.id_suffix}", body.model or state.model_name
     logprobs = [CompletionLogprobs() for _ in streams] if params.logprobs is not None else None
     if body.stream:
         events = chunk_events(body, rid, "text_completion", name)
@@ -61,6 +60,7 @@ async def completions(body: CompletionRequest, request: Request, state: State) -
             "logprobs": logprobs[i].of_all(c.chunks) if logprobs else None,
             "finish_reason": c.finish_reason,
             "stop_reason": c.stop_reason,
+            "matched_stop": c.stop_reason,  # SGLang's name
         }
         for i, c in enumerate(done)
     ]

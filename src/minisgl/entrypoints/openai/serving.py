@@ -175,12 +175,15 @@ def request_usage(streams: list[RequestStream], n: int) -> JSONObject:
     prompt = sum(s.prompt_tokens for s in streams[::n])  # each prompt counted once, not per choice
     cached = sum(s.cached_tokens for s in streams[::n])
     completion = sum(s.completion_tokens for s in streams)
-    return {
+    usage: JSONObject = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+    if any(s.reasoning for s in streams):  # a reasoning model's chat answer
+        usage["completion_tokens_details"] = {"reasoning_tokens": sum(s.reasoning_tokens for s in streams)}
+    return usage
 
 
 def completion_response(
