@@ -37,7 +37,9 @@ R1_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'].split('</think>')[-1] }}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
 )
-EFFORT_TEMPLATE = QWEN3_TEMPLATE.replace("<|im_start|>assistant\n", "<|im_start|>assistant\n{{ reasoning_effort }}")
+EFFORT_TEMPLATE = QWEN3_TEMPLATE.replace(
+    "<|im_start|>assistant\n", "<|im_start|>assistant\n{{ reasoning_effort }}"
+)
 
 
 def save_think_tokenizer(out: Path, template: str) -> Any:
@@ -63,7 +65,8 @@ def save_think_tokenizer(out: Path, template: str) -> Any:
 
 def tiny_qwen3(out: Path, template: str = QWEN3_TEMPLATE) -> Path:
     """A tiny random Qwen3 checkpoint with the think tokenizer (vocab: its 262 tokens)."""
-    save_tiny_hf_model("Qwen3ForCausalLM", out, True, vocab=262, head_dim=16, bos_token_id=257, eos_token_id=259)
+    ids = dict(bos_token_id=257, eos_token_id=259)
+    save_tiny_hf_model("Qwen3ForCausalLM", out, True, vocab=262, head_dim=16, max_position_embeddings=1024, **ids)
     save_think_tokenizer(out, template)
     return out
 
@@ -78,7 +81,11 @@ def think_tok(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def _prompt(tok: Any, template: str, **variables: Any) -> list[int]:
     text = tok.apply_chat_template(
-        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True, chat_template=template, **variables
+        [{"role": "user", "content": "hi"}],
+        tokenize=False,
+        add_generation_prompt=True,
+        chat_template=template,
+        **variables,
     )
     return list(tok.encode(text, add_special_tokens=False))
 
@@ -86,7 +93,10 @@ def _prompt(tok: Any, template: str, **variables: Any) -> list[int]:
 def test_the_format_and_where_an_answer_starts(think_tok: Any) -> None:
     fmt = ReasoningFormat.of(think_tok, "auto")
     assert fmt is not None and fmt.name == "qwen3"
-    assert (fmt.start_id, fmt.end_id) == (think_tok.convert_tokens_to_ids("<think>"), think_tok.convert_tokens_to_ids("</think>"))
+    assert (fmt.start_id, fmt.end_id) == (
+        think_tok.convert_tokens_to_ids("<think>"),
+        think_tok.convert_tokens_to_ids("</think>"),
+    )
     assert fmt.mode(think_tok, _prompt(think_tok, QWEN3_TEMPLATE)) == "optional"
     assert fmt.mode(think_tok, _prompt(think_tok, QWEN3_TEMPLATE, enable_thinking=False)) == "off"
     assert fmt.mode(think_tok, _prompt(think_tok, R1_TEMPLATE)) == "inside"
@@ -103,8 +113,9 @@ def test_the_format_and_where_an_answer_starts(think_tok: Any) -> None:
 
 
 def test_a_model_without_think_tokens_has_no_format(tmp_path: Path) -> None:
-    from test_models_support import save_tiny_tokenizer
     from transformers import AutoTokenizer
+
+    from test_models_support import save_tiny_tokenizer
 
     save_tiny_tokenizer(tmp_path, 131)
     tok = AutoTokenizer.from_pretrained(str(tmp_path))
@@ -210,7 +221,9 @@ class ScriptedWorkers(FakeWorkers):
             await asyncio.sleep(0)
             last = k == len(pieces)
             extra = UserReplyExtra(reasoning_tokens=5) if last else None
-            self.out.put_nowait(UserReply(uid, piece, last, "stop" if last else "", completion_tokens=k, extra=extra))
+            self.out.put_nowait(
+                UserReply(uid, piece, last, "stop" if last else "", completion_tokens=k, extra=extra)
+            )
 
 
 @pytest.fixture
@@ -243,7 +256,11 @@ async def test_reasoning_content_in_the_message(api) -> None:
     r = await api.post("/v1/chat/completions", json=_chat(THOUGHT))
     assert r.status_code == 200, r.text
     msg = r.json()["choices"][0]["message"]
-    assert (msg["content"], msg["reasoning_content"], msg["reasoning"]) == ("Hello!", "first, think", "first, think")
+    assert (msg["content"], msg["reasoning_content"], msg["reasoning"]) == (
+        "Hello!",
+        "first, think",
+        "first, think",
+    )
     assert r.json()["usage"]["completion_tokens_details"] == {"reasoning_tokens": 5}
     r = await api.post("/v1/chat/completions", json=_chat("off|Hello!"))
     msg = r.json()["choices"][0]["message"]
@@ -252,7 +269,9 @@ async def test_reasoning_content_in_the_message(api) -> None:
 
 @pytest.mark.anyio
 async def test_reasoning_streamed(api) -> None:
-    r = await api.post("/v1/chat/completions", json=_chat(THOUGHT, stream=True, stream_options={"include_usage": True}))
+    r = await api.post(
+        "/v1/chat/completions", json=_chat(THOUGHT, stream=True, stream_options={"include_usage": True})
+    )
     events = sse_events(r.text)
     deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "first, think"
@@ -261,7 +280,12 @@ async def test_reasoning_streamed(api) -> None:
     assert all(d.get("content") is not None for d in deltas[:1])  # the role chunk: "" not null
     assert events[-1]["usage"]["completion_tokens_details"] == {"reasoning_tokens": 5}
     whole = await api.post("/v1/chat/completions", json=_chat(THOUGHT, stream=True, stream_reasoning=False))
-    pieces = [d["reasoning_content"] for e in sse_events(whole.text) for d in [e["choices"][0]["delta"]] if "reasoning_content" in d]
+    pieces = [
+        d["reasoning_content"]
+        for e in sse_events(whole.text)
+        for d in [e["choices"][0]["delta"]]
+        if "reasoning_content" in d
+    ]
     assert pieces == ["first, think"]  # SGLang's stream_reasoning: false: in one piece
 
 
@@ -286,7 +310,10 @@ async def test_a_tool_call_inside_the_reasoning_is_not_a_call(api) -> None:
     text = 'optional|<think>plan</think><tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
     r = await api.post("/v1/chat/completions", json=_chat(text, tools=tools))
     choice = r.json()["choices"][0]
-    assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"][0]["function"]["name"] == "f"
+    assert (
+        choice["finish_reason"] == "tool_calls"
+        and choice["message"]["tool_calls"][0]["function"]["name"] == "f"
+    )
 
 
 @pytest.mark.anyio
@@ -305,7 +332,12 @@ async def test_responses_reasoning_item(api) -> None:
 
 @pytest.mark.anyio
 async def test_template_variables_reach_the_tokenizer(api) -> None:
-    body = _chat("off|x", chat_template_kwargs={"enable_thinking": False}, reasoning_effort="low", documents=[{"t": "d"}])
+    body = _chat(
+        "off|x",
+        chat_template_kwargs={"enable_thinking": False},
+        reasoning_effort="low",
+        documents=[{"t": "d"}],
+    )
     assert (await api.post("/v1/chat/completions", json=body)).status_code == 200
     sent = json.loads(api.workers.received[-1].template_kwargs)
     assert sent == {"enable_thinking": False, "reasoning_effort": "low", "documents": [{"t": "d"}]}
@@ -324,7 +356,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     model = tiny_qwen3(tmp_path_factory.mktemp("qwen3"))
     tok = json.loads((model / "tokenizer.json").read_text())
     assert {t["content"]: t["id"] for t in tok["added_tokens"]}["<think>"] == 260  # BIAS's ids
-    yield from served("--model", str(model), "--max-seq-len", "256", "--served-model-name", "tiny", "--trust-request-chat-template")
+    yield from served(
+        "--model",
+        str(model),
+        "--max-seq-len",
+        "1024",  # the tools' system prompt is ~700 byte tokens
+        "--served-model-name",
+        "tiny",
+        "--trust-request-chat-template",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -354,7 +394,10 @@ def test_the_grammar_applies_after_the_reasoning(client) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == msg.content
     # Thinking off (Qwen3's enable_thinking): the grammar holds from the first token, no <think>.
     off = client.chat.completions.create(
-        **kw, response_format=FORMAT, logit_bias=BIAS, extra_body={"chat_template_kwargs": {"enable_thinking": False}}
+        **kw,
+        response_format=FORMAT,
+        logit_bias=BIAS,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
     )
     assert json.loads(off.choices[0].message.content) in ({"a": "x"}, {"a": "y"})
     assert off.usage.completion_tokens_details.reasoning_tokens == 0
@@ -364,7 +407,7 @@ def test_a_forced_tool_call_after_the_reasoning(client) -> None:
     tool = {"type": "function", "function": {"name": "pick", "parameters": CHOICE}}
     r = client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], temperature=0, max_tokens=60,
-        tools=[tool], tool_choice="required", logit_bias=BIAS,
+        tools=[tool], tool_choice={"type": "function", "function": {"name": "pick"}}, logit_bias=BIAS,
     )  # fmt: skip
     [call] = r.choices[0].message.tool_calls
     assert call.function.name == "pick" and json.loads(call.function.arguments) in ({"a": "x"}, {"a": "y"})
@@ -385,6 +428,18 @@ def test_reasoning_effort_and_a_request_template(client) -> None:
     kw = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="reasoning_effort"):
         client.chat.completions.create(**kw, reasoning_effort="low")  # the model's template takes none
-    r = client.chat.completions.create(**kw, reasoning_effort="low", extra_body={"chat_template": EFFORT_TEMPLATE})
+    r = client.chat.completions.create(
+        **kw, reasoning_effort="low", extra_body={"chat_template": EFFORT_TEMPLATE}
+    )
     plain = client.chat.completions.create(**kw)
     assert r.usage.prompt_tokens == plain.usage.prompt_tokens + len("low")  # one token per byte
+
+
+def test_token_ids_through_the_workers(client) -> None:
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], temperature=0, max_tokens=5,
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    assert len(r.model_extra["prompt_token_ids"]) == r.usage.prompt_tokens
+    ids = r.choices[0].model_extra["token_ids"]
+    assert len(ids) == r.usage.completion_tokens and all(0 <= t < 262 for t in ids)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -57,6 +57,8 @@ class SamplingParams:
     # is that one; -1 with an end id: the prompt opened the reasoning, the output starts inside it.
     reasoning_start_id: int = -1
     reasoning_end_id: int = -1
+    # The answer carries the token ids (the prompt's, and each new token's), not only their text.
+    return_token_ids: bool = False
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError naming the first bad field; a client's mistake, never a crash."""
@@ -125,7 +127,7 @@ class SamplingParams:
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
 
-def reasoning_end(output_ids: list[int], start_id: int, end_id: int, scanned: int = 0) -> int | None:
+def reasoning_end(output_ids: Sequence[int], start_id: int, end_id: int, scanned: int = 0) -> int | None:
     """Where the reasoning of an output ends (see SamplingParams.reasoning_*): the index after its
     end token, 0 if the output has none, None while it is still open. `scanned`: output tokens
     already known to hold no end token (a caller that looks again as the output grows)."""
@@ -176,7 +178,9 @@ def check_request(token_ids: list[int], params: SamplingParams, vocab_size: int,
         raise RequestRejected("the prompt is empty")
     bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
     if bad:
-        raise RequestRejected(f"token id {bad[0]} is out of vocabulary (size {vocab_size}; bad ids: {bad[:5]})")
+        raise RequestRejected(
+            f"token id {bad[0]} is out of vocabulary (size {vocab_size}; bad ids: {bad[:5]})"
+        )
     try:
         params.validate(vocab_size)
     except (ValueError, TypeError) as e:

@@ -227,7 +227,7 @@ class Grammar:
         """Feed the tokens of `output_ids` not fed yet (a token the mask allowed is always accepted;
         one it did not, e.g. a forced EOS, puts the matcher in its error state, which stops it)."""
         if self.start < 0:
-            end = reasoning_end(list(output_ids), self.start_id, self.end_id, self._scanned)
+            end = reasoning_end(output_ids, self.start_id, self.end_id, self._scanned)
             self._scanned = len(output_ids)
             if end is None:
                 return

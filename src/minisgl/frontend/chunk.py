@@ -34,6 +34,7 @@ class Chunk:
     prompt_logprobs: list[TokenLogprob] | None = None
     error: RequestError | None = None  # why, when finish_reason is "error" (after some output)
     reasoning: str = ""  # a reasoning model's chat answer: where it starts (UserReplyExtra.reasoning)
+    token_ids: list[int] = field(default_factory=list)  # with return_token_ids: this chunk's tokens
 
 
 class LogprobBuffer:

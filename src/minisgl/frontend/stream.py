@@ -52,6 +52,8 @@ class RequestStream:
         self.stop_token_id = -1
         self.reasoning = ""  # a reasoning model's chat answer: where it starts ("inside", ...)
         self.reasoning_tokens = 0
+        self.prompt_token_ids: list[int] = []  # with return_token_ids (from the acknowledgement)
+        self._token_ids: list[int] = []  # ... and the new tokens' since the last chunk
         self._logprobs = LogprobBuffer()
         self.usage = StreamUsage(manager.metrics, lambda: manager.mark_running(uid))
         self.finish_reason: str | None = None
@@ -96,6 +98,8 @@ class RequestStream:
         first = self._replies[0]
         if first.finished and first.finish_reason == "error":
             self._take()  # records the error, closes the stream and raises RequestError
+        if first.extra is not None:  # what the acknowledgement tells before any output
+            self._take_ack(first.extra)
 
     async def started(self) -> None:
         """Wait until the request has output or has ended; raise RequestError if it was refused
@@ -142,13 +146,18 @@ class RequestStream:
     def _take_extra(self, x: UserReplyExtra, finished: bool) -> None:
         """A reply's rare fields: the echo's prompt text, the prefix-cache usage, logprobs, and on
         the last reply the stop token id."""
-        self.prompt_text = self.prompt_text or x.prompt_text
-        self.reasoning = self.reasoning or x.reasoning
+        self._take_ack(x)
         self.reasoning_tokens = max(self.reasoning_tokens, x.reasoning_tokens)
+        self._token_ids += x.token_ids
         self.usage.count_cached(x.cached_tokens)
         self._logprobs.add(x)
         if finished:
             self.stop_token_id = x.stop_token_id
+
+    def _take_ack(self, x: UserReplyExtra) -> None:
+        self.prompt_text = self.prompt_text or x.prompt_text
+        self.reasoning = self.reasoning or x.reasoning
+        self.prompt_token_ids = self.prompt_token_ids or x.prompt_token_ids
 
     async def next_chunk(self) -> Chunk:
         """The text that arrived since the last call (waits for some), with stop strings applied."""
@@ -171,6 +180,7 @@ class RequestStream:
             text, self.echo = self.prompt_text + text, False
         stop_reason = res.matched if res.matched is not None else self._stop_token()
         logprobs, prompt_logprobs = self._logprobs.take()
+        token_ids, self._token_ids = self._token_ids, []
         return Chunk(
             text,
             self.finish_reason,
@@ -182,6 +192,7 @@ class RequestStream:
             prompt_logprobs,
             self.error if self.finish_reason == "error" else None,
             self.reasoning,
+            token_ids,
         )
 
     def _stop_token(self) -> int | None:
@@ -190,7 +201,13 @@ class RequestStream:
     async def chunks(self) -> AsyncIterator[Chunk]:
         while not self.finished:
             chunk = await self.next_chunk()
-            if chunk.text or chunk.finish_reason is not None or chunk.logprobs or chunk.prompt_logprobs:
+            if (
+                chunk.text
+                or chunk.finish_reason is not None
+                or chunk.logprobs
+                or chunk.prompt_logprobs
+                or chunk.token_ids
+            ):
                 yield chunk
 
     async def _late_ack(self) -> None:

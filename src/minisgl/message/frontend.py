@@ -34,6 +34,9 @@ class UserReplyExtra:
     # reasoning tokens.
     reasoning: str = ""
     reasoning_tokens: int = 0
+    # With sampling_params.return_token_ids: the prompt's ids (acknowledgement), the reply's token.
+    prompt_token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
     # Logprobs of this reply's token (if asked for): its bytes, log probability and alternatives.
     lp_tokens: list[bytes] = field(default_factory=list)
     lp_values: list[float] = field(default_factory=list)

@@ -54,6 +54,7 @@ class DetokenizeExtra:
     cached_tokens: int = 0
     stop_token_id: int = -1
     reasoning_tokens: int = 0  # on the last token of a reasoning model's chat answer: its reasoning's
+    return_token: bool = False  # the reply carries the token's id (sampling_params.return_token_ids)
     # With sampling_params.logprobs: the token's log probability and the top alternatives.
     logprob: float | None = None
     top_ids: list[int] = field(default_factory=list)

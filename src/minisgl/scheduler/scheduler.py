@@ -498,11 +498,12 @@ def _extra(req: Req, token: int, reason: str, logprobs: TokenLogprobs | None) ->
     stop_token = reason == "stop" and token in params.stop_token_ids
     wants_prompt_lp = first and params.prompt_logprobs is not None
     reasons = bool(reason) and params.reasoning_end_id >= 0
-    if not (
-        logprobs is not None or stop_token or wants_prompt_lp or reasons or (first and req.cached_prompt_len > 0)
-    ):
+    rare = logprobs is not None or stop_token or wants_prompt_lp or reasons or params.return_token_ids
+    if not (rare or (first and req.cached_prompt_len > 0)):
         return None
-    extra = DetokenizeExtra(cached_tokens=max(req.cached_prompt_len, 0) if first else 0)
+    extra = DetokenizeExtra(
+        cached_tokens=max(req.cached_prompt_len, 0) if first else 0, return_token=params.return_token_ids
+    )
     if reasons:
         end = reasoning_end(req.output_ids, params.reasoning_start_id, params.reasoning_end_id)
         extra.reasoning_tokens = req.output_len if end is None else end

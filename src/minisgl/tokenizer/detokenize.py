@@ -136,6 +136,8 @@ class DetokenizeManager:
         out = UserReplyExtra(
             cached_tokens=x.cached_tokens, stop_token_id=x.stop_token_id, reasoning_tokens=x.reasoning_tokens
         )
+        if x.return_token and token >= 0:
+            out.token_ids = [token]
         if x.logprob is not None and token >= 0:
             out.lp_tokens = [tb(token)]
             out.lp_values = [x.logprob]

@@ -41,7 +41,9 @@ class ReasoningFormat:
         if flag == "none":
             return None
         if flag not in ("auto", *REASONING_PARSERS):
-            raise ValueError(f"--reasoning-parser must be auto, none or one of {REASONING_PARSERS}, got {flag!r}")
+            raise ValueError(
+                f"--reasoning-parser must be auto, none or one of {REASONING_PARSERS}, got {flag!r}"
+            )
         ids = _marker_ids(tokenizer)
         template = getattr(tokenizer, "chat_template", None) or ""
         if flag == "auto":
@@ -49,7 +51,9 @@ class ReasoningFormat:
                 return None
             flag = "qwen3" if "enable_thinking" in template else "deepseek_r1"
         if ids is None:
-            raise ValueError(f"--reasoning-parser {flag}: the tokenizer has no {THINK_START} and {THINK_END} tokens")
+            raise ValueError(
+                f"--reasoning-parser {flag}: the tokenizer has no {THINK_START} and {THINK_END} tokens"
+            )
         return cls(flag, *ids)
 
     def mode(self, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> str:

@@ -238,8 +238,14 @@ class TokenizerWorker:
             logger.exception("%s: cannot tokenize request %d", self.config.name, msg.uid)
             return self._reject(msg, f"cannot tokenize the prompt: {type(e).__name__}: {e}")
         to_backend[msg.replica].extend(user_msgs)
-        echo = self.tokenize.echo_text(msg, user_msgs[0].input_ids.tolist()) if msg.echo else ""
-        extra = UserReplyExtra(prompt_text=echo, reasoning=reasoning) if echo or reasoning else None
+        ids = user_msgs[0].input_ids.tolist() if msg.echo or msg.sampling_params.return_token_ids else []
+        echo = self.tokenize.echo_text(msg, ids) if msg.echo else ""
+        prompt_ids = ids if msg.sampling_params.return_token_ids else []
+        extra = (
+            UserReplyExtra(prompt_text=echo, reasoning=reasoning, prompt_token_ids=prompt_ids)
+            if echo or reasoning or prompt_ids
+            else None
+        )
         return [
             UserReply(
                 uid=m.uid, incremental_output="", finished=False, prompt_tokens=len(m.input_ids), extra=extra

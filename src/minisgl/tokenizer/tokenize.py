@@ -56,7 +56,11 @@ class ChatOptions:
     @classmethod
     def of(cls, msg: TokenizeMsg) -> ChatOptions:
         return cls(
-            msg.add_generation_prompt, msg.continue_final_message, msg.tools, msg.chat_template, msg.template_kwargs
+            msg.add_generation_prompt,
+            msg.continue_final_message,
+            msg.tools,
+            msg.chat_template,
+            msg.template_kwargs,
         )
 
 
@@ -67,7 +71,10 @@ class TokenizeManager:
     context by its length alone (see length_bound.py) is refused without being tokenized."""
 
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, limits: ModelLimits, reasoning: ReasoningFormat | None = None
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        limits: ModelLimits,
+        reasoning: ReasoningFormat | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
@@ -102,7 +109,9 @@ class TokenizeManager:
             variables = _template_variables(chat.variables)
             template = chat.template or getattr(self.tokenizer, "chat_template", None) or ""
             if "reasoning_effort" in variables and "reasoning_effort" not in template:
-                raise RequestRejected("reasoning_effort is not supported: this model's chat template takes none")
+                raise RequestRejected(
+                    "reasoning_effort is not supported: this model's chat template takes none"
+                )
             text = render_chat(
                 self.tokenizer,
                 [_template_message(m) for m in messages],
@@ -127,7 +136,12 @@ class TokenizeManager:
         if at_least > room:
             completion = 1 if max_tokens == FILL_CONTEXT else max_tokens
             raise RequestRejected(
-                context_error(self.limits.max_seq_len, f"at least {at_least + completion}", f"at least {at_least}", completion)
+                context_error(
+                    self.limits.max_seq_len,
+                    f"at least {at_least + completion}",
+                    f"at least {at_least}",
+                    completion,
+                )
             )
 
     def prepare(self, msg: TokenizeMsg) -> list[UserMsg]:
@@ -156,7 +170,9 @@ class TokenizeManager:
         for p in choices:
             check_request(ids, p, self.limits.vocab_size, self.limits.max_seq_len)
         input_ids = torch.tensor(ids, dtype=torch.int32)
-        msgs = [UserMsg(uid=msg.uid + i, input_ids=input_ids, sampling_params=p) for i, p in enumerate(choices)]
+        msgs = [
+            UserMsg(uid=msg.uid + i, input_ids=input_ids, sampling_params=p) for i, p in enumerate(choices)
+        ]
         return msgs, mode
 
     def echo_text(self, msg: TokenizeMsg, ids: list[int]) -> str:

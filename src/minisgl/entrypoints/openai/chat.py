@@ -10,9 +10,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from minisgl.entrypoints.openai.errors import APIError
+from minisgl.entrypoints.openai.extensions.reasoning import ReasoningSplit
 from minisgl.entrypoints.openai.logprobs_format import ChatLogprobs
 from minisgl.entrypoints.openai.protocol import ChatCompletionRequest
-from minisgl.entrypoints.openai.extensions.reasoning import ReasoningSplit
 from minisgl.entrypoints.openai.serving import (
     Choice,
     JSONObject,
@@ -126,12 +126,14 @@ def choice_outputs(state: ServerState, body: ChatCompletionRequest, n: int) -> l
 
 
 def _chat_delta(
-    logprobs: list[ChatLogprobs] | None, outputs: list[ChoiceOutput]
+    logprobs: list[ChatLogprobs] | None, outputs: list[ChoiceOutput], token_ids: bool
 ) -> Callable[[int, Chunk], JSONObject]:
     def delta(i: int, chunk: Chunk) -> JSONObject:
         d, finish = outputs[i].delta(chunk)
         lp = logprobs[i].of(chunk.logprobs) if logprobs else None
         out = {"index": i, "delta": d, "logprobs": lp, "finish_reason": finish}
+        if token_ids:
+            out["token_ids"] = chunk.token_ids
         if chunk.finish_reason is not None:
             out["stop_reason"] = out["matched_stop"] = chunk.stop_reason
         return out
@@ -218,10 +220,12 @@ async def chat(body: ChatCompletionRequest, request: Request, state: State) -> R
     logprobs = [ChatLogprobs() for _ in streams] if body.token_logprobs is not None else None
     outputs = choice_outputs(state, body, len(streams))
     echo = body.echo_text
+    ids = bool(body.return_token_ids)  # vLLM's token_ids of the choices
+    prompt_ids = {"prompt_token_ids": streams[0].prompt_token_ids} if body.returns_prompt_ids else None
     if body.stream:
         events = chunk_events(body, rid, "chat.completion.chunk", name)
         roles = [_chat_role(i, echo) for i in range(len(streams))]
-        content = events.body(streams, body.n, _chat_delta(logprobs, outputs), head=roles)
+        content = events.body(streams, body.n, _chat_delta(logprobs, outputs, ids), roles, prompt_ids)
         return StreamResponse(content, lambda: release_all(state.manager, streams))
     done = await finish_all(request, state.manager, streams)
     choices: list[JSONObject] = []
@@ -239,4 +243,7 @@ async def chat(body: ChatCompletionRequest, request: Request, state: State) -> R
                 "matched_stop": c.stop_reason,  # SGLang's name
             }
         )
-    return completion_response(rid, "chat.completion", name, choices, request_usage(streams, body.n))
+        if ids:
+            choices[-1]["token_ids"] = [t for ch in c.chunks for t in ch.token_ids]
+    usage = request_usage(streams, body.n)
+    return completion_response(rid, "chat.completion", name, choices, usage, prompt_ids)

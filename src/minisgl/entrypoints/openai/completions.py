@@ -22,16 +22,28 @@ from minisgl.entrypoints.openai.state import State, check_ready
 from minisgl.entrypoints.openai.streaming import StreamResponse, chunk_events
 from minisgl.frontend.chunk import Chunk
 from minisgl.frontend.manager import PromptOptions, TokenizerPrompt
+from minisgl.frontend.stream import RequestStream
 
 router = APIRouter()
 
 
-def _text_choice(logprobs: list[CompletionLogprobs] | None) -> Callable[[int, Chunk], JSONObject]:
+def _text_choice(
+    logprobs: list[CompletionLogprobs] | None, token_ids: list[RequestStream] | None
+) -> Callable[[int, Chunk], JSONObject]:
+    """A streamed chunk's choice; with `token_ids` (the streams, for return_token_ids) its tokens'
+    ids, and in its first chunk the prompt's."""
+    first = set(range(len(token_ids or [])))
+
     def choice(i: int, chunk: Chunk) -> JSONObject:
         lp = logprobs[i].of(chunk) if logprobs else None
         out = {"index": i, "text": chunk.text, "logprobs": lp, "finish_reason": chunk.finish_reason}
         if chunk.finish_reason is not None:
             out["stop_reason"] = out["matched_stop"] = chunk.stop_reason
+        if token_ids is not None:
+            out["token_ids"] = chunk.token_ids
+            if i in first:
+                first.discard(i)
+                out["prompt_token_ids"] = token_ids[i].prompt_token_ids
         return out
 
     return choice
@@ -50,7 +62,9 @@ async def completions(body: CompletionRequest, request: Request, state: State) -
     logprobs = [CompletionLogprobs() for _ in streams] if params.logprobs is not None else None
     if body.stream:
         events = chunk_events(body, rid, "text_completion", name)
-        content = events.body(streams, body.n, _text_choice(logprobs))
+        content = events.body(
+            streams, body.n, _text_choice(logprobs, streams if body.return_token_ids else None)
+        )
         return StreamResponse(content, lambda: release_all(state.manager, streams))
     done = await finish_all(request, state.manager, streams)
     choices: list[JSONObject] = [
@@ -64,4 +78,8 @@ async def completions(body: CompletionRequest, request: Request, state: State) -
         }
         for i, c in enumerate(done)
     ]
+    if body.return_token_ids:  # vLLM's and SGLang's: per choice
+        for s, c, out in zip(streams, done, choices, strict=True):
+            out["prompt_token_ids"] = s.prompt_token_ids
+            out["token_ids"] = [t for ch in c.chunks for t in ch.token_ids]
     return completion_response(rid, "text_completion", name, choices, request_usage(streams, body.n))

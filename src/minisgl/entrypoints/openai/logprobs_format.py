@@ -58,7 +58,11 @@ class CompletionLogprobs:
             text = _text(e.token)
             out["tokens"].append(text)
             out["token_logprobs"].append(None if e.logprob is None else _value(e.logprob))
-            top = None if e.logprob is None else {_text(e.token): _value(e.logprob)} | {_text(t): _value(lp) for t, lp in e.top}
+            top = (
+                None
+                if e.logprob is None
+                else {_text(e.token): _value(e.logprob)} | {_text(t): _value(lp) for t, lp in e.top}
+            )
             out["top_logprobs"].append(top)
             out["text_offset"].append(self.offset)
             self.offset += len(text)

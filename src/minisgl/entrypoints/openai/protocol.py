@@ -38,7 +38,7 @@ from pydantic import (
 from minisgl.core import MAX_LOGPROBS, SamplingParams
 from minisgl.entrypoints.openai import tools as tool_calls
 from minisgl.entrypoints.openai.extensions.peer_fields import check_peer_fields
-from minisgl.entrypoints.openai.extensions.structured import Constraint, StructuredFields
+from minisgl.entrypoints.openai.extensions.structured import StructuredFields
 from minisgl.grammar import JSON_OBJECT_SCHEMA, GrammarError, check_schema, json_schema_grammar
 from minisgl.tokenizer.tokenize import FILL_CONTEXT, MAX_CHOICES, TEMPLATE_ARGUMENTS
 
@@ -309,6 +309,8 @@ class SamplingRequest(_Request, StructuredFields):
     # vLLM's request_id (SGLang's rid): the answer's id is made from it.
     request_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     rid: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    # vLLM's and SGLang's: the answer has the token ids too (choices' token_ids, prompt_token_ids).
+    return_token_ids: bool | None = None
     # These take any JSON value, and refuse it below unless absent or "off".
     moderation: Any = None
     store: Any = None
@@ -316,8 +318,6 @@ class SamplingRequest(_Request, StructuredFields):
     _off = field_validator(
         *[f for f in _NOT_IMPLEMENTED_OFF if f not in _COMPLETION_ONLY], check_fields=False
     )(_refuse_unless_off)
-
-    _constraint: Constraint | None = PrivateAttr(None)
 
     @model_validator(mode="before")
     @classmethod
@@ -328,10 +328,10 @@ class SamplingRequest(_Request, StructuredFields):
         return data
 
     @model_validator(mode="after")
-    def _structured(self) -> SamplingRequest:
-        self._constraint = self.peer_constraint()
-        if self._constraint is not None and self.response_format is not None and self.response_format.grammar:
-            raise ValueError(f"give response_format or {self._constraint.field}, not both")
+    def _one_constraint(self) -> SamplingRequest:
+        c = self.constraint
+        if c is not None and self.response_format is not None and self.response_format.grammar:
+            raise ValueError(f"give response_format or {c.field}, not both")
         return self
 
     @field_validator("top_k")
@@ -390,20 +390,26 @@ class SamplingRequest(_Request, StructuredFields):
             logprobs=self.token_logprobs,
             prompt_logprobs=self.prompt_logprobs,
             grammar=self.output_grammar,
+            return_token_ids=self.returns_prompt_ids,
         )
 
     @property
     def output_grammar(self) -> str | None:
         """The grammar sampling keeps to (response_format's or a structured-output field's; chat:
         or the forced tool choice's)."""
-        if self._constraint is not None:
-            return self._constraint.grammar
+        if self.constraint is not None:
+            return self.constraint.grammar
         return self.response_format.grammar if self.response_format is not None else None
 
     @property
     def grammar_field(self) -> str:
         """The request field the output grammar comes from (named when the scheduler refuses it)."""
-        return self._constraint.field if self._constraint is not None else "response_format"
+        return self.constraint.field if self.constraint is not None else "response_format"
+
+    @property
+    def returns_prompt_ids(self) -> bool:
+        """The answer has the prompt's token ids (and, with return_token_ids, the output's)."""
+        return bool(self.return_token_ids)
 
     @property
     def include_stop_str(self) -> bool:
@@ -433,6 +439,7 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     echo: bool = False  # vLLM's: the answer starts with the final message it continues
+    return_prompt_token_ids: bool = False  # SGLang's: the answer has the prompt's token ids
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     functions: list[FunctionSpec] | None = None  # the legacy form of tools
@@ -461,7 +468,11 @@ class ChatCompletionRequest(SamplingRequest):
             raise ValueError(f"chat_template_kwargs: {reserved[0]!r} is not a template variable")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
-        if self.continue_final_message and self.add_generation_prompt and "add_generation_prompt" in self.model_fields_set:
+        if (
+            self.continue_final_message
+            and self.add_generation_prompt
+            and "add_generation_prompt" in self.model_fields_set
+        ):
             raise ValueError("continue_final_message cannot be combined with add_generation_prompt: true")
         self._check_tools()
         self._check_tool_results()
@@ -494,8 +505,8 @@ class ChatCompletionRequest(SamplingRequest):
             raise ValueError(f"{field}: function {forced!r} not found in tools list")
         if self.response_format is not None and self.response_format.grammar and mode != "none":
             raise ValueError("response_format json_object / json_schema cannot be combined with tools")
-        if self._constraint is not None and mode != "none":
-            raise ValueError(f"{self._constraint.field} cannot be combined with tools")
+        if self.constraint is not None and mode != "none":
+            raise ValueError(f"{self.constraint.field} cannot be combined with tools")
         try:
             if mode == "required":
                 self._tool_grammar = tool_calls.required_grammar(self.tool_dicts)
@@ -560,6 +571,10 @@ class ChatCompletionRequest(SamplingRequest):
     @property
     def token_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    @property
+    def returns_prompt_ids(self) -> bool:
+        return bool(self.return_token_ids or self.return_prompt_token_ids)
 
     @property
     def generation_prompt(self) -> bool:
@@ -642,12 +657,15 @@ class GenerateRequest(_Request, StructuredFields):
     stop: str | list[str] | None = None
     stream: bool = True
 
-    _constraint: Constraint | None = PrivateAttr(None)
-
-    @model_validator(mode="after")
-    def _structured(self) -> GenerateRequest:
-        self._constraint = self.peer_constraint()
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, data: object) -> object:
+        if isinstance(data, dict) and "sampling_params" in data:  # SGLang's /generate nests them
+            raise ValueError(
+                "sampling_params is not supported: /generate takes its fields at the top level (max_tokens, "
+                "temperature, top_k, top_p, stop, ignore_eos, and regex, json_schema or ebnf)"
+            )
+        return data
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(
@@ -656,12 +674,12 @@ class GenerateRequest(_Request, StructuredFields):
             top_p=self.top_p,
             ignore_eos=self.ignore_eos,
             max_tokens=self.max_tokens,
-            grammar=self._constraint.grammar if self._constraint is not None else None,
+            grammar=self.constraint.grammar if self.constraint is not None else None,
         )
 
     @property
     def grammar_field(self) -> str | None:
-        return self._constraint.field if self._constraint is not None else None
+        return self.constraint.field if self.constraint is not None else None
 
     @property
     def stop_list(self) -> list[str]:

@@ -187,9 +187,15 @@ def request_usage(streams: list[RequestStream], n: int) -> JSONObject:
 
 
 def completion_response(
-    rid: str, obj: str, model: str, choices: list[JSONObject], usage: JSONObject
+    rid: str,
+    obj: str,
+    model: str,
+    choices: list[JSONObject],
+    usage: JSONObject,
+    more: JSONObject | None = None,
 ) -> JSONResponse:
-    """The non-streaming body shared by chat completions and completions."""
+    """The non-streaming body shared by chat completions and completions (`more`: fields after
+    OpenAI's, e.g. vLLM's prompt_token_ids)."""
     return JSONResponse(
         {
             "id": rid,
@@ -198,5 +204,6 @@ def completion_response(
             "model": model,
             "choices": choices,
             "usage": usage,
+            **(more or {}),
         }
     )

@@ -305,9 +305,9 @@ _MARKERS = {"hermes": ("<tool_call>",), "llama3_json": ("<|python_tag|>", "{")}
 
 # ---- one choice's output --------------------------------------------------------------------------
 
-# A call of a "required" answer up to its arguments: `[{"name": "f", "parameters": ` (or `, {` for
-# the next), in the order the grammar writes the keys.
-_REQUIRED_HEAD = re.compile(r'\s*[\[,]\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"parameters"\s*:\s*')
+# A call of a "required" answer up to its arguments: `[{"name": "f", "parameters": ` (or `}, {` after
+# the call before), in the order the grammar writes the keys.
+_REQUIRED_HEAD = re.compile(r'\s*\}?\s*[\[,]\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"parameters"\s*:\s*')
 
 
 @dataclass
@@ -372,7 +372,6 @@ class RequiredCalls:
                     return True
             self._pos += 1
         return False
-
 
 
 @dataclass
@@ -441,12 +440,16 @@ class ToolOutput:
         text is the content (not streamed again: what was streamed of the calls is all there is)."""
         ids = self._required.ids
         calls = parse_required(held)
-        self.calls = [ToolCall(c.name, c.arguments, ids[i]) if i < len(ids) else c for i, c in enumerate(calls)]
+        self.calls = [
+            ToolCall(c.name, c.arguments, ids[i]) if i < len(ids) else c for i, c in enumerate(calls)
+        ]
         if not self.calls:
             self.content += held
             return ([] if ids else [{"content": held}] if held else []), finish_reason
         rest = [c.delta(i) for i, c in enumerate(self.calls) if i >= len(ids)]
-        return ([{"tool_calls": rest}] if rest else []), ("tool_calls" if finish_reason == "stop" else finish_reason)
+        return ([{"tool_calls": rest}] if rest else []), (
+            "tool_calls" if finish_reason == "stop" else finish_reason
+        )
 
     def _head(self) -> JSONObject:
         call = {"index": 0, "id": self._call_id, "type": "function"}

@@ -32,9 +32,9 @@ class Refusal:
         return any(value == o and type(value) is type(o) for o in self.off)
 
 
-_NONE = (None,)
-_FALSE = (None, False)
-_EMPTY = (None, [], {})
+_NONE: tuple[object, ...] = (None,)
+_FALSE: tuple[object, ...] = (None, False)
+_EMPTY: tuple[object, ...] = (None, [], {})
 
 # Refused on both endpoints unless off.
 REFUSED: dict[str, Refusal] = {
@@ -72,8 +72,6 @@ REFUSED: dict[str, Refusal] = {
     "prompt_logprobs": Refusal(_NONE, "use a completion with echo and logprobs"),
     "logprob_token_ids": Refusal(_NONE, "use top_logprobs"),
     "return_tokens_as_token_ids": Refusal(_FALSE, "logprobs name tokens by their text and bytes"),
-    "return_token_ids": Refusal(_FALSE, "answers carry text; logprobs give each token's bytes"),
-    "return_prompt_token_ids": Refusal(_FALSE, "answers carry text; logprobs give each token's bytes"),
     "return_token_offsets": Refusal(_FALSE, "not implemented"),
     "return_prompt_text": Refusal(_FALSE, "not implemented"),
     "return_hidden_states": Refusal(_FALSE, "not implemented"),
@@ -119,7 +117,9 @@ ENDPOINT_REFUSED: dict[str, dict[str, Refusal]] = {
         )
     },
     "completions": {
-        "add_special_tokens": Refusal((None, True), "a text prompt is encoded with the tokenizer's special tokens")
+        "add_special_tokens": Refusal(
+            (None, True), "a text prompt is encoded with the tokenizer's special tokens"
+        )
     },
 }
 
@@ -137,6 +137,8 @@ def check_peer_fields(data: dict[str, object], endpoint: str, declared: Iterable
         if refusal is not None:
             if not refusal.allows(value):
                 raise ValueError(f"{name} is not supported by this server ({refusal.why})")
-        elif name not in known and name not in NO_EFFECT and name not in _logged and len(_logged) < _MAX_LOGGED:
+        elif (
+            name not in known and name not in NO_EFFECT and name not in _logged and len(_logged) < _MAX_LOGGED
+        ):
             _logged.add(name)
             logger.warning("request field %r is not known to this server: accepted without effect", name[:64])

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from minisgl.grammar import (
     JSON_OBJECT_SCHEMA,
@@ -70,6 +70,17 @@ class StructuredFields(BaseModel):
     regex: str | None = None  # SGLang
     ebnf: str | None = None  # SGLang
     json_schema: dict[str, Any] | bool | str | None = None  # SGLang: a schema's JSON text
+    _constraint: Constraint | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _structured(self) -> StructuredFields:
+        self._constraint = self.peer_constraint()
+        return self
+
+    @property
+    def constraint(self) -> Constraint | None:
+        """The grammar these fields ask for, and the field it came from (None: none)."""
+        return self._constraint
 
     def peer_constraint(self) -> Constraint | None:
         """The grammar these fields ask for (None: none); ValueError naming the field if bad."""
@@ -80,7 +91,9 @@ class StructuredFields(BaseModel):
         ws_field, whitespace = self._whitespace()
         if not asked:
             if ws_field:
-                raise ValueError(f"{ws_field} needs a JSON constraint (guided_json or structured_outputs.json)")
+                raise ValueError(
+                    f"{ws_field} needs a JSON constraint (guided_json or structured_outputs.json)"
+                )
             return None
         [(field, kind, value)] = asked
         if ws_field and kind != "json":

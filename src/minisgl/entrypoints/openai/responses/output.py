@@ -24,8 +24,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from minisgl.entrypoints.openai.logprobs_format import ChatLogprobs
 from minisgl.entrypoints.openai.extensions.reasoning import ReasoningSplit
+from minisgl.entrypoints.openai.logprobs_format import ChatLogprobs
 from minisgl.entrypoints.openai.tools import ToolOutput
 from minisgl.frontend.chunk import Chunk, TokenLogprob
 from minisgl.frontend.errors import RequestError
@@ -176,11 +176,19 @@ class ResponseBuilder:
         events: list[JSONObject] = []
         if self._open is None or self._open["type"] != "reasoning":
             events += self._close()
-            item = {"id": _id("rs"), "type": "reasoning", "summary": [], "status": "in_progress", "content": []}
+            item: JSONObject = {
+                "id": _id("rs"),
+                "type": "reasoning",
+                "summary": [],
+                "status": "in_progress",
+                "content": [],
+            }
             events += self._add(item)
             part: JSONObject = {"type": "reasoning_text", "text": ""}
             item["content"].append(part)
-            events.append(self._event("response.content_part.added", **self._where(), part=copy.deepcopy(part)))
+            events.append(
+                self._event("response.content_part.added", **self._where(), part=copy.deepcopy(part))
+            )
         assert self._open is not None
         self._open["content"][0]["text"] += delta
         return events + [self._event("response.reasoning_text.delta", **self._where(), delta=delta)]

@@ -86,7 +86,9 @@ def _history(state: ServerState, body: ResponsesRequest) -> list[JSONObject]:
     return kept.items
 
 
-def _keep(state: ServerState, body: ResponsesRequest, history: list[JSONObject], builder: ResponseBuilder) -> None:
+def _keep(
+    state: ServerState, body: ResponsesRequest, history: list[JSONObject], builder: ResponseBuilder
+) -> None:
     if body.stores and builder.status != "failed":
         items = history + body.input_items() + output_items(builder.output)
         state.responses.put(builder.response(), items)

@@ -66,6 +66,11 @@ def output_items(output: list[JSONObject]) -> list[JSONObject]:
             items.append({"type": "message", "role": "assistant", "content": text})
         elif item["type"] == "function_call":
             items.append(
-                {"type": "function_call", "call_id": item["call_id"], "name": item["name"], "arguments": item["arguments"]}
+                {
+                    "type": "function_call",
+                    "call_id": item["call_id"],
+                    "name": item["name"],
+                    "arguments": item["arguments"],
+                }
             )
     return items
