@@ -12,6 +12,10 @@ the 107 entries that carry them were rewritten by the same command on today's pa
 Issue 24 took the per-token messages' rare fields off a plain token's bytes (DetokenizeMsg and
 UserReply leave out what holds its default, the rare fields grouped in an optional `extra`): the 80
 entries that carry one of the two were rewritten the same way, and two entries were added.
+Issue 25 gave SamplingParams the reasoning token ids and return_token_ids, and TokenizeMsg the
+request's chat template and template variables: the 107 entries that carry SamplingParams were
+rewritten the same way (the per-token messages' bytes did not change: their new rare fields are
+left out at their defaults).
 """
 
 from __future__ import annotations

@@ -315,7 +315,7 @@ class TokenWorkers(FakeWorkers):
 
     async def run(self, m: TokenizeMsg, uid: int) -> None:
         asked = m.sampling_params.return_token_ids
-        ack = UserReplyExtra(prompt_token_ids=[1, 2, 3]) if asked else None
+        ack = UserReplyExtra(token_ids=[1, 2, 3]) if asked else None
         self.out.put_nowait(UserReply(uid, "", False, prompt_tokens=3, extra=ack))
         for k, word in enumerate(["a", " b", " c"], 1):
             await asyncio.sleep(0)

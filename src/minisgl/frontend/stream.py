@@ -98,7 +98,7 @@ class RequestStream:
         first = self._replies[0]
         if first.finished and first.finish_reason == "error":
             self._take()  # records the error, closes the stream and raises RequestError
-        if first.extra is not None:  # what the acknowledgement tells before any output
+        if first.extra is not None and first.prompt_tokens:  # what the acknowledgement tells first
             self._take_ack(first.extra)
 
     async def started(self) -> None:
@@ -127,7 +127,7 @@ class RequestStream:
             self.usage.count_tokens(r.completion_tokens)
             text.append(r.incremental_output)
             if r.extra is not None:
-                self._take_extra(r.extra, r.finished)
+                self._take_extra(r.extra, r.finished, bool(r.prompt_tokens))
             if r.finished:
                 self.finish_reason = r.finish_reason or "stop"
                 if self.finish_reason == "error":  # after some output: the choice ends with it
@@ -143,21 +143,25 @@ class RequestStream:
         status = 400 if grammar or not (r.completion_tokens or self.completion_tokens) else 500
         return RequestError(why, status, self.grammar_field if grammar else None)
 
-    def _take_extra(self, x: UserReplyExtra, finished: bool) -> None:
+    def _take_extra(self, x: UserReplyExtra, finished: bool, ack: bool) -> None:
         """A reply's rare fields: the echo's prompt text, the prefix-cache usage, logprobs, and on
         the last reply the stop token id."""
-        self._take_ack(x)
+        if ack:
+            self._take_ack(x)
+        else:
+            self._token_ids += x.token_ids
         self.reasoning_tokens = max(self.reasoning_tokens, x.reasoning_tokens)
-        self._token_ids += x.token_ids
         self.usage.count_cached(x.cached_tokens)
         self._logprobs.add(x)
         if finished:
             self.stop_token_id = x.stop_token_id
 
     def _take_ack(self, x: UserReplyExtra) -> None:
+        """The tokenizer's acknowledgement: the echo's text, where a reasoning answer starts, the
+        prompt's ids (return_token_ids)."""
         self.prompt_text = self.prompt_text or x.prompt_text
         self.reasoning = self.reasoning or x.reasoning
-        self.prompt_token_ids = self.prompt_token_ids or x.prompt_token_ids
+        self.prompt_token_ids = self.prompt_token_ids or x.token_ids
 
     async def next_chunk(self) -> Chunk:
         """The text that arrived since the last call (waits for some), with stop strings applied."""
@@ -217,6 +221,8 @@ class RequestStream:
             return
         for r in self._replies:
             self.usage.count_prompt(r.prompt_tokens)
+            if r.extra is not None and r.prompt_tokens:
+                self._take_ack(r.extra)
         self._replies = []
 
     def _finish(self, reason: str) -> None:

@@ -29,14 +29,6 @@ class UserReplyExtra:
     cached_tokens: int = 0
     stop_token_id: int = -1
     prompt_text: str = ""
-    # Reasoning models: in the acknowledgement, where the answer starts ("inside" its reasoning,
-    # reasoning "optional", or "off"; "" for no reasoning parser); on the last reply the number of
-    # reasoning tokens.
-    reasoning: str = ""
-    reasoning_tokens: int = 0
-    # With sampling_params.return_token_ids: the prompt's ids (acknowledgement), the reply's token.
-    prompt_token_ids: list[int] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
     # Logprobs of this reply's token (if asked for): its bytes, log probability and alternatives.
     lp_tokens: list[bytes] = field(default_factory=list)
     lp_values: list[float] = field(default_factory=list)
@@ -48,6 +40,14 @@ class UserReplyExtra:
     prompt_lp_values: list[float] = field(default_factory=list)
     prompt_lp_top_tokens: list[list[bytes]] = field(default_factory=list)
     prompt_lp_top_values: list[list[float]] = field(default_factory=list)
+    # Reasoning models: in the acknowledgement, where the answer starts ("inside" its reasoning,
+    # reasoning "optional", or "off"; "" for no reasoning parser); on the last reply the number of
+    # reasoning tokens.
+    reasoning: str = ""
+    reasoning_tokens: int = 0
+    # With sampling_params.return_token_ids: in the acknowledgement the prompt's ids, in a reply
+    # its token's. (One field for both: 15 fields at most keep the record a fixmap on the wire.)
+    token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

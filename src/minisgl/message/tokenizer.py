@@ -53,8 +53,6 @@ class DetokenizeExtra:
     omit_defaults: ClassVar[bool] = True
     cached_tokens: int = 0
     stop_token_id: int = -1
-    reasoning_tokens: int = 0  # on the last token of a reasoning model's chat answer: its reasoning's
-    return_token: bool = False  # the reply carries the token's id (sampling_params.return_token_ids)
     # With sampling_params.logprobs: the token's log probability and the top alternatives.
     logprob: float | None = None
     top_ids: list[int] = field(default_factory=list)
@@ -65,6 +63,9 @@ class DetokenizeExtra:
     prompt_logprobs: list[float] = field(default_factory=list)
     prompt_top_ids: list[list[int]] = field(default_factory=list)
     prompt_top_logprobs: list[list[float]] = field(default_factory=list)
+    # On the last token of a reasoning model's chat answer: how many were its reasoning.
+    reasoning_tokens: int = 0
+    return_token: bool = False  # the reply carries the token's id (sampling_params.return_token_ids)
 
 
 @dataclass

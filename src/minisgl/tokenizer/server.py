@@ -242,7 +242,7 @@ class TokenizerWorker:
         echo = self.tokenize.echo_text(msg, ids) if msg.echo else ""
         prompt_ids = ids if msg.sampling_params.return_token_ids else []
         extra = (
-            UserReplyExtra(prompt_text=echo, reasoning=reasoning, prompt_token_ids=prompt_ids)
+            UserReplyExtra(prompt_text=echo, reasoning=reasoning, token_ids=prompt_ids)
             if echo or reasoning or prompt_ids
             else None
         )
