@@ -66,7 +66,9 @@ def save_think_tokenizer(out: Path, template: str) -> Any:
 def tiny_qwen3(out: Path, template: str = QWEN3_TEMPLATE) -> Path:
     """A tiny random Qwen3 checkpoint with the think tokenizer (vocab: its 262 tokens)."""
     ids = dict(bos_token_id=257, eos_token_id=259)
-    save_tiny_hf_model("Qwen3ForCausalLM", out, True, vocab=262, head_dim=16, max_position_embeddings=1024, **ids)
+    save_tiny_hf_model(
+        "Qwen3ForCausalLM", out, True, vocab=262, head_dim=16, max_position_embeddings=1024, **ids
+    )
     save_think_tokenizer(out, template)
     return out
 
