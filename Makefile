@@ -7,7 +7,7 @@ STAMP := $(VENV)/.minisgl-installed
 TORCH ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: setup test test-slow serve lint docs docs-serve bench clean mutate
+.PHONY: setup test test-slow serve lint docs docs-serve bench clean mutate llamacpp
 
 setup: $(STAMP)
 
@@ -64,3 +64,26 @@ mutate: $(STAMP)
 	@$(VENV)/bin/mutmut results | grep -E ': (survived|no tests|timeout|suspicious)' | tee mutants/survivors.txt
 	@echo "surviving mutants per module:"
 	@sed -E 's/^ *//; s/\.x(_|ǁ).*//' mutants/survivors.txt | sort | uniq -c
+
+# llama.cpp for benchmarks/bench_llamacpp.py and benchmarks/accuracy.py: llama-server, llama-bench and
+# libllama built from the source the llama-cpp-python 0.3.36 sdist vendors, into .llamacpp/ (ignored:
+# nothing of llama.cpp is committed); about 10 minutes on 2 cores. GGML_NATIVE's -march=native turns
+# on ggml's AMX kernels where the CPU reports AMX, and on this box's VM those stop with SIGILL: there
+# the CPU's other features are named instead, AMX left out.
+LLAMACPP_VERSION := 0.3.36
+LLAMACPP_SRC := .llamacpp/llama_cpp_python-$(LLAMACPP_VERSION)/vendor/llama.cpp
+LLAMACPP_CPU ?= $(shell grep -qw amx_tile /proc/cpuinfo 2>/dev/null \
+	&& echo -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	   -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON \
+	|| echo -DGGML_NATIVE=ON)
+
+llamacpp: $(LLAMACPP_SRC)/build/bin/llama-server
+
+$(LLAMACPP_SRC)/build/bin/llama-server: | $(STAMP)
+	mkdir -p .llamacpp
+	test -d $(LLAMACPP_SRC) || ( cd .llamacpp && ../$(PY) -m pip download -q --disable-pip-version-check \
+		--no-binary :all: --no-deps llama-cpp-python==$(LLAMACPP_VERSION) -d . \
+		&& tar -xzf llama_cpp_python-$(LLAMACPP_VERSION).tar.gz )
+	cd $(LLAMACPP_SRC) && cmake -B build $(LLAMACPP_CPU) -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
+		-DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF
+	cd $(LLAMACPP_SRC) && nice -n 19 cmake --build build -j2 --target llama-server llama-bench llama

@@ -1,9 +1,10 @@
 """The decode attention kernel alone on the GPU, under CUDA graphs: a batch of requests over a paged
 KV pool with scattered pages (Llama-3.1-8B's heads by default), by launch shape (BLOCK_N, warps,
 stages) and split count, with the KV bytes it reads per second. `--new` runs it as a decode step
-does: q, k and v are views of the fused projection, rotated and stored by the kernel.
+does: q, k and v are views of the fused projection, rotated and stored by the kernel. `--kv-dtype fp8`:
+the pool in float8_e4m3fn (`--kv-cache-dtype fp8_e4m3`, V by page transposed), half the bytes.
 
-    python benchmarks/bench_decode_attention.py [--batch 256] [--context 416] [--splits 1,2] [--new]
+    python benchmarks/bench_decode_attention.py [--batch 256] [--context 416] [--splits 1,2] [--new] [--kv-dtype fp8]
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--splits", default="1,2")
     ap.add_argument("--new", action="store_true", help="the new token's K/V and RoPE in the kernel")
+    ap.add_argument("--kv-dtype", choices=["bf16", "fp8"], default="bf16")
+    ap.add_argument("--launches", default="", help="only these (BLOCK_N:warps:stages,...), default all")
     ns = ap.parse_args()
     hq, hkv, d = (int(v) for v in ns.heads.split(","))
     b, ps = ns.batch, ns.page_size
@@ -39,25 +42,32 @@ def main() -> None:
     page_table = page_table.int().cuda()
     k_cache = torch.randn(num_pages * ps, hkv, d, device="cuda", dtype=torch.bfloat16)
     v_cache = torch.randn_like(k_cache)
+    extra: dict[str, object] = {}
+    if ns.kv_dtype == "fp8":  # the fp8 pool's layout: V by page transposed (minisgl.kvcache.pool)
+        k_cache = k_cache.to(torch.float8_e4m3fn)
+        v_cache = torch.randn(num_pages, hkv, d, ps, device="cuda").to(torch.float8_e4m3fn)
+        ones = torch.ones(hkv, device="cuda")
+        extra["scales"] = (ones, ones.clone())
     qkv = torch.randn(b, (hq + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
     q = qkv[:, : hq * d].view(b, hq, d)
-    extra: dict[str, object] = {}
     if ns.new:
         last = ns.context - 1
         slots = (page_table[:, last // ps] * ps + last % ps).int()
         angles = torch.rand(b, d // 2, device="cuda") * 6
         k_new = qkv[:, hq * d : (hq + hkv) * d].view(b, hkv, d)
         v_new = qkv[:, (hq + hkv) * d :].view(b, hkv, d)
-        extra = {"new_kv": (k_new, v_new, slots), "rope": (angles.cos().bfloat16(), angles.sin().bfloat16())}
+        extra.update(new_kv=(k_new, v_new, slots), rope=(angles.cos().bfloat16(), angles.sin().bfloat16()))
     seq_lens = torch.full((b,), ns.context, dtype=torch.int32, device="cuda")
-    kv_gb = b * ns.context * hkv * d * 2 * 2 / 1e9
+    kv_gb = b * ns.context * hkv * d * 2 * k_cache.element_size() / 1e9
     print(
-        f"{'new K/V and RoPE in the kernel, ' if ns.new else ''}batch {b}, context {ns.context}, heads {hq}/{hkv}x{d}, page {ps}: {kv_gb:.3f} GB of K/V per call"
+        f"{'new K/V and RoPE in the kernel, ' if ns.new else ''}batch {b}, context {ns.context}, heads {hq}/{hkv}x{d}, "
+        f"page {ps}, KV {ns.kv_dtype}: {kv_gb:.3f} GB of K/V per call"
     )
+    launches = [tuple(int(v) for v in t.split(":")) for t in ns.launches.split(",") if t] or LAUNCHES
     ref = None
     for splits in (int(s) for s in ns.splits.split(",")):
         done = torch.zeros(b * hkv, dtype=torch.int32, device="cuda")
-        for launch in LAUNCHES:
+        for launch in launches:
             fn = functools.partial(
                 decode_attention, q, k_cache, v_cache, page_table, seq_lens, ps, d**-0.5, splits,
                 done=done, launch=launch, **extra,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU-machine session: install the carried wheels, run the GPU tests, profile, benchmark.
 # Run from the project root on the device machine (logs under $OUT):
-#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [gemv] [pprof] [wprof] [bs256] [serve] [tp] [dp]
+#   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [gemv] [pprof] [wprof] [bs256] [serve] [tp] [dp] [moe] [moe-tp]
+#     [fp8tests] [fp8linear] [fp8attn] [fp8bench] [fp8workload] [fp8acc] [fp8prof]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -119,5 +120,76 @@ for step in $steps; do
       done
       [ -n "${MINISGL_CPROFILE:-}" ] && python3 benchmarks/print_profiles.py "$MINISGL_CPROFILE" --top 30 > "$OUT/sprof.log" 2>&1
       ;;
+    moe)  # mixtures of experts: the GPU tests (bf16 against transformers, CUDA graphs), the fused MoE's
+      # launch shapes, then issue 26's targets on Qwen3-30B-A3B shapes (batch 1 decode against the
+      # floor; batch 64 against transformers' generate; the 256-request workload) and Mixtral-8x7B's
+      # (too large for transformers beside minisgl on one H200: --skip-hf)
+      timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_moe_gpu.py tests/test_moe.py -k "not llm_tp2" 2>&1 \
+        | tail -30 | tee "$OUT/moe_tests.log"
+      for cfg in qwen3-30b-a3b mixtral-8x7b; do
+        timeout 300 python3 benchmarks/bench_moe.py --model-config $cfg --tokens 1,8,64,256,2048 --sweep 2>&1 \
+          | tee -a "$OUT/moe_kernel.log"
+      done
+      timeout 500 python3 -m minisgl bench offline --device cuda --model-config qwen3-30b-a3b --batch-sizes 1,64 \
+        --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 1 --kv-cache-memory 8 2>&1 \
+        | grep -v "it/s\]" | tail -24 | tee "$OUT/moe_bench.log"
+      timeout 300 python3 -m minisgl bench offline --device cuda --model-config qwen3-30b-a3b --num-prompts 256 --skip-hf \
+        --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 2 2>&1 \
+        | grep -v "it/s\]" | tail -12 | tee -a "$OUT/moe_bench.log"
+      timeout 400 python3 -m minisgl bench offline --device cuda --model-config mixtral-8x7b --batch-sizes 1,64 --skip-hf \
+        --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 1 --kv-cache-memory 16 2>&1 \
+        | grep -v "it/s\]" | tail -16 | tee -a "$OUT/moe_bench.log" ;;
+    moe-tp)  # on nvidia-h200-x2: the MoE NCCL test, then Qwen3-30B-A3B shapes at TP=2 (tokens of TP=1 on the
+      # same random weights: transformers' greedy tokens in each run)
+      timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_moe_gpu.py -k two_gpus 2>&1 | tail -3 | tee "$OUT/moe_tp.log"
+      for tp in 1 2; do
+        timeout 500 python3 -m minisgl bench offline --device cuda --model-config qwen3-30b-a3b --batch-sizes 1,64 --tp $tp \
+          --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 1 --kv-cache-memory 8 2>&1 \
+          | grep -v "it/s\]" | tail -16 | tee -a "$OUT/moe_tp.log"
+      done ;;
+    fp8tests)  # the fp8 weights and KV cache tests, compiled (the whole log kept)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_kernels.py tests/test_fp8_gpu.py \
+        tests/test_fp8_kv.py ${FP8_TESTS_MORE:-} > "$OUT/fp8tests.log" 2>&1
+      grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/fp8tests.log" | tail -20 ;;
+    fp8linear)  # fp8 projections (8B shapes) against bf16, per row count; the fp8 GEMV's launch shapes
+      timeout 200 python3 benchmarks/bench_fp8_linear.py --rows ${FP8_ROWS:-1,8,16,64,256,2048} ${FP8_LINEAR_ARGS:---sweep} 2>&1 \
+        | tee "$OUT/fp8linear.log" ;;
+    fp8attn)  # the decode attention kernel over a bf16 and an fp8 pool (8B heads, batch 256); fp8's dots in
+      # fp16 (the default) and in bf16 (MINISGL_FP8_ATTN_DOT=bf16)
+      for v in "bf16 fp16" "fp8 fp16" "fp8 bf16"; do
+        set -- $v
+        echo "== KV $1, dots $2" | tee -a "$OUT/fp8attn.log"
+        MINISGL_FP8_ATTN_DOT=$2 timeout 100 python3 benchmarks/bench_decode_attention.py --batch 256 --context ${FP8_CONTEXT:-1024} \
+          --splits ${FP8_SPLITS:-1} --new --kv-dtype $1 --launches ${FP8_ATTN_LAUNCHES:-64:4:2,32:4:3,64:8:2,128:4:2} 2>&1 \
+          | tee -a "$OUT/fp8attn.log"
+      done ;;
+    fp8bench)  # decode at batch 1 and 8, 8B shapes: bf16, fp8 weights, fp8 weights + fp8 KV (one engine each)
+      IFS=';' read -ra qs <<< "${FP8_BENCH:-bf16;--quantization fp8;--quantization fp8 --kv-cache-dtype fp8_e4m3}"
+      for q in "${qs[@]}"; do
+        echo "== $q" | tee -a "$OUT/fp8bench.log"
+        [ "$q" = bf16 ] && q=""
+        timeout 150 python3 -m minisgl bench offline --device cuda --model-config llama3-8b --batch-sizes 1,8 --skip-hf \
+          --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 2 --cuda-graph-max-bs 8 $q 2>&1 \
+          | grep -E "^(---|model|minisgl|  prefill|  decode|  roofline)" | tee -a "$OUT/fp8bench.log"
+      done ;;
+    fp8workload)  # the throughput workload (256 requests, lengths uniform in [100, 1024]), 8B shapes
+      for q in ${FP8_WORKLOADS:-bf16 fp8kv}; do
+        case $q in bf16) flags="" ;; fp8) flags="--quantization fp8" ;; fp8kv) flags="--quantization fp8 --kv-cache-dtype fp8_e4m3" ;; esac
+        echo "== $q" | tee -a "$OUT/fp8workload.log"
+        timeout 200 python3 -m minisgl bench offline --device cuda --model-config llama3-8b --num-prompts 256 --skip-hf \
+          --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 2 $flags 2>&1 \
+          | grep -E "^(---|model|minisgl|  prefill|  decode|  roofline)" | tee -a "$OUT/fp8workload.log"
+      done ;;
+    fp8acc)  # fp8 (weights + KV) and float32 (the control) against bf16 by teacher forcing, 8B shapes, 64 prompts
+      timeout 200 python3 benchmarks/bench_fp8_accuracy.py --model-config llama3-8b --compare ${FP8_ACC_COMPARE:-fp8,fp32} \
+        --weight-scales ${FP8_ACC_SCALES:-1,0.5} 2>&1 | grep -v "^[0-9:]* I \[" | grep -v "^\[transformers\]" | tee -a "$OUT/fp8acc.log" ;;
+    fp8prof)  # where an fp8 decode step's time goes (8B shapes): kernels of the graph replay
+      IFS=';' read -ra cfgs <<< "${FP8_PROF:-1 --quantization fp8;256 --quantization fp8 --kv-cache-dtype fp8_e4m3}"
+      for cfg in "${cfgs[@]}"; do
+        set -- $cfg
+        bs=$1; shift
+        timeout 150 python3 benchmarks/profile_decode.py --model-config llama3-8b --batch-size $bs --skip-eager "$@" \
+          --input-len 512 --output-len 32 --kv-cache-gib 40 2>&1 | grep -v "^\s*$" | grep -v "^[0-9:]* I \[" | tail -32 | tee -a "$OUT/fp8prof.log"
+      done ;;
   esac
 done

@@ -6,6 +6,7 @@ replay (so the difference is host time per step), the kernels of that replay (to
 decode steps (CPU time per op, CUDA time per kernel, kernel launches).
 
     python benchmarks/profile_decode.py --model-config llama3-8b --batch-size 1 [--out DIR]
+        [--quantization fp8] [--kv-cache-dtype fp8_e4m3] [--skip-eager]
 """
 
 from __future__ import annotations
@@ -47,10 +48,17 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--kv-cache-gib", type=int, default=8)
     ap.add_argument("--out", default=None, help="directory for the profiler table")
+    ap.add_argument("--quantization", choices=["fp8"], default=None)
+    ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e4m3"], default="auto")
+    ap.add_argument("--skip-eager", action="store_true", help="no profile of eager steps")
     ns = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir(preset_config(ns.model_config), Path(tmp) / "m")
-        llm = LLM(str(model_dir), device="cuda", dummy_weights=True, kv_cache_memory=ns.kv_cache_gib << 30)
+        llm = LLM(
+            str(model_dir), device="cuda", dummy_weights=True, kv_cache_memory=ns.kv_cache_gib << 30,
+            quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype,
+            cuda_graph_max_bs=max(1, ns.batch_size),
+        )  # fmt: skip
         prompts = make_workload(ns.batch_size, ns.input_len, ns.input_len, llm.vocab_size, 0)
         params = SamplingParams(max_tokens=ns.output_len, ignore_eos=True)
         llm.generate(prompts, params)  # warm-up
@@ -61,8 +69,9 @@ def main() -> None:
         wall = time.perf_counter() - t0
         step_ms = (st.decode_s - d0) / (st.decode_batches - n0) * 1e3
         replay = replay_ms(llm, ns.batch_size)
+        what = f" {ns.quantization or 'bf16'} weights, KV {ns.kv_cache_dtype}"
         print(
-            f"{ns.model_config} bs={ns.batch_size}: decode step {step_ms:.3f} ms through the scheduler "
+            f"{ns.model_config}{what} bs={ns.batch_size}: decode step {step_ms:.3f} ms through the scheduler "
             f"({ns.batch_size * 1e3 / step_ms:.0f} tok/s), graph replay alone {replay:.3f} ms on the GPU, "
             f"host share {step_ms - replay:.3f} ms; generate wall {wall:.2f} s"
         )
@@ -73,6 +82,8 @@ def main() -> None:
             torch.cuda.synchronize()
         print("kernels of one graph replay (the last decode step's batch), GPU time over 10 replays:")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+        if ns.skip_eager:
+            return
         graphs, llm.engine.graphs = llm.engine.graphs, None  # one eager step for the profile
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             llm.generate(prompts, SamplingParams(max_tokens=5, ignore_eos=True))
@@ -83,7 +94,7 @@ def main() -> None:
         print(f"CUDA kernel launches in 1 prefill + 4 eager decode steps: {kernels}")
         if ns.out:
             Path(ns.out).mkdir(parents=True, exist_ok=True)
-            name = f"profile_{ns.model_config}_bs{ns.batch_size}.txt"
+            name = f"profile_{ns.model_config}_{ns.quantization or 'bf16'}_bs{ns.batch_size}.txt"
             (Path(ns.out) / name).write_text(table)
 
 

@@ -1,21 +1,31 @@
-"""GGUF conversion: a synthetic GGUF written the way llama.cpp writes one (round trip, cache
-behaviour), and the embedded SmolLM2 model (config, tensors, logits vs transformers, a real answer)."""
+"""GGUF files: a synthetic GGUF written the way llama.cpp writes one (its derived directory and cache,
+its weights read in place, kept in their formats or dequantized, q/k rows back in HF's order), and
+the embedded SmolLM2 model (config, tensors against the file, logits vs transformers, a real answer,
+the quantized path against the float32 reference)."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load_file
 
-import minisgl.models.gguf_convert as gc
+import minisgl.checkpoint.gguf_convert as gc
+from minisgl.backends import bind_ops, create_ops
+from minisgl.checkpoint.gguf_weights import hf_row_order
 from minisgl.models import GGUFConversionError, ModelConfig, load_model, resolve_model_path
+from minisgl.models.reference import transformers_model
+from minisgl.quant import QuantizedWeight
 from minisgl.utils.hf import apply_chat_template, load_tokenizer
 from test_models_support import run_prompts, save_tiny_hf_model
+
+if TYPE_CHECKING:
+    import gguf
 
 # ---------------------------------------------------------------------------------------------------
 # A synthetic GGUF
@@ -47,12 +57,10 @@ def _byte_level_vocab() -> list[str]:
     return sorted(set(bytes_to_unicode().values()))
 
 
-def write_tiny_gguf(hf_dir: Path, out: Path, arch: str = "llama") -> dict[str, np.ndarray]:
-    """A GGUF of the tiny HF checkpoint (F32), q/k permuted like llama.cpp; returns the HF tensors."""
+def gguf_writer(out: Path, arch: str, cfg: dict) -> gguf.GGUFWriter:
+    """A GGUFWriter with the model metadata of HF config `cfg` and a byte-level tokenizer (vocab 259)."""
     import gguf
 
-    cfg = json.loads((hf_dir / "config.json").read_text())
-    hf = load_file(str(hf_dir / "model.safetensors"))
     tokens = ["<|endoftext|>", "<|im_end|>"] + _byte_level_vocab() + ["hi"]
     assert len(tokens) == cfg["vocab_size"]
     w = gguf.GGUFWriter(str(out), arch)
@@ -74,6 +82,20 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str = "llama") -> dict[str, n
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
     w.add_chat_template("{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}")
+    return w
+
+
+def write_tiny_gguf(
+    hf_dir: Path, out: Path, arch: str = "llama", quant: str | None = None
+) -> dict[str, np.ndarray]:
+    """A GGUF of the tiny HF checkpoint (F32, or its matrices in `quant`, a gguf type name the gguf
+    package quantizes, e.g. Q8_0), q/k permuted like llama.cpp; returns the HF tensors."""
+    import gguf
+    import gguf.quants as gq
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    hf = load_file(str(hf_dir / "model.safetensors"))
+    w = gguf_writer(out, arch, cfg)
     for name, t in hf.items():
         a = t.astype(np.float32)
         if name == "model.embed_tokens.weight":
@@ -92,7 +114,11 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str = "llama") -> dict[str, n
                 a = llamacpp_permute(a, cfg["num_attention_heads"])
             elif part == "self_attn.k_proj":
                 a = llamacpp_permute(a, cfg["num_key_value_heads"])
-        w.add_tensor(gname, np.ascontiguousarray(a))
+        if quant is not None and a.ndim == 2:
+            qtype = gguf.GGMLQuantizationType[quant]
+            w.add_tensor(gname, gq.quantize(np.ascontiguousarray(a), qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gname, np.ascontiguousarray(a))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -107,15 +133,15 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     return path, write_tiny_gguf(hf_dir, path)
 
 
-def test_round_trip_restores_hf_weights(tiny_gguf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gguf_weights_are_read_in_place(tiny_gguf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The derived directory holds config, tokenizer and a link to the file, no weights; the float
+    path loads exactly the HF tensors (q/k rows back in HF's order), the native path keeps every
+    matrix as a QuantizedWeight over the file that dequantizes to the same, and both give logits."""
     path, hf = tiny_gguf
     monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
     out = resolve_model_path(path, progress=False)
     assert out.parent == tmp_path / "cache"
-    got = load_file(str(out / "model.safetensors"))
-    assert sorted(got) == sorted(hf)
-    for name, want in hf.items():
-        assert np.array_equal(got[name], want), name  # q/k un-permuted back to HF's layout
+    assert (out / "model.gguf").resolve() == path.resolve() and not list(out.glob("*.safetensors"))
     cfg = ModelConfig.from_dir(out)
     assert (cfg.architecture, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == (
         "LlamaForCausalLM",
@@ -129,8 +155,36 @@ def test_round_trip_restores_hf_weights(tiny_gguf, tmp_path: Path, monkeypatch: 
     assert tok.encode("hi", add_special_tokens=False) == [258]
     assert apply_chat_template(tok, [{"role": "user", "content": "hi"}]) == [258, 1]
     model, _ = load_model(out, torch.float32, "cpu", progress=False)
-    (logits,) = run_prompts(model, [[5, 6, 7]])
-    assert torch.isfinite(logits).all()
+    native, _ = load_model(out, torch.float32, "cpu", progress=False, native=True)
+    layer, nlayer = model.model.layers[1], native.model.layers[1]
+    q, k, v = layer.self_attn.qkv_proj.weight.split([64, 32, 32])
+    assert np.array_equal(q.numpy(), hf["model.layers.1.self_attn.q_proj.weight"])  # un-permuted
+    assert np.array_equal(k.numpy(), hf["model.layers.1.self_attn.k_proj.weight"])
+    assert np.array_equal(model.lm_head.weight.numpy(), hf["lm_head.weight"])
+    for m, n in [
+        (layer.self_attn.qkv_proj, nlayer.self_attn.qkv_proj),
+        (layer.mlp.down_proj, nlayer.mlp.down_proj),
+    ]:
+        assert isinstance(n.weight, QuantizedWeight)
+        assert torch.equal(n.weight.dequantize(), m.weight)
+    assert torch.equal(nlayer.input_layernorm.weight, layer.input_layernorm.weight)  # norms: float params
+    (want,) = run_prompts(model, [[5, 6, 7]])
+    (got,) = run_prompts(native, [[5, 6, 7]])  # the reference ops dequantize: the same model
+    assert torch.isfinite(want).all() and torch.equal(got, want)
+
+
+def test_quantized_gguf_native_and_float(tmp_path: Path) -> None:
+    """A Q8_0 file: the native model (the CPU kernels on the blocks) against the float32 one."""
+    hf_dir = save_tiny_hf_model("LlamaForCausalLM", tmp_path / "hf", tie=True, vocab=259)
+    write_tiny_gguf(hf_dir, tmp_path / "q8.gguf", quant="Q8_0")
+    out = gc.convert_gguf_cached(tmp_path / "q8.gguf", tmp_path / "cache", progress=False)
+    ref, _ = load_model(out, torch.float32, "cpu", progress=False)
+    native, _ = load_model(out, torch.float32, "cpu", progress=False, native=True)
+    assert native.lm_head.weight is native.model.embed_tokens.weight  # tied: one copy
+    bind_ops(native, create_ops("cpu", "cpu"))
+    prompts = [[5, 6, 7, 8], [100, 3]]
+    for got, want in zip(run_prompts(native, prompts), run_prompts(ref, prompts), strict=True):
+        torch.testing.assert_close(got, want, atol=0.05 * want.abs().max(), rtol=0)
 
 
 @pytest.mark.parametrize(
@@ -145,9 +199,10 @@ def test_qwen_gguf_gives_the_same_model(arch: str, gguf_arch: str, tmp_path: Pat
     assert ModelConfig.from_dir(out).architecture == arch
     prompts = [[5, 6, 7, 8], [100, 3]]
     want = run_prompts(load_model(hf_dir, torch.float32, "cpu", progress=False)[0], prompts)
-    got = run_prompts(load_model(out, torch.float32, "cpu", progress=False)[0], prompts)
-    for g, w in zip(got, want, strict=True):
-        assert torch.equal(g, w)
+    for native in (False, True):
+        got = run_prompts(load_model(out, torch.float32, "cpu", progress=False, native=native)[0], prompts)
+        for g, w in zip(got, want, strict=True):
+            assert torch.equal(g, w)
 
 
 def test_conversion_is_cached(tiny_gguf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -206,15 +261,15 @@ def test_unsupported_gguf_architecture(tmp_path: Path) -> None:
         gc.convert_gguf_cached(path, tmp_path / "cache", progress=False)
 
 
-def test_unpermute_inverts_llamacpp_permute() -> None:
+def test_hf_row_order_inverts_llamacpp_permute() -> None:
     w = np.arange(6 * 8 * 3, dtype=np.float32).reshape(6 * 8, 3)
     for heads in (1, 2, 6):
-        assert np.array_equal(gc.unpermute_rope_rows(llamacpp_permute(w, heads), heads), w)
+        assert np.array_equal(llamacpp_permute(w, heads)[hf_row_order(48, heads).numpy()], w)
     assert not np.array_equal(llamacpp_permute(w, 2), w)
 
 
 # ---------------------------------------------------------------------------------------------------
-# The embedded default model (converted once into the user's cache; later runs reuse it)
+# The embedded default model (its derived directory made once in the user's cache)
 
 
 @pytest.fixture(scope="module")
@@ -235,13 +290,7 @@ def test_embedded_model_conversion(smollm_dir: Path) -> None:
     assert (cfg.vocab_size, cfg.intermediate_size, cfg.tie_word_embeddings) == (49152, 1536, True)
     assert cfg.rope_theta == 100000.0 and cfg.rms_norm_eps == 1e-5 and cfg.rope_scaling is None
     assert 2 in cfg.eos_token_ids and cfg.bos_token_id == 1  # <|im_end|> ends a chat turn
-    from safetensors import safe_open
-
-    with safe_open(str(smollm_dir / "model.safetensors"), framework="np") as f:
-        names = set(f.keys())
-        assert f.get_slice("model.embed_tokens.weight").get_shape() == [49152, 576]
-    assert len(names) == 30 * 9 + 2 and "lm_head.weight" not in names
-    assert "model.layers.29.self_attn.k_proj.weight" in names
+    assert sum(f.stat().st_size for f in smollm_dir.iterdir() if f.name != "model.gguf") < 8 << 20
     tok = load_tokenizer(smollm_dir)
     assert tok.convert_ids_to_tokens([1, 2]) == ["<|im_start|>", "<|im_end|>"]
 
@@ -252,15 +301,13 @@ def smollm(smollm_dir: Path):
 
 
 def test_embedded_model_matches_transformers(smollm_dir: Path, smollm) -> None:
-    from transformers import AutoModelForCausalLM
-
     model, _ = smollm
     tok = load_tokenizer(smollm_dir)
     prompts = [
         tok.encode(t) for t in ("The quick brown fox", "def fibonacci(n):\n    if n", "1, 2, 3, 5, 8,")
     ]
     ours = [lg[-1] for lg in run_prompts(model, prompts)]
-    hf = AutoModelForCausalLM.from_pretrained(str(smollm_dir), dtype=torch.float32).eval()
+    hf = transformers_model(smollm_dir)
     with torch.no_grad():
         ref = [hf(torch.tensor([p])).logits[0, -1].float() for p in prompts]
     for got, want in zip(ours, ref, strict=True):
@@ -284,10 +331,10 @@ def test_embedded_model_knows_the_capital_of_france(smollm_dir: Path, smollm) ->
     assert "Paris" in answer, answer
 
 
-# The converted weights against the GGUF file itself, dequantized here by the formats' definitions
-# (ggml's block layouts), not by the `gguf` package the converter uses: the transformers comparison
-# above reads the converted directory too, so only this catches a conversion that is wrong but
-# self-consistent (a bad dequantization, rows left permuted, a tensor under the wrong name).
+# The float32 weights against the GGUF file itself, dequantized here by the formats' definitions
+# (ggml's block layouts), not by minisgl.quant: the transformers comparison above reads minisgl's
+# dequantization too, so only this catches one that is wrong but self-consistent (a bad layout,
+# rows left permuted, a tensor under the wrong name).
 
 
 def _blocks(data: np.ndarray, block_bytes: int) -> np.ndarray:
@@ -312,19 +359,13 @@ def dequant_q8_0(data: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     return (d * b[:, 2:].copy().view(np.int8).astype(np.float32)).reshape(shape)
 
 
-def test_embedded_conversion_matches_the_gguf_file(smollm_dir: Path) -> None:
+def test_embedded_model_matches_the_gguf_file(smollm) -> None:
     from gguf import GGUFReader
-    from safetensors import safe_open
 
     from minisgl.models import embedded_gguf_path
 
     tensors = {t.name: t for t in GGUFReader(embedded_gguf_path()).tensors}
-    with safe_open(str(smollm_dir / "model.safetensors"), framework="np") as f:
-        converted = {
-            name: f.get_tensor(name)
-            for name in f.keys()
-            if ".layers." not in name or any(f".layers.{i}." in name for i in (0, 7, 29))
-        }
+    model, _ = smollm
 
     def from_gguf(name: str) -> np.ndarray:
         t = tensors[name]
@@ -334,22 +375,48 @@ def test_embedded_conversion_matches_the_gguf_file(smollm_dir: Path) -> None:
             return np.asarray(t.data, dtype=np.float32).reshape(shape)
         return {"Q4_1": dequant_q4_1, "Q8_0": dequant_q8_0}[kind](t.data, shape)
 
-    heads, kv_heads = 9, 3
+    def layer(i: int):  # noqa: ANN202
+        return model.model.layers[i]
+
+    heads, kv_heads, d = 9, 3, 64
     pairs = [
-        ("token_embd.weight", "model.embed_tokens.weight", None),  # Q8_0
-        ("blk.0.attn_norm.weight", "model.layers.0.input_layernorm.weight", None),  # F32
-        ("blk.0.attn_v.weight", "model.layers.0.self_attn.v_proj.weight", None),  # Q4_1
-        ("blk.7.ffn_down.weight", "model.layers.7.mlp.down_proj.weight", None),
-        ("blk.29.attn_q.weight", "model.layers.29.self_attn.q_proj.weight", heads),  # rows permuted
-        ("blk.29.attn_k.weight", "model.layers.29.self_attn.k_proj.weight", kv_heads),
+        ("token_embd.weight", model.model.embed_tokens.weight, None),  # Q8_0
+        ("blk.0.attn_norm.weight", layer(0).input_layernorm.weight, None),  # F32
+        ("blk.0.attn_v.weight", layer(0).self_attn.qkv_proj.weight[(heads + kv_heads) * d :], None),  # Q4_1
+        ("blk.7.ffn_down.weight", layer(7).mlp.down_proj.weight, None),
+        ("blk.7.ffn_up.weight", layer(7).mlp.gate_up_proj.weight[1536:], None),
+        ("blk.29.attn_q.weight", layer(29).self_attn.qkv_proj.weight[: heads * d], heads),  # rows permuted
+        (
+            "blk.29.attn_k.weight",
+            layer(29).self_attn.qkv_proj.weight[heads * d : (heads + kv_heads) * d],
+            kv_heads,
+        ),
     ]
-    for gguf_name, hf_name, permuted_heads in pairs:
+    for gguf_name, param, permuted_heads in pairs:
         want = from_gguf(gguf_name)
-        got = converted[hf_name].astype(np.float32)
+        got = param.detach().numpy()
         if permuted_heads is not None:
             got = llamacpp_permute(got, permuted_heads)  # back to llama.cpp's row order
-        assert got.shape == want.shape, (hf_name, got.shape, want.shape)
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6, err_msg=hf_name)
-    assert not np.array_equal(
-        converted["model.layers.29.self_attn.q_proj.weight"], from_gguf("blk.29.attn_q.weight")
-    )  # the permutation is not the identity for this tensor
+        assert got.shape == want.shape, (gguf_name, got.shape, want.shape)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6, err_msg=gguf_name)
+    q29 = layer(29).self_attn.qkv_proj.weight[: heads * d].numpy()
+    assert not np.array_equal(q29, from_gguf("blk.29.attn_q.weight"))  # the permutation is not the identity
+
+
+def test_embedded_quantized_model_close_to_float32(smollm_dir: Path, smollm) -> None:
+    """The native model (Q4_1/Q8_0 blocks through the CPU kernels, int8 activations) against the
+    float32 reference: the same model within the activations' quantization noise."""
+    model, _ = smollm
+    native, _ = load_model(smollm_dir, torch.float32, "cpu", progress=False, native=True)
+    bind_ops(native, create_ops("cpu", "cpu"))
+    tok = load_tokenizer(smollm_dir)
+    prompts = [
+        tok.encode(t) for t in ("The quick brown fox jumps over", "def fibonacci(n):\n    if n", "Paris is")
+    ]
+    kl, agree, total = 0.0, 0, 0
+    for got, want in zip(run_prompts(native, prompts), run_prompts(model, prompts), strict=True):
+        lp, lq = torch.log_softmax(want, -1), torch.log_softmax(got, -1)
+        kl += float((lp.exp() * (lp - lq)).sum())
+        agree += int((got.argmax(-1) == want.argmax(-1)).sum())
+        total += want.shape[0]
+    assert kl / total < 0.02 and agree / total > 0.85, (kl / total, agree / total)

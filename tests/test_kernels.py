@@ -96,6 +96,42 @@ def test_rope_split_equals_torch_rotation(rows: int) -> None:
 
 
 @needs_kernels
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("rows", [3, 200])
+def test_rope_store_equals_split_then_store(rows: int, kv_dtype: torch.dtype) -> None:
+    """q as rope_split gives it, k and v in the pool slots as `.to(pool dtype)` rounds them."""
+    torch.manual_seed(0)
+    hq, hkv, d = 9, 3, 64
+    qkv = torch.randn(rows, (hq + 2 * hkv) * d) * 3
+    angles = torch.rand(rows, d // 2) * 100
+    cos, sin = angles.cos(), angles.sin()
+    slots = torch.randperm(4 * rows)[:rows]
+    kp, vp = torch.zeros(4 * rows, hkv, d, dtype=kv_dtype), torch.zeros(4 * rows, hkv, d, dtype=kv_dtype)
+    q = kernels.rope_store(qkv, cos, sin, hq, hkv, d, slots, kp, vp)
+    q_ref, k_ref, v_ref = kernels.rope_split(qkv, cos, sin, hq, hkv, d)
+    assert torch.equal(q, q_ref)
+    assert torch.equal(kp[slots], k_ref.to(kv_dtype)) and torch.equal(vp[slots], v_ref.to(kv_dtype))
+    untouched = torch.ones(4 * rows, dtype=torch.bool)
+    untouched[slots] = False
+    assert not kp[untouched].any() and not vp[untouched].any()
+
+
+@needs_kernels
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(9, 3, 64), (6, 2, 48)])
+def test_decode_attention_reads_a_float16_pool(hq: int, hkv: int, d: int) -> None:
+    """A float16 pool: the same as the dense reference over the float16 values (converted exactly)."""
+    torch.manual_seed(1)
+    ps, num_pages = 16, 40
+    kp, vp = torch.randn(num_pages * ps, hkv, d).half(), torch.randn(num_pages * ps, hkv, d).half()
+    lens = torch.tensor([1, 33, 150], dtype=torch.int32)
+    page_rows = torch.randperm(num_pages)[:30].view(3, 10).to(torch.int32)
+    q = torch.randn(3, hq, d)
+    out = kernels.decode_attention(q, kp, vp, page_rows, lens, ps, d**-0.5)
+    want = _paged_reference(q, kp.float(), vp.float(), page_rows, lens, ps)
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
+
+
+@needs_kernels
 @pytest.mark.parametrize("shape", [(16, 2 * 1536), (5, 2 * 13), (100, 2 * 1536)])
 def test_silu_mul_matches_torch(shape: tuple[int, int]) -> None:
     torch.manual_seed(0)

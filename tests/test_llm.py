@@ -1,5 +1,6 @@
-"""The offline LLM on the embedded model (CPU, float32): token-exact vs transformers, batching,
-chunked prefill, a pool too small for everyone, seeds, top-k, stop tokens, bad inputs, chat."""
+"""The offline LLM on the embedded model (CPU, `dtype="float32"`: the dequantized reference path):
+token-exact vs transformers, batching, chunked prefill, a pool too small for everyone, seeds, top-k,
+stop tokens, bad inputs, chat; and the default (the GGUF's blocks kept) against it."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def _one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def llm() -> Iterator[LLM]:
-    yield LLM(device="cpu")
+    yield LLM(device="cpu", dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +49,10 @@ def prompt_ids(llm: LLM) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def hf_tokens(prompt_ids: list[list[int]]) -> list[list[int]]:
     """transformers' greedy generate on the same weights, one prompt at a time (no padding)."""
-    from transformers import AutoModelForCausalLM
-
     from minisgl.models import resolve_model_path
+    from minisgl.models.reference import transformers_model
 
-    hf = AutoModelForCausalLM.from_pretrained(resolve_model_path(None), dtype=torch.float32).eval()
+    hf = transformers_model(resolve_model_path(None))
     # No EOS at all, so both sides produce N_NEW tokens from unmodified logits (min_new_tokens would
     # instead mask the EOS logits, which our ignore_eos does not).
     hf.generation_config.eos_token_id = None
@@ -83,7 +83,7 @@ def test_plain_torch_paths_match_transformers(
 
     monkeypatch.setattr(minisgl.kernels, "available", lambda: False)
     monkeypatch.setattr(minisgl.kernels, "fits", lambda *tensors: False)
-    plain = LLM(device="cpu")
+    plain = LLM(device="cpu", dtype="float32")
     try:
         assert not plain.engine.attn_backend.decode_kernel
         outs = plain.generate(prompt_ids, GREEDY)
@@ -102,7 +102,7 @@ def test_tiny_prefill_budget_and_tiny_pool_give_the_same_tokens(
 ) -> None:
     # 7 prefill tokens per step forces chunking of every prompt; 24 pages of 4 tokens (96 slots) hold
     # about one and a half requests, so most wait for pages and running ones get retracted.
-    small = LLM(device="cpu", max_prefill_tokens=7, page_size=4, num_pages=24)
+    small = LLM(device="cpu", dtype="float32", max_prefill_tokens=7, page_size=4, num_pages=24)
     try:
         idx = [2, 0, 6, 5]
         outs = small.generate([prompt_ids[i] for i in idx], GREEDY)

@@ -21,7 +21,9 @@ N = 4
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    yield from served("--max-seq-len", "512", "--served-model-name", "smol", "--log-level", "info")
+    yield from served(
+        "--max-seq-len", "512", "--served-model-name", "smol", "--log-level", "info", "--dtype", "float32"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +35,13 @@ def client(server: ServerProcess) -> Any:
 def reference() -> tuple[list[int], torch.Tensor]:
     """transformers on the same weights: the prompt's ids + N greedy tokens, and the log-softmax of
     the logits at every position (row p: the distribution of token p + 1)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from minisgl.models import resolve_model_path
+    from minisgl.models.reference import transformers_model
+    from minisgl.utils.hf import load_tokenizer
 
     path = resolve_model_path(None)
-    ids = list(AutoTokenizer.from_pretrained(path).encode(PROMPT))
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = list(load_tokenizer(path).encode(PROMPT))
+    hf = transformers_model(path)
     with torch.inference_mode():
         for _ in range(N):
             ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))

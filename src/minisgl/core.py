@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # only in annotations: the workers that import this need no torch
+    import torch
 
-if TYPE_CHECKING:
     from minisgl.grammar import Grammar
 
 # Temperatures below this sample greedily (vLLM's choice): dividing float32 logits by a smaller one

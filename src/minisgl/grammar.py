@@ -32,11 +32,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-
 from minisgl.core import reasoning_end
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch, in the functions that take tensors: the API server checks grammars without it
+    import torch
     from llguidance import LLMatcher, LLParserLimits, LLTokenizer
     from llguidance._lib import JsonCompileOptions
 
@@ -362,6 +361,8 @@ def allow_token(mask: torch.Tensor, row: int, token: int) -> None:
 def apply_bitmask(logits: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None) -> None:
     """Set to -inf, in place, the logits (B, V) at the tokens the mask (G, W) int32 (on the logits'
     device) does not allow: mask row i is for logits row rows[i] (rows None: G == B, in order)."""
+    import torch
+
     vocab = logits.shape[1]
     bits = torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int32, device=mask.device)
     forbidden = (torch.bitwise_and(mask.unsqueeze(-1), bits) == 0).view(mask.shape[0], -1)[:, :vocab]

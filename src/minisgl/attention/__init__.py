@@ -44,12 +44,21 @@ def create_attention_backend(
     head_dim: int,
     max_batch_size: int,
     max_pages_per_row: int,
+    dtype: torch.dtype | None = None,
 ) -> AttentionBackend:
-    name = resolve_attention_backend(name, pool.k[0].device)
+    """dtype: the activations', when the pool's differs (see AttentionBackend)."""
+    device = pool.k[0].device
+    if pool.quantized and name == "auto" and device_kernels(device) == "cpu":
+        name = "torch"  # the C kernels read float16 and float32 pools, not fp8
+    name = resolve_attention_backend(name, device)
+    if pool.quantized and name == "cpu":
+        raise ValueError("an fp8 KV cache needs the triton or the torch attention backend, not cpu")
     if name == "torch":
-        return TorchAttentionBackend(pool, num_q_heads, num_kv_heads, head_dim)
+        return TorchAttentionBackend(pool, num_q_heads, num_kv_heads, head_dim, dtype)
     if name == "cpu":
-        return CpuAttentionBackend(pool, num_q_heads, num_kv_heads, head_dim)
+        return CpuAttentionBackend(
+            pool, num_q_heads, num_kv_heads, head_dim, dtype, max_batch_size, max_pages_per_row
+        )
     from .triton_backend import TritonAttentionBackend
 
     return TritonAttentionBackend(

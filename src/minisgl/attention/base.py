@@ -39,12 +39,22 @@ class AttentionBackend(AttentionBackendProto, ABC):
     # whose addresses never change, and `forward` launches the same kernels for the same batch size.
     supports_cuda_graph = False
 
-    def __init__(self, pool: KVPool, num_q_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    def __init__(
+        self,
+        pool: KVPool,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        """dtype: the activations' (q, k, v), when the pool keeps K/V in another (a float16 pool for
+        float32 activations on the CPU); None: the pool's."""
         if num_q_heads % num_kv_heads:
             raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
         self.pool = pool
         self.num_q_heads, self.num_kv_heads, self.head_dim = num_q_heads, num_kv_heads, head_dim
         self.device = pool.k[0].device
+        self.dtype = dtype or pool.value_dtype
 
     @abstractmethod
     def prepare(self, inp: AttnInput) -> None:

@@ -1,10 +1,14 @@
 """The CPU attention backend: the torch reference with its fresh-prefill and decode paths replaced.
 
-- float32 with minisgl's C kernels built (`minisgl.kernels`): decode reads each request's K/V
+- float32 activations with minisgl's C kernels built (`minisgl.kernels`), over a float32 or a
+  float16 pool (the C kernels convert float16 K/V in registers): decode reads each request's K/V
   straight from its pages (no copy, no padding), and so does prefill over a cached prefix, each new
   token a query row of the decode kernel that sees its prefix and the new tokens up to itself (many
   requests with a few new tokens over a long cached prefix, the prefix cache's common case, cost no
-  gather and no padding); fresh prompts' causal attention runs per request and head in C;
+  gather and no padding); fresh prompts' causal attention runs per request and head in C. Given the
+  projection before RoPE (`forward_rope`), one C pass rotates q and k and writes k and v into the
+  pool, and every new token then attends through the paged kernel, fresh prompts too: all of them
+  read K/V as the pool keeps it (float16 there, float32 or float16 here);
 - otherwise (other dtypes, no C compiler): explicit-score matmuls instead of
   `scaled_dot_product_attention`, whose CPU flash kernel is slow for these shapes (a few query rows
   per KV head, or a short causal block): decode over the reference's contiguous copy, fresh prompts
@@ -14,6 +18,8 @@ reference up to float32 rounding.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -29,30 +35,62 @@ _MATMUL_PREFILL_MAX = 1024  # fresh prefills longer than this use SDPA (the scor
 class CpuAttentionBackend(TorchAttentionBackend):
     name = "cpu"
 
-    def __init__(self, pool: KVPool, num_q_heads: int, num_kv_heads: int, head_dim: int) -> None:
-        super().__init__(pool, num_q_heads, num_kv_heads, head_dim)
-        kernel = self.device.type == "cpu" and self.dtype == torch.float32 and kernels.available()
+    def __init__(
+        self,
+        pool: KVPool,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype | None = None,
+        max_batch_size: int = 0,
+        max_pages_per_row: int = 0,
+    ) -> None:
+        """max_batch_size, max_pages_per_row: decode batches up to this size keep their metadata in
+        buffers whose addresses never change (what a recorded decode step, `engine.cpu_graph`, reads)."""
+        super().__init__(pool, num_q_heads, num_kv_heads, head_dim, dtype)
+        kernel = (
+            self.device.type == "cpu"
+            and self.dtype == torch.float32
+            and pool.dtype in (torch.float32, torch.float16)
+            and kernels.available()
+        )
         self.decode_kernel = kernel  # decode reads the paged pool directly
         self.prefill_kernel = kernel  # fresh prompts' causal attention likewise
         self._page_rows: torch.Tensor | None = None  # decode kernel: (B, P) int32, extend: (T, P)
         self._seq_lens: torch.Tensor | None = None  # decode kernel: (B,) int32, extend: (T,)
         self._starts: torch.Tensor | None = None  # prefill kernel: (B + 1,) int64 row offsets
+        self._fresh_rows: tuple[torch.Tensor, torch.Tensor] | None = None  # fresh, paged: as _token_rows
         self._causal: list[torch.Tensor] | None = None  # matmul prefill: additive (G * n, n) per request
         self._scores_mask: torch.Tensor | None = None  # matmul decode: additive (B * Hkv, G, Lmax)
+        # Decode metadata of up to max_batch_size requests: page rows (B, P) of a fixed width,
+        # lengths (B,), KV slots (B,) (-1: a padding row, nothing stored)
+        self.static_rows = max_batch_size if kernel else 0
+        self._dec_pages = torch.zeros(self.static_rows, max(max_pages_per_row, 1), dtype=torch.int32)
+        self._dec_lens = torch.zeros(self.static_rows, dtype=torch.int32)
+        self._dec_slots = torch.full((self.static_rows,), -1, dtype=torch.int64)
 
     # -- per batch ------------------------------------------------------------------------------------
     def _prepare_fresh(self, inp: AttnInput, common: dict) -> _Meta:
         self._starts = self._causal = None
         if self.prefill_kernel:
             self._starts = torch.tensor([0, *inp.extend_lens], dtype=torch.int64).cumsum(0)  # (B + 1,)
+            self._fresh_rows = self._token_rows(inp)  # forward_rope: each new token a paged query
         elif max(inp.extend_lens) <= _MATMUL_PREFILL_MAX:
             self._causal = self._causal_masks(inp.extend_lens)
         return super()._prepare_fresh(inp, common)
 
     def _prepare_decode(self, inp: AttnInput, common: dict) -> _Meta:
         if self.decode_kernel:
-            self._page_rows = inp.page_rows.contiguous()
-            self._seq_lens = torch.tensor(inp.seq_lens, dtype=torch.int32)
+            bsz, pages = inp.page_rows.shape
+            if bsz <= self.static_rows and pages <= self._dec_pages.shape[1]:  # into the fixed buffers
+                self._dec_pages[:bsz, :pages].copy_(inp.page_rows)
+                self._dec_lens[:bsz].copy_(torch.tensor(inp.seq_lens, dtype=torch.int32))
+                self._dec_slots[:bsz].copy_(inp.out_slots)
+                self._page_rows, self._seq_lens = self._dec_pages[:bsz], self._dec_lens[:bsz]
+                common = {**common, "out_slots": self._dec_slots[:bsz]}
+            else:
+                self._page_rows = inp.page_rows.contiguous()
+                self._seq_lens = torch.tensor(inp.seq_lens, dtype=torch.int32)
             return _Meta(kind="decode", **common)
         meta = super()._prepare_decode(inp, common)
         self._scores_mask = None
@@ -64,12 +102,17 @@ class CpuAttentionBackend(TorchAttentionBackend):
     def _prepare_extend(self, inp: AttnInput, common: dict) -> _Meta:
         if not self.decode_kernel:
             return super()._prepare_extend(inp, common)
+        self._page_rows, self._seq_lens = self._token_rows(inp)
+        return _Meta(kind="extend", **common)
+
+    @staticmethod
+    def _token_rows(inp: AttnInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each new token as a decode query: its request's page row (T, P) int32, and how many
+        positions it sees (T,) int32 (new token i of request b: its first cached_b + i + 1)."""
         ext = torch.tensor(inp.extend_lens, dtype=torch.int64)  # (B,)
         cached = torch.tensor(inp.seq_lens, dtype=torch.int64) - ext  # (B,)
-        # New token i of request b is a decode query over its first cached_b + i + 1 positions.
-        self._page_rows = inp.page_rows.repeat_interleave(ext, dim=0).contiguous()  # (T, P)
-        self._seq_lens = (cached.repeat_interleave(ext) + _ranges(ext) + 1).to(torch.int32)  # (T,)
-        return _Meta(kind="extend", **common)
+        page_rows = inp.page_rows.repeat_interleave(ext, dim=0).contiguous()  # (T, P)
+        return page_rows, (cached.repeat_interleave(ext) + _ranges(ext) + 1).to(torch.int32)
 
     def _causal_masks(self, lens: list[int]) -> list[torch.Tensor]:
         """Per request an additive causal mask (G * n, n), the G query heads of a KV head stacked."""
@@ -81,6 +124,26 @@ class CpuAttentionBackend(TorchAttentionBackend):
         return out
 
     # -- per layer ------------------------------------------------------------------------------------
+    def forward_rope(
+        self,
+        qkv: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+        layer_id: int,
+    ) -> torch.Tensor:
+        m = self.meta
+        if not self.decode_kernel or m is None or self.head_dim % 2 or not kernels.fits(qkv):
+            return super().forward_rope(qkv, rope, split, layer_id)
+        t = qkv.shape[0]
+        cos, sin = rope  # (T, 1, D/2) each
+        q = kernels.rope_store(
+            qkv, cos.view(t, -1), sin.view(t, -1), self.num_q_heads, self.num_kv_heads, self.head_dim,
+            m.out_slots, self.pool.k[layer_id], self.pool.v[layer_id],
+        )  # fmt: skip
+        if m.kind == "fresh":
+            self._page_rows, self._seq_lens = self._fresh_rows  # type: ignore[misc]
+        return self._paged(q, layer_id)  # (T, Hq, D)
+
     def _fresh_prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: _Meta) -> torch.Tensor:
         if self._starts is not None:
             return kernels.prefill_attention(

@@ -60,10 +60,16 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     decode_copy_budget = 512 << 20  # bytes; larger decode batches gather from the pool every layer
 
-    def __init__(self, pool: KVPool, num_q_heads: int, num_kv_heads: int, head_dim: int) -> None:
-        super().__init__(pool, num_q_heads, num_kv_heads, head_dim)
+    def __init__(
+        self,
+        pool: KVPool,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(pool, num_q_heads, num_kv_heads, head_dim, dtype)
         self.group = num_q_heads // num_kv_heads
-        self.dtype = pool.k[0].dtype
         self.meta: _Meta | None = None
         self._copy: _DecodeCopy | None = None
 
@@ -142,7 +148,7 @@ class TorchAttentionBackend(AttentionBackend):
             return None
         cap = max_len + _DECODE_CACHE_SLACK
         shape = (len(inp.seq_lens), self.num_kv_heads, cap, self.head_dim)
-        nbytes = 2 * self.pool.num_layers * torch.Size(shape).numel() * self.pool.k[0].element_size()
+        nbytes = 2 * self.pool.num_layers * torch.Size(shape).numel() * self.dtype.itemsize
         if nbytes > self.decode_copy_budget:
             return None
         old = self._copy
@@ -176,7 +182,13 @@ class TorchAttentionBackend(AttentionBackend):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         m = self.meta
         assert m is not None, "prepare() must run before forward()"
+        # This step's own tokens attend over K/V as the pool keeps them (rounded to a 16-bit pool's
+        # dtype, an fp8 pool's scaled values), as later steps reading the pool will.
+        if not self.pool.quantized and self.pool.dtype != k.dtype:
+            k, v = k.to(self.pool.dtype).to(k.dtype), v.to(self.pool.dtype).to(v.dtype)
         self.pool.store(layer_id, m.out_slots, k, v)
+        if self.pool.quantized:
+            k, v = self.pool.load(layer_id, m.out_slots, q.dtype)
         if m.kind == "fresh":
             return self._fresh_prefill(q, k, v, m)
         if m.kind == "decode":
@@ -187,9 +199,8 @@ class TorchAttentionBackend(AttentionBackend):
         """K and V of the batch from the pool: (B, Hkv, Lmax, D) each (strided views)."""
         assert m.kv_idx is not None
         shape = (m.batch_size, m.max_seq_len, self.num_kv_heads, self.head_dim)
-        kk = self.pool.k[layer_id].index_select(0, m.kv_idx).view(shape).transpose(1, 2)
-        vv = self.pool.v[layer_id].index_select(0, m.kv_idx).view(shape).transpose(1, 2)
-        return kk, vv
+        kk, vv = self.pool.load(layer_id, m.kv_idx, self.dtype)
+        return kk.view(shape).transpose(1, 2), vv.view(shape).transpose(1, 2)
 
     def _decode_kv(
         self, k: torch.Tensor, v: torch.Tensor, layer_id: int, m: _Meta

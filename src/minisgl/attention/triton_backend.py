@@ -142,10 +142,19 @@ class TritonAttentionBackend(AttentionBackend):
         kc, vc = self.pool.k[layer_id], self.pool.v[layer_id]
         m = self._extend
         assert m is not None, "prepare() must run before forward()"
-        store_kv(k, v, kc, vc, m.out_slots)
+        scales = self._kv_scales(layer_id)
+        store_kv(k, v, kc, vc, m.out_slots, scales)
         return extend_attention(
-            q, kc, vc, m.page_table, m.q_starts, m.seq_lens, m.max_extend, self.pool.page_size, self.scale
-        )
+            q, kc, vc, m.page_table, m.q_starts, m.seq_lens, m.max_extend, self.pool.page_size, self.scale,
+            scales,
+        )  # fmt: skip
+
+    def _kv_scales(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """An fp8 pool's (k_scale, v_scale) of this layer, each (Hkv,); None for a 16/32-bit pool."""
+        if self.pool.scales is None:
+            return None
+        both = self.pool.scales[layer_id]  # (2, Hkv)
+        return both[0], both[1]
 
     def _decode_attention(
         self,
@@ -162,4 +171,5 @@ class TritonAttentionBackend(AttentionBackend):
         return decode_attention(
             q, self.pool.k[layer_id], self.pool.v[layer_id], self._dec_pages, seq_lens, self.pool.page_size,
             self.scale, splits, new_kv=(k, v, slots), done=self._dec_done, rope=rope,
+            scales=self._kv_scales(layer_id),
         )  # fmt: skip

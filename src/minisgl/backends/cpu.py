@@ -14,6 +14,11 @@ The choice follows the pass (the engine calls `prepare(is_decode)`), not the row
 result never depends on what it is batched with (prefill and decode rows never share a batch).
 Results differ from `F.linear` by float32 rounding only (~1e-6). Each packed copy is a second (and
 third) copy of the weight in RAM.
+
+Weights kept in a checkpoint's format (`QuantizedWeight`: GGUF blocks, 16-bit floats) go to the
+quantized kernels (`kernels.quant`) in every pass, one copy in RAM: the projection with the RMSNorm
+before it or the SiLU x up and residual add around it in one call, the embedding lookup, the LM head.
+Their results are batch-invariant too, and the same in prefill and decode.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from __future__ import annotations
 import torch
 
 from minisgl import kernels
+from minisgl.kernels import quant
+from minisgl.quant import QuantizedWeight
 
+from .fp8 import Fp8Weight, Weight
 from .torch_ops import TorchOps
 
 # Rows the oneDNN layout is tuned for. Any value >= 16 gives the same kernel for every row count (1
@@ -110,17 +118,72 @@ class CpuOps(TorchOps):
     def __init__(self) -> None:
         self.decode = False
         self._packs: dict[int, PackedWeight] = {}  # id(weight) -> its packed copies
+        # id(fp8 weight) -> (keys of its tensors, its dequantized copy): fp8 checkpoints run as the
+        # reference's weights, dequantized once (a copy in the activations' dtype).
+        self._dequantized: dict[int, tuple[tuple[WeightKey, WeightKey], torch.Tensor]] = {}
 
     def prepare(self, is_decode: bool) -> None:
         self.decode = is_decode
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def dequantized(self, weight: Fp8Weight, dtype: torch.dtype) -> torch.Tensor:
+        """`weight` dequantized to `dtype`, made at first use and remade when its tensors change."""
+        key = (_weight_key(weight.qweight), _weight_key(weight.scale))
+        entry = self._dequantized.get(id(weight))
+        if entry is None or entry[0] != key or entry[1].dtype != dtype:
+            entry = self._dequantized[id(weight)] = (key, weight.dequantize(dtype))
+        return entry[1]
+
+    def linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
+        if isinstance(weight, QuantizedWeight):
+            if _rows_fit(x):
+                return quant.qlinear(x, weight, bias, prefill=not self.decode)
+            return super().linear(x, weight, bias)
+        if isinstance(weight, Fp8Weight):
+            weight = self.dequantized(weight, x.dtype)
         if weight.dtype != torch.float32 or not weight.is_cpu:
             return super().linear(x, weight, bias)
         pack = self._packs.get(id(weight))
         if pack is None:  # a stale entry (a freed weight's id reused) is caught by PackedWeight's key
             pack = self._packs[id(weight)] = PackedWeight()
         return packed_linear(x, weight, bias, pack, self.decode)
+
+    def norm_linear(
+        self,
+        x: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        weight: Weight,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        if isinstance(weight, QuantizedWeight) and _rows_fit(x, norm_weight):
+            return quant.qlinear(x, weight, bias, norm=(norm_weight, eps), prefill=not self.decode)
+        return super().norm_linear(x, norm_weight, eps, weight, bias)
+
+    def linear_add_(
+        self,
+        x: torch.Tensor,
+        weight: Weight,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor,
+        gated: bool = False,
+    ) -> torch.Tensor:
+        if isinstance(weight, QuantizedWeight) and _rows_fit(x, residual):
+            return quant.qlinear(x, weight, bias, silu_mul=gated, residual=residual, prefill=not self.decode)
+        return super().linear_add_(x, weight, bias, residual, gated)
+
+    def embedding(self, ids: torch.Tensor, weight: Weight) -> torch.Tensor:
+        if isinstance(weight, QuantizedWeight) and quant.quant_available():
+            return quant.dequant_rows(weight, ids.contiguous())
+        return super().embedding(ids, weight)
+
+    def rope_lookup(
+        self, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if kernels.fits(cos, sin) and positions.dtype == torch.int64 and positions.is_contiguous():
+            return kernels.gather_rows(cos, positions).unsqueeze(1), kernels.gather_rows(
+                sin, positions
+            ).unsqueeze(1)
+        return super().rope_lookup(cos, sin, positions)
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if x.dim() == 2 and kernels.fits(x, weight):
@@ -139,3 +202,24 @@ class CpuOps(TorchOps):
         if gate_up.dim() == 2 and kernels.fits(gate_up):
             return kernels.silu_mul(gate_up)  # one pass, no temporaries
         return super().silu_and_mul(gate_up)
+
+    def moe(
+        self,
+        x: torch.Tensor,
+        router: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+    ) -> torch.Tensor:
+        """The experts in one C call (`kernels.moe`): pairs grouped per expert, each expert's weights
+        streamed once per call, in their own (E, 2I, H) / (E, H, I) layout (no packed copy)."""
+        if x.dim() != 2 or top_k > kernels.MOE_MAX_K or not kernels.fits(x, w13, w2):
+            return super().moe(x, router, w13, w2, top_k, renormalize)
+        weights, ids = self.route(x, router, top_k, renormalize)
+        return kernels.moe(x, w13, w2, weights, ids)
+
+
+def _rows_fit(x: torch.Tensor, *more: torch.Tensor) -> bool:
+    """Whether the quantized kernels take these: built here, 2-D rows, contiguous float32 CPU tensors."""
+    return x.dim() == 2 and kernels.fits(x, *more) and quant.quant_available()

@@ -1,19 +1,30 @@
 """The CUDA backend: Triton kernels for the element-wise work of a layer (RMSNorm, RoPE + q/k/v split,
-SiLU x up); the projections of a few rows (decode batches) in minisgl's Triton GEMV, the others in
+SiLU x up) and for the routed experts of a mixture-of-experts layer (a fused MoE: two grouped GEMMs); the projections of a few rows (decode batches) in minisgl's Triton GEMV, the others in
 cuBLAS with the residual add after a projection in the GEMM's epilogue (`addmm_`, beta = 1). In
 bf16/fp16 the Triton kernels round once where the reference rounds after each op, and the epilogue
 adds the unrounded product, so results agree within that dtype's tolerance.
 
 A Triton matmul for decode batches with the norm and SiLU x up fused in as prologues lost to cuBLAS
-(README, "GPU"): the GEMV takes only the residual add, as its epilogue."""
+(README, "GPU"): the GEMV takes only the residual add, as its epilogue.
+
+fp8 weights (`Fp8Weight`): up to 16 rows in the GEMV's fp8 variant (the weight widened in registers,
+x not quantized); where the GEMV's input comes from minisgl's RMSNorm or SiLU x up kernel (qkv,
+gate/up, down) those write it in fp16, to which the weight widens in one instruction a pair. More rows
+quantize x per token (a Triton kernel) and take `torch._scaled_mm` (per-channel weight scales:
+cuBLASLt's fp8 with row and column scales) or minisgl's Triton block-scaled fp8 matmul
+(DeepSeek-style blocks), the residual added after."""
 
 from __future__ import annotations
 
 import torch
 
 from minisgl.kernels.triton import elementwise as tk
-from minisgl.kernels.triton.gemv import GemvConfig, gemv
+from minisgl.kernels.triton import fp8 as tf8
+from minisgl.kernels.triton.gemv import GemvConfig, gemv, gemv_fp8
+from minisgl.kernels.triton.moe import fused_moe
+from minisgl.quant import QuantizedWeight
 
+from .fp8 import Fp8Weight, Weight
 from .torch_ops import TorchOps
 
 GEMV_MAX_ROWS = 16  # decode batches of up to this many rows take the GEMV (one tensor-core tile)
@@ -37,12 +48,87 @@ def gemv_config(x: torch.Tensor, weight: torch.Tensor) -> GemvConfig | None:
     return GemvConfig(32, 512, 4, 4) if k >= 8192 else GemvConfig(32, 256, 2, 4)
 
 
+def fp8_gemv_config(x: torch.Tensor, weight: Fp8Weight) -> GemvConfig | None:
+    """The fp8 GEMV's launch shape for this projection, or None where the fp8 matmul takes it (more
+    than 16 rows). Every width takes the GEMV (a quantize kernel plus a matmul tuned for many rows
+    would not stream the weight faster). Shapes: the best of `benchmarks/bench_fp8_linear.py --sweep`
+    on an H200 for the 8B shapes (README, "fp8")."""
+    if x.dim() != 2 or x.shape[0] > GEMV_MAX_ROWS or x.dtype not in (*GEMV_DTYPES, torch.float32):
+        return None
+    if x.stride(1) != 1 or weight.qweight.stride(1) != 1:
+        return None
+    n, k = weight.shape
+    if weight.block is not None:  # a step of the loop is one block's columns
+        return GemvConfig(64, weight.block[1], 4, 4)
+    if n * k < 1 << 22:
+        return GemvConfig(16, 512, 4, 3)
+    if k >= 8192:  # down
+        return GemvConfig(32, 1024, 4, 3)
+    if n >= 4 * k:  # gate/up
+        return GemvConfig(128, 256, 8, 3)
+    return GemvConfig(64, 512, 4, 3) if n > k else GemvConfig(32, 512, 4, 4)  # qkv; o
+
+
+def fp8_matmul(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """x (M, K) @ W^T (+ bias) -> (M, N) in x's dtype with x quantized per token (per group of the
+    block's columns for block scales); None where neither fp8 matmul takes it (then: the reference)."""
+    n, k = weight.shape
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or n % 16 or k % 16:
+        return None
+    if weight.block is not None and (weight.block[1] < 32 or weight.block[1] & (weight.block[1] - 1)):
+        return None  # the fp8 tensor-core dot takes 32 columns at least
+    if weight.block is None:
+        xq, xs = tf8.quant_rows(x)  # (M, K) fp8, (M, 1)
+        return torch._scaled_mm(
+            xq, weight.qweight.t(), scale_a=xs, scale_b=weight.scale.view(1, n), bias=bias, out_dtype=x.dtype
+        )
+    xq, xs = tf8.quant_rows(x, weight.block[1])  # (M, K) fp8, (M, K / bk)
+    return tf8.block_matmul(xq, xs, weight.qweight, weight.scale, weight.block, bias, x.dtype)
+
+
 class CudaOps(TorchOps):
     name = "cuda"
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        config = gemv_config(x, weight)
+    def _fp8_linear(
+        self, x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None, residual: torch.Tensor | None
+    ) -> torch.Tensor:
+        """`linear` (residual None) or `residual += linear` with an fp8 weight."""
+        x2 = x.reshape(-1, x.shape[-1])  # (T, K)
+        config = fp8_gemv_config(x2, weight)
+        if config is not None and (residual is None or residual.is_contiguous()):
+            y = gemv_fp8(x2, weight.qweight, weight.scale, weight.block, bias, residual, config)
+            return y if residual is not None else y.view(*x.shape[:-1], -1)
+        mm = fp8_matmul(x2, weight, bias)
+        y = super().linear(x2, weight, bias) if mm is None else mm  # None: the reference, dequantized
+        y = y.view(*x.shape[:-1], -1)
+        return y if residual is None else residual.add_(y)
+
+    def _fp16_gemv(self, x: torch.Tensor, weight: Weight) -> GemvConfig | None:
+        """The fp8 GEMV's launch shape where x (bf16, from a kernel that can write fp16) goes to it."""
+        if not isinstance(weight, Fp8Weight) or x.dtype != torch.bfloat16 or x.dim() != 2:
+            return None
+        return fp8_gemv_config(x, weight) if x.is_contiguous() else None
+
+    def norm_linear(
+        self,
+        x: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        weight: Weight,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        config = self._fp16_gemv(x, weight)
         if config is None:
+            return super().norm_linear(x, norm_weight, eps, weight, bias)
+        assert isinstance(weight, Fp8Weight)
+        h = tk.rmsnorm(x, norm_weight, eps, out_dtype=torch.float16)  # (T, K)
+        return gemv_fp8(h, weight.qweight, weight.scale, weight.block, bias, None, config, out_dtype=x.dtype)
+
+    def linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
+        if isinstance(weight, Fp8Weight):
+            return self._fp8_linear(x, weight, bias, None)
+        config = gemv_config(x, weight) if isinstance(weight, torch.Tensor) else None
+        if config is None or not isinstance(weight, torch.Tensor):
             return super().linear(x, weight, bias)
         return gemv(x, weight, bias, config=config)
 
@@ -54,13 +140,22 @@ class CudaOps(TorchOps):
     def linear_add_(
         self,
         x: torch.Tensor,
-        weight: torch.Tensor,
+        weight: Weight,
         bias: torch.Tensor | None,
         residual: torch.Tensor,
         gated: bool = False,
     ) -> torch.Tensor:
+        if isinstance(weight, QuantizedWeight):  # a CPU checkpoint format: the reference
+            return super().linear_add_(x, weight, bias, residual, gated)
+        config = self._fp16_gemv(x, weight) if gated and residual.is_contiguous() else None
+        if config is not None:
+            assert isinstance(weight, Fp8Weight)
+            h = tk.silu_and_mul(x, out_dtype=torch.float16)  # (T, I)
+            return gemv_fp8(h, weight.qweight, weight.scale, weight.block, bias, residual, config)
         if gated:
             x = self.silu_and_mul(x)
+        if isinstance(weight, Fp8Weight):
+            return self._fp8_linear(x, weight, bias, residual)
         config = gemv_config(x, weight)
         if config is not None and residual.is_contiguous():
             return gemv(x, weight, bias, residual, config)
@@ -78,3 +173,19 @@ class CudaOps(TorchOps):
         if gate_up.dim() == 2 and gate_up.stride(-1) == 1:
             return tk.silu_and_mul(gate_up)
         return super().silu_and_mul(gate_up)
+
+    def moe(
+        self,
+        x: torch.Tensor,
+        router: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+    ) -> torch.Tensor:
+        """Routing in torch (its topk breaks ties as transformers does), the experts in the fused
+        Triton MoE, which also renormalizes the weights in its epilogue; no host sync."""
+        if x.dim() != 2 or x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
+            return super().moe(x, router, w13, w2, top_k, renormalize)
+        weights, ids = self.route(x, router, top_k, renormalize=False)
+        return fused_moe(x, w13, w2, weights, ids, renormalize)

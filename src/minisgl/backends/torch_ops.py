@@ -1,11 +1,19 @@
 """The reference ops in plain torch: what every layer computes, written to match Hugging Face's
 Llama/Qwen code (so float32 greedy decoding is token-identical to transformers). Faster backends
-subclass `TorchOps` and override what they fuse; anything they don't take falls back here."""
+subclass `TorchOps` and override what they fuse; anything they don't take falls back here.
+
+A weight is a tensor or a `QuantizedWeight` (a checkpoint's block format kept, `minisgl.quant`): the
+reference dequantizes the latter to the activations' dtype at each use (correct, slow: the fast
+backends read it as it is)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from minisgl.quant import QuantizedWeight
+
+from .fp8 import Fp8Weight, Weight
 
 
 class TorchOps:
@@ -14,9 +22,21 @@ class TorchOps:
     def prepare(self, is_decode: bool) -> None:
         """Called by the engine before each forward pass (a backend may pick kernels per pass)."""
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x (..., in) @ weight (out, in)^T (+ bias) -> (..., out)."""
+    def linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
+        """x (..., in) @ weight (out, in)^T (+ bias) -> (..., out). An fp8 weight, or one kept in a
+        checkpoint's block format, is dequantized (the reference: what the checkpoint's numbers mean;
+        no activation quantization)."""
+        if isinstance(weight, (Fp8Weight, QuantizedWeight)):
+            weight = weight.dequantize(x.dtype)
         return F.linear(x, weight, bias)
+
+    def embedding(self, ids: torch.Tensor, weight: Weight) -> torch.Tensor:
+        """ids (T,) -> rows of the (vocab, hidden) table, (T, hidden)."""
+        if isinstance(weight, QuantizedWeight):
+            return weight.lookup(ids)
+        if isinstance(weight, Fp8Weight):
+            raise TypeError("the embedding table stays in the model's dtype under fp8")
+        return F.embedding(ids, weight)
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """(..., N) -> weight * (x * rsqrt(mean(x^2) + eps)): statistics in float32, product in x's dtype."""
@@ -29,7 +49,7 @@ class TorchOps:
         x: torch.Tensor,
         norm_weight: torch.Tensor,
         eps: float,
-        weight: torch.Tensor,
+        weight: Weight,
         bias: torch.Tensor | None,
     ) -> torch.Tensor:
         """A projection of the normed residual stream: linear(rmsnorm(x)), (T, in) -> (T, out)."""
@@ -38,7 +58,7 @@ class TorchOps:
     def linear_add_(
         self,
         x: torch.Tensor,
-        weight: torch.Tensor,
+        weight: Weight,
         bias: torch.Tensor | None,
         residual: torch.Tensor,
         gated: bool = False,
@@ -48,6 +68,12 @@ class TorchOps:
         if gated:
             x = self.silu_and_mul(x)
         return residual.add_(self.linear(x, weight, bias))
+
+    def rope_lookup(
+        self, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (P, D/2) cos/sin tables at positions (T,) -> (cos, sin), each (T, 1, D/2)."""
+        return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
 
     def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x (T, H, D), cos/sin (T, 1, D/2) -> rotated x (T, H, D), contiguous (HF's rotate-half)."""
@@ -69,6 +95,40 @@ class TorchOps:
         projection's own output, used once): one (T, I) temporary fewer, the same arithmetic."""
         gate, up = gate_up.chunk(2, dim=-1)
         return torch.mul(F.silu(gate, inplace=True), up)
+
+    def route(
+        self, x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (T, H), router (E, H) -> each token's top-k experts: weights (T, K) float32 and ids
+        (T, K) int64, as transformers routes: logits in x's dtype, a float32 softmax over all E,
+        torch.topk (which breaks ties), with `renormalize` the k weights divided by their sum."""
+        probs = torch.softmax(F.linear(x, router), dim=-1, dtype=torch.float32)  # (T, E)
+        weights, ids = torch.topk(probs, top_k, dim=-1)  # (T, K) each
+        if renormalize:
+            weights /= weights.sum(dim=-1, keepdim=True)
+        return weights, ids
+
+    def moe(
+        self,
+        x: torch.Tensor,
+        router: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+    ) -> torch.Tensor:
+        """Routed experts: x (T, H), router (E, H), w13 (E, 2I, H) each expert's [gate | up] rows, w2
+        (E, H, I) -> (T, H) = sum over each token's top-k experts e of weight * w2[e] @
+        (silu(gate_e x) * up_e x). Written as transformers' loop: one pass per expert that has
+        tokens, its outputs added in expert order."""
+        weights, ids = self.route(x, router, top_k, renormalize)
+        out = torch.zeros_like(x)
+        for e in ids.unique().tolist():  # ascending
+            rows, slot = torch.where(ids == e)  # the tokens sent to expert e, and which of their k
+            h = self.silu_and_mul(F.linear(x[rows], w13[e]))  # (n, I)
+            y = F.linear(h, w2[e]) * weights[rows, slot, None]  # (n, H), float32
+            out.index_add_(0, rows, y.to(out.dtype))
+        return out
 
 
 REFERENCE_OPS = TorchOps()

@@ -10,10 +10,11 @@ decode step's bandwidth floor (weights + KV read per step over a device copy's b
 the same run) and the fraction of it reached.
 
     minisgl bench offline [--num-prompts 16] [--output-len 64] [--repeats 3]          (CPU, embedded model)
+    minisgl bench offline --device cpu --dtype float32                      (the float32 reference path)
     minisgl bench offline --device cuda --model-config llama3-8b --batch-sizes 1,8 \\
         --min-input-len 256 --max-input-len 256 --output-len 256                     (random weights)
 
-`--model-config` takes a preset (`minisgl.benchmark.presets`: llama3-8b, llama3-70b, smollm2-135m)
+`--model-config` takes a preset (`minisgl.benchmark.presets`: llama3-8b, llama3-70b, smollm2-135m, qwen3-30b-a3b, mixtral-8x7b)
 or a config.json: the model gets random weights, and transformers the same ones. `run_offline_bench(...)
 -> dict` is the function form.
 """
@@ -24,18 +25,20 @@ import argparse
 import dataclasses
 import platform
 import random
+import re
 import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 from tqdm import tqdm
 
 from minisgl.engine import Engine
+from minisgl.engine.options import resolve_dtype
 
 from .offline_args import add_arguments
+from .weights_read import WeightCounts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -110,29 +113,6 @@ def _time_hf(
     return dt, cpu, out[:, width:].tolist()
 
 
-def _matmul_params(model: nn.Module) -> tuple[int, int]:
-    """(weights of the decoder layers' matmuls, weights of the LM head): 2 flops per weight per row,
-    of transformers' model or minisgl's (the same parameter names)."""
-    layers = sum(
-        p.numel() for n, p in model.named_parameters() if n.startswith("model.layers.") and p.dim() == 2
-    )
-    return layers, model.get_parameter("lm_head.weight").numel()
-
-
-def _decode_weight_bytes(model: nn.Module) -> int:
-    """Bytes of weights a decode step reads: every parameter once, except the embedding table (a
-    lookup reads B rows) unless the LM head shares it."""
-    seen: set[int] = set()
-    total = 0
-    lm = model.get_parameter("lm_head.weight").data_ptr()
-    for name, p in model.named_parameters():
-        if p.data_ptr() in seen or (name == "model.embed_tokens.weight" and p.data_ptr() != lm):
-            continue
-        seen.add(p.data_ptr())
-        total += p.numel() * p.element_size()
-    return total
-
-
 def copy_bandwidth(device: str, nbytes: int = 2 << 30) -> float:
     """Bytes per second a device-to-device copy moves (read + written), median of 10 after warm-up."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -160,12 +140,12 @@ class _Models:
 
 
 def _load(
-    model: str | None, model_config: str | None, device: str, dtype: torch.dtype, skip_hf: bool, tmp: Path,
+    model: str | None, model_config: str | None, device: str, dtype: torch.dtype | str, skip_hf: bool, tmp: Path,
     **llm_options: Any,
 ) -> _Models:  # fmt: skip
     """minisgl's LLM and (unless skipped) transformers' model, with the same weights."""
     from minisgl import LLM
-    from minisgl.models import resolve_model_path
+    from minisgl.models import ModelConfig, resolve_model_path
 
     from .presets import preset_config, write_model_dir
 
@@ -181,32 +161,68 @@ def _load(
     if not skip_hf:  # first: minisgl sizes its KV pool from the device memory left
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        hf_dtype = resolve_dtype(
+            "float32" if dtype == "auto" else dtype, device
+        )  # (auto: the quantized CPU path)
         if model_config is not None:
             with torch.device(device):
-                hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype)
+                hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=hf_dtype)
         else:
-            hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+            from minisgl.models.reference import transformers_model
+
+            hf = transformers_model(model_dir, hf_dtype).to(device)
         hf.eval()
     llm = LLM(
         str(model_dir), device=device, dtype=dtype, dummy_weights=model_config is not None, **llm_options
     )
     if hf is not None and model_config is not None:
-        _fill_hf_like_dummy(hf)
+        _fill_hf_like_dummy(hf, ModelConfig.from_dir(model_dir).family)
     pad = llm.tokenizer.pad_token_id
     return _Models(llm, hf, pad if pad is not None else 0, model_dir, label)
 
 
 @torch.no_grad()
-def _fill_hf_like_dummy(hf: PreTrainedModel) -> None:
+def _fill_hf_like_dummy(hf: PreTrainedModel, family: str) -> None:
     """Give transformers' model the random weights minisgl draws for the same checkpoint names
     (`dummy_tensor`), whatever minisgl's tensor-parallel size."""
-    from minisgl.models.loader import dummy_tensor
-
     tied = bool(getattr(hf.config, "tie_word_embeddings", False))
     for name, p in hf.state_dict().items():
         if name.endswith("rotary_emb.inv_freq") or (tied and name == "lm_head.weight"):
             continue
-        p.copy_(dummy_tensor(name, tuple(p.shape), p.dtype, p.device))
+        p.copy_(_hf_dummy(name, p, family))
+
+
+# transformers >= 5 keeps a layer's experts fused (E, 2I, H) / (E, H, I) under `mlp.`, where a
+# checkpoint has one tensor per expert (Mixtral's under `block_sparse_moe.`)
+_FUSED_EXPERTS = re.compile(
+    r"model\.layers\.(\d+)\.mlp\.(experts\.gate_up_proj|experts\.down_proj|gate\.weight)"
+)
+
+
+def _hf_dummy(name: str, p: torch.Tensor, family: str) -> torch.Tensor:
+    """minisgl's random value of transformers' parameter `name`, from the checkpoint tensors it holds."""
+    from minisgl.checkpoint.weights import EXPERT_NAMES
+    from minisgl.models.loader import dummy_tensor
+
+    def make(ckpt: str, shape: tuple[int, ...]) -> torch.Tensor:
+        return dummy_tensor(ckpt, shape, p.dtype, p.device)
+
+    m = _FUSED_EXPERTS.fullmatch(name)
+    if m is None or family not in EXPERT_NAMES:
+        return make(name, tuple(p.shape))
+    names = EXPERT_NAMES[family]
+    block = f"model.layers.{m.group(1)}.{names.block}."
+    if m.group(2) == "gate.weight":
+        return make(block + "gate.weight", tuple(p.shape))
+    e, rows, cols = p.shape
+    if m.group(2) == "experts.down_proj":
+        return torch.stack([make(f"{block}experts.{i}.{names.down}.weight", (rows, cols)) for i in range(e)])
+    parts = [
+        (f"{block}experts.{i}.{names.gate}.weight", f"{block}experts.{i}.{names.up}.weight") for i in range(e)
+    ]
+    return torch.stack(
+        [torch.cat([make(g, (rows // 2, cols)), make(u, (rows // 2, cols))]) for g, u in parts]
+    )
 
 
 def _bench_one(
@@ -242,10 +258,8 @@ def _bench_one(
         "minisgl_tok_s": total / best_m,
     }
     engine = getattr(ms.llm, "engine", None)
-    if phases and isinstance(engine, Engine):
-        layer_w, head_w = _matmul_params(engine.model)
-        bytes_per_w = engine.model.get_parameter("lm_head.weight").element_size()
-        res["phases"] = dict(phases, layer_weights=layer_w, head_weights=head_w, bytes_per_weight=bytes_per_w)
+    if phases and isinstance(engine, Engine) and hasattr(engine.model, "lm_head"):
+        res["phases"] = dict(phases, weights=WeightCounts.of(engine.model))
     if hf is not None:
         same = sum(a == b for a, b in zip(toks_m, toks_h, strict=True))
         res.update(
@@ -276,27 +290,29 @@ def matmul_rate(device: str, n: int = 8192) -> float:
 
 
 def _roofline(ms: _Models, res: dict[str, Any], bandwidth: float, flops: float) -> dict[str, float]:
-    """The workload's floor: every decode step reads the weights once plus the KV of the requests
-    still running (all admitted at once), over the measured copy bandwidth; prefill does its matmul
-    FLOPs at the measured matmul rate. Also the mean decode step's floor against the measured one."""
+    """The workload's floor: every decode step reads the weights once (a mixture of experts: the
+    experts its tokens are expected to reach, `weights_read`) plus the KV of the requests still
+    running (all admitted at once), over the measured copy bandwidth; prefill does its matmul FLOPs
+    at the measured matmul rate. Also the mean decode step's floor against the measured one."""
     engine = ms.llm.engine
     if not isinstance(engine, Engine):
         raise TypeError("the roofline needs a model's engine, not the dummy one")
-    weights = _decode_weight_bytes(engine.model)
+    w = WeightCounts.of(engine.model)
     kv_per_token = sum(k.shape[1] * k.shape[2] * k.element_size() * 2 for k in engine.pool.k)
     ins, outs = res["prompt_lens"], res["output_lens"]
     decode_s = 0.0
     for t in range(1, max(outs)):  # step t feeds each running request's t-th output token
-        kv = sum(n + t for n, o in zip(ins, outs, strict=True) if o > t) * kv_per_token
-        decode_s += (weights + kv) / bandwidth
-    layer_w, head_w = _matmul_params(engine.model)
-    prefill_s = (2 * layer_w * sum(ins) + 2 * head_w * len(ins)) / flops
+        running = [n for n, o in zip(ins, outs, strict=True) if o > t]
+        decode_s += (w.read_bytes(len(running)) + sum(n + t for n in running) * kv_per_token) / bandwidth
+    prefill_s = (2 * w.active() * sum(ins) + 2 * w.head * len(ins)) / flops
     ph = res.get("phases", {})
     steps = ph.get("decode_batches", 0)
     step_s = ph["decode_s"] / steps if steps else float("nan")
     floor_step = decode_s / max(1, max(outs) - 1)
     return {
-        "weight_bytes": weights,
+        "weight_bytes": w.read_bytes(len(ins)),
+        "experts_read": w.experts_read(len(ins)),
+        "num_experts": w.num_experts,
         "floor_ms": floor_step * 1e3,
         "step_ms": step_s * 1e3,
         "fraction": floor_step / step_s,
@@ -319,6 +335,7 @@ def run_offline_bench(
     model_config: str | None = None,
     batch_sizes: list[int] | None = None,
     max_output_len: int | None = None,
+    dtype: str = "auto",
     **llm_options: Any,
 ) -> dict[str, Any]:
     """Run both engines `repeats` times on one seeded workload per batch size (default: one of
@@ -327,7 +344,9 @@ def run_offline_bench(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if threads:
         torch.set_num_threads(threads)
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    if dtype == "auto" and device != "cpu":
+        dtype = "bfloat16"
+    dtype = dtype if dtype == "auto" else getattr(torch, dtype)  # auto on the CPU: weights as stored
     with tempfile.TemporaryDirectory(prefix="msgl-bench-") as tmp:
         ms = _load(model, model_config, device, dtype, skip_hf, Path(tmp), **llm_options)
         cuda = device.startswith("cuda")
@@ -343,7 +362,9 @@ def run_offline_bench(
     return {
         "device": device,
         "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor(),
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": "auto (weights as stored, float32 activations)"
+        if dtype == "auto"
+        else str(dtype).removeprefix("torch."),
         "model": ms.label,
         "output_len_range": (output_len, max_output_len or output_len),
         "input_len_range": (min_input_len, max_input_len),
@@ -352,6 +373,8 @@ def run_offline_bench(
         "matmul_rate": rates[1] if rates else None,
         "overlap": getattr(ms.llm, "overlap", None),
         "tp": llm_options.get("tp", 1),
+        "quantization": llm_options.get("quantization"),
+        "kv_cache_dtype": llm_options.get("kv_cache_dtype", "auto"),
         "runs": runs,
     }
 
@@ -370,6 +393,10 @@ def print_report(res: dict[str, Any]) -> None:
     olo, ohi = res["output_len_range"]
     outs = f"{olo}" if olo == ohi else f"uniform random in [{olo}, {ohi}]"
     tp = f", tensor-parallel over {res['tp']} ranks" if res["tp"] > 1 else ""
+    if res.get("quantization"):
+        tp += f", minisgl's weights {res['quantization']} (transformers keeps {res['dtype']})"
+    if res.get("kv_cache_dtype", "auto") != "auto":
+        tp += f", minisgl's KV cache {res['kv_cache_dtype']}"
     print(
         f"model: {res['model']}, {res['dtype']}{tp}; input lengths uniform random in [{lo}, {hi}], output "
         f"lengths {outs} (greedy, ignore EOS); transformers (equal output lengths only): the same "
@@ -389,9 +416,14 @@ def print_report(res: dict[str, Any]) -> None:
             print_phases(run["phases"], run["num_prompts"])
         if "roofline" in run:
             r = run["roofline"]
+            experts = (
+                f", {r['experts_read']:.1f} of {r['num_experts']} experts per layer"
+                if r["num_experts"]
+                else ""
+            )
             print(
                 f"  roofline   : decode step floor {r['floor_ms']:.2f} ms ({r['weight_bytes'] / 1e9:.2f} GB of "
-                f"weights + KV), measured {r['step_ms']:.2f} ms: {100 * r['fraction']:.0f}% of the roofline; "
+                f"weights{experts} at the first step + KV), measured {r['step_ms']:.2f} ms: {100 * r['fraction']:.0f}% of the roofline; "
                 f"whole workload floor {r['workload_floor_s']:.2f} s = {r['workload_tok_s']:.0f} output tok/s, "
                 f"reached {100 * run['minisgl_tok_s'] / r['workload_tok_s']:.0f}%"
             )
@@ -409,9 +441,10 @@ def print_report(res: dict[str, Any]) -> None:
             print(f"identical outputs: {run['same_outputs']}/{run['num_prompts']} prompts")
 
 
-def print_phases(ph: dict[str, float], num_prompts: int) -> None:
+def print_phases(ph: dict[str, Any], num_prompts: int) -> None:
     """minisgl's prefill and decode phases with what the matmuls achieved (attention not counted)."""
-    lw, hw, nb = ph["layer_weights"], ph["head_weights"], ph["bytes_per_weight"]
+    w: WeightCounts = ph["weights"]
+    lw, hw = w.active(), w.head
     if ph["prefill_s"] > 0:
         flops = 2 * lw * ph["prefill_tokens"] + 2 * hw * num_prompts  # the head runs on sampled rows only
         print(
@@ -426,7 +459,8 @@ def print_phases(ph: dict[str, float], num_prompts: int) -> None:
         print(
             f"  decode     : {ph['decode_s']:.2f} s for {int(steps)} steps of ~{rows / steps:.0f} rows, "
             f"{step_ms:.2f} ms/step = {rows / ph['decode_s']:.0f} tok/s, matmuls "
-            f"{flops / ph['decode_s'] / 1e9:.0f} GFLOP/s, weights read {(lw + hw) * nb * steps / ph['decode_s'] / 1e9:.1f} GB/s"
+            f"{flops / ph['decode_s'] / 1e9:.0f} GFLOP/s, weights read "
+            f"{w.read_bytes(rows / steps) * steps / ph['decode_s'] / 1e9:.1f} GB/s"
         )
 
 
@@ -450,6 +484,10 @@ def main(ns: argparse.Namespace) -> int:
         extra.update(tp=ns.tp, cache_type="naive")
     if ns.kv_cache_memory is not None:
         extra["kv_cache_memory"] = int(ns.kv_cache_memory * (1 << 30))
+    if ns.quantization is not None:
+        extra["quantization"] = ns.quantization
+    if ns.kv_cache_dtype != "auto":
+        extra["kv_cache_dtype"] = ns.kv_cache_dtype
     res = run_offline_bench(
         ns.num_prompts,
         ns.output_len,
@@ -464,6 +502,7 @@ def main(ns: argparse.Namespace) -> int:
         ns.model_config,
         sizes,
         ns.max_output_len,
+        ns.dtype,
         **extra,
     )
     print_report(res)

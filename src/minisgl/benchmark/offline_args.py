@@ -31,13 +31,20 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads for both engines")
     ap.add_argument("--skip-hf", action="store_true", help="measure minisgl only")
     ap.add_argument(
-        "--device", default="auto", choices=["auto", "cpu", "cuda"], help="float32 on CPU, bf16 on CUDA"
+        "--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda when a GPU is visible"
+    )
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="as for `minisgl serve` (auto: on the CPU the weights as stored, GGUF blocks or 16-bit; bf16 on "
+        "CUDA); transformers runs in float32 on the CPU",
     )
     ap.add_argument(
         "--model-config",
         default=None,
         metavar="PRESET|config.json",
-        help="random weights of these shapes (presets: llama3-8b, llama3-70b, smollm2-135m) instead of --model",
+        help="random weights of these shapes (presets: llama3-8b, llama3-70b, smollm2-135m, qwen3-30b-a3b, mixtral-8x7b) instead of --model",
     )
     ap.add_argument(
         "--batch-sizes",
@@ -55,6 +62,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         default=1,
         help="tensor-parallel ranks (processes; one GPU each on CUDA); with N > 1 the prefix cache is "
         "off (every repeat starts cold) and the per-phase figures are not printed",
+    )
+    ap.add_argument(
+        "--quantization", choices=["fp8"], default=None, help="as for `minisgl serve` (minisgl only)"
+    )
+    ap.add_argument(
+        "--kv-cache-dtype", choices=["auto", "fp8_e4m3"], default="auto", help="as for `minisgl serve`"
     )
     ap.add_argument(
         "--kv-cache-memory",

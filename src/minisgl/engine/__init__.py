@@ -47,6 +47,8 @@ def create_engine(options: EngineOptions) -> EngineProtocol:
         torch.device(options.device),
         tp_info=tp_info,
         dummy=options.dummy_weights,
+        native=options.native_weights,
+        quantization=options.quantization,
     )
     return Engine(model, model_config, options)
 

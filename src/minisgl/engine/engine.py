@@ -26,7 +26,10 @@ from minisgl.backends import bind_ops, create_ops
 from minisgl.core import Batch, Context, Req, set_global_ctx
 from minisgl.grammar import GrammarCompiler, apply_bitmask
 from minisgl.kvcache import KVPool, PageAllocator, PageTable, kv_bytes_per_page
+from minisgl.kvcache.pool import FP8_KV
+from minisgl.layers import AttentionLayer
 
+from .cpu_graph import CpuGraphRunner
 from .cuda_graph import CudaGraphRunner
 from .logprobs import LogprobTensors
 from .options import EngineOptions
@@ -74,13 +77,14 @@ class Engine:
         self.model_config = model_config
         self.device = torch.device(options.device)
         self.dtype = options.dtype
+        self.kv_dtype = options.kv_dtype
         self.vocab_size: int = model_config.vocab_size
         self.eos_token_ids: list[int] = list(model_config.eos_token_ids)
         self.page_size = options.page_size
         num_kv_heads = getattr(model, "num_local_kv_heads", model_config.num_kv_heads)
         num_q_heads = getattr(model, "num_local_heads", model_config.num_heads)
         per_page = kv_bytes_per_page(
-            model_config.num_layers, num_kv_heads, model_config.head_dim, self.page_size, self.dtype
+            model_config.num_layers, num_kv_heads, model_config.head_dim, self.page_size, self.kv_dtype
         )
         self.num_pages = self._size_pool(per_page)
         context = options.max_seq_len or model_config.max_position_embeddings
@@ -92,8 +96,10 @@ class Engine:
             self.page_size,
             num_kv_heads,
             model_config.head_dim,
-            self.dtype,
+            self.kv_dtype,
             self.device,
+            scales=self._kv_scales(num_kv_heads) if self.kv_dtype == FP8_KV else None,
+            value_dtype=self.dtype,
         )
         self.page_table = PageTable(
             PageAllocator(self.num_pages), self.page_size, options.max_running_requests, self.max_seq_len
@@ -109,15 +115,17 @@ class Engine:
             model_config.head_dim,
             options.max_running_requests,
             self.page_table.max_pages_per_row,
+            self.dtype,
         )
         self.sampler = Sampler(self.device, options.seed)
         self.grammars = GrammarCompiler(options.model_path, self.vocab_size, self.eos_token_ids)
         self.stats = EngineStats()
         logger.info(
-            "KV pool: %d pages x %d tokens (%.1f MiB), context limit %d tokens; ops %s, attention %s",
+            "KV pool: %d pages x %d tokens (%.1f MiB, %s), context limit %d tokens; ops %s, attention %s",
             self.num_pages,
             self.page_size,
             self.num_pages * per_page / 2**20,
+            str(self.kv_dtype).removeprefix("torch."),
             self.max_seq_len,
             self.ops.name,
             self.attn_backend.name,
@@ -125,8 +133,28 @@ class Engine:
         self.graphs = self._capture_graphs()
         self._last_arrival = 0.0
 
-    def _capture_graphs(self) -> CudaGraphRunner | None:
+    def _kv_scales(self, num_kv_heads: int) -> list[torch.Tensor]:
+        """An fp8 KV pool's scales per layer, (2, Hkv): the checkpoint's where it has them, else 1
+        (vLLM's and SGLang's default too: K/V of common models stay well inside fp8's +-448)."""
+        n = self.model_config.num_layers
+        given: list[torch.Tensor | None] = [
+            m.kv_scale for m in self.model.modules() if isinstance(m, AttentionLayer)
+        ]
+        if len(given) != n:  # a model without minisgl's attention layers (tests' toy models)
+            given = [None] * n
+        ones = torch.ones(2, num_kv_heads, dtype=torch.float32)
+        logger.info(
+            "fp8 KV cache: scales from the checkpoint for %d of %d layers (1.0 for the rest)",
+            sum(s is not None for s in given),
+            n,
+        )
+        return [ones if s is None else s for s in given]
+
+    def _capture_graphs(self) -> CudaGraphRunner | CpuGraphRunner | None:
         max_bs = min(self.options.cuda_graph_max_bs, self.options.max_running_requests)
+        if self.device.type == "cpu" and max_bs >= 1 and self._cpu_graphs_apply():
+            prepare = lambda: self.ops.prepare(True)  # noqa: E731
+            return CpuGraphRunner(self._logits_of_all, max_bs, self.vocab_size, prepare)
         if self.device.type != "cuda" or max_bs < 1 or not self.attn_backend.supports_cuda_graph:
             return None
         runner = CudaGraphRunner(
@@ -135,6 +163,22 @@ class Engine:
         with torch.inference_mode():
             runner.capture()
         return runner
+
+    def _cpu_graphs_apply(self) -> bool:
+        """Whether a CPU decode step is all recordable kernels: the cpu ops and attention backends
+        with their kernels built, and every matrix a QuantizedWeight (the float32 path's matmuls are
+        torch's)."""
+        from minisgl.kernels import available
+        from minisgl.kernels.quant import quant_available
+        from minisgl.quant import QuantizedWeight
+
+        static = getattr(self.attn_backend, "static_rows", 0)
+        if self.ops.name != "cpu" or not available() or not quant_available() or static < 1:
+            return False
+        weights = [w for m in self.model.modules() if (w := getattr(m, "weight", None)) is not None]
+        return all(
+            isinstance(w, QuantizedWeight) or (isinstance(w, torch.Tensor) and w.dim() == 1) for w in weights
+        )
 
     def _logits_of_all(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """A decode step's forward pass under the forward context: ids/positions (B,) -> (B, V) float32."""
@@ -203,6 +247,21 @@ class Engine:
             tokens = torch.empty(0, dtype=torch.int64, device=self.device)
         logprobs = self._logprobs(raw, tokens, reqs, prompt_logits, prompt_rows)
         return StepOutput(tokens, batch, t0, logprobs, on_done=self._account)
+
+    @torch.inference_mode()
+    def forward_logits(self, batch: Batch) -> torch.Tensor:
+        """Logits (T, V) float32 of every token the batch feeds, nothing sampled: scoring a given
+        text, teacher forcing (`benchmarks/bench_fp8_accuracy.py`). Eager, the step's kernels; the
+        caller advances `cached_len` as after a step."""
+        input_ids, positions, attn_input, _ = self._prepare(batch)
+        self.ops.prepare(batch.is_decode)
+        self.attn_backend.prepare(attn_input)
+        set_global_ctx(Context(attn_backend=self.attn_backend))
+        try:
+            hidden = self.model.forward(input_ids.to(self.device), positions.to(self.device))  # (T, H)
+            return self.model.compute_logits(hidden)
+        finally:
+            set_global_ctx(None)
 
     def _grammar_masks(
         self, reqs: list[Req], pending: StepOutput | None

@@ -17,6 +17,8 @@ from minisgl.distributed import DistributedInfo
 from minisgl.utils.options import check_choices, option
 
 ENGINES = ("model", "dummy")
+QUANTIZATIONS = (None, "fp8")  # see minisgl.checkpoint.fp8
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # auto: the model's dtype
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -31,6 +33,11 @@ class EngineOptions:
     tp_info: DistributedInfo = DistributedInfo(0, 1)
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
+    native_weights: bool = option(
+        False,
+        "the CPU's default (`dtype` auto): matrices stay in the checkpoint's format (GGUF blocks, 16-bit "
+        "floats) and the KV pool is float16, activations in `dtype`; off: everything in `dtype`",
+    )
     engine: str = option(
         "model",
         "model: load the weights and run the model; dummy: a scheduler that emits tokens without a "
@@ -66,6 +73,27 @@ class EngineOptions:
     cuda_graph_max_bs: int = option(
         256, "decode batches up to this size replay CUDA graphs captured at start; 0: none"
     )
+    quantization: str | None = option(
+        None,
+        "fp8: quantize a 16/32-bit checkpoint's projections to fp8 as it loads (one scale per output "
+        "channel, activations per token); fp8 checkpoints (quantization_config) load as published "
+        "without it",
+        unset="none",
+    )
+    kv_cache_dtype: str = option(
+        "auto",
+        "the KV cache's dtype (auto: the model's); fp8_e4m3 halves its bytes, with K/V scales from the "
+        "checkpoint where it has them, else 1.0",
+        choices=KV_CACHE_DTYPES,
+    )
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The KV pool's dtype: fp8 with `kv_cache_dtype` fp8_e4m3; float16 with native weights on the
+        CPU (half of float32); else `dtype`."""
+        if self.kv_cache_dtype == "fp8_e4m3":
+            return torch.float8_e4m3fn
+        return torch.float16 if self.native_weights and self.device == "cpu" else self.dtype
 
     def __post_init__(self) -> None:
         """Raise TypeError or ValueError naming the first bad field."""
@@ -74,6 +102,10 @@ class EngineOptions:
         if not isinstance(self.dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {self.dtype!r}")
         check_choices(self)
+        if self.native_weights and self.device != "cpu":
+            raise ValueError(f"native_weights runs on the CPU, not on {self.device}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be fp8 or None, got {self.quantization!r}")
         if self.num_pages is not None and self.kv_cache_memory is not None:
             raise ValueError("num_pages and kv_cache_memory both size the KV pool: give one of them")
         _at_least(self, 1, "page_size", "max_running_requests")
@@ -118,7 +150,8 @@ def _why_no_cuda() -> str:
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
-    """ "auto" (or None): float32 on the CPU, bfloat16 on a GPU; else the named dtype."""
+    """ "auto" (or None): float32 on the CPU (the activations; see `resolve_native` for the weights),
+    bfloat16 on a GPU; else the named dtype."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None or dtype == "auto":
@@ -126,3 +159,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r} (choose from {sorted(DTYPES)})")
     return DTYPES[dtype]
+
+
+def resolve_native(dtype: str | torch.dtype | None, device: str) -> bool:
+    """Whether the weights keep their checkpoint's format: on the CPU when no dtype is named (auto)."""
+    return device == "cpu" and (dtype is None or dtype == "auto")

@@ -8,30 +8,38 @@ import torch
 
 from .build import load
 from .ops import (
+    MOE_MAX_K,
     add_rmsnorm,
     available,
     decode_attention,
     fits,
+    gather_rows,
+    moe,
     pack_weight,
     packed_matmul,
     prefill_attention,
     rope_split,
+    rope_store,
     silu_mul,
 )
 from .triton import interpreting, triton_available
 
 __all__ = [
+    "MOE_MAX_K",
     "add_rmsnorm",
     "available",
     "check_device",
     "decode_attention",
     "device_kernels",
     "fits",
+    "gather_rows",
     "load",
+    "moe",
     "pack_weight",
     "packed_matmul",
     "prefill_attention",
     "rope_split",
+    "rope_store",
     "silu_mul",
 ]
 

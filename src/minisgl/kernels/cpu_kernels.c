@@ -53,20 +53,58 @@ static inline __m256 exp8(__m256 x) {
 #define HAVE_AVX2 1
 #endif
 
-/* sum_d a[d] * b[d] */
-static inline float dot(const float *a, const float *b, int64_t D) {
+/* K/V elements: float32, or float16 (the CPU's KV pool with native weights). The helpers below take
+ * the element type as a constant `half` and are inlined into one kernel per type. */
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu, u;
+    if (exp == 0x1F) u = sign | 0x7F800000u | (mant << 13);
+    else if (exp != 0) u = sign | ((exp + 112) << 23) | (mant << 13);
+    else if (mant == 0) u = sign;
+    else {
+        exp = 113;
+        while (!(mant & 0x400u)) mant <<= 1, --exp;
+        u = sign | (exp << 23) | ((mant & 0x3FFu) << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+/* element i of a K/V buffer */
+INLINE float kv1(const void *p, int64_t i, int half) {
+    return half ? half_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+#if defined(HAVE_AVX2) && defined(__F16C__)
+/* elements i .. i + 8 of a K/V buffer */
+INLINE __m256 kv8(const void *p, int64_t i, int half) {
+    return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)))
+                : _mm256_loadu_ps((const float *)p + i);
+}
+#define HAVE_KV8 1
+#endif
+
+/* sum_d a[d] * b[d], b the K/V elements from b0 */
+INLINE float dot(const float *a, const void *b, int64_t b0, int64_t D, int half) {
     int64_t d = 0;
     float s = 0.f;
-#ifdef HAVE_AVX2
+#ifdef HAVE_KV8
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     for (; d + 16 <= D; d += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), _mm256_loadu_ps(b + d + 8), a1);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), kv8(b, b0 + d, half), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), kv8(b, b0 + d + 8, half), a1);
     }
-    for (; d + 8 <= D; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), a0);
+    for (; d + 8 <= D; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), kv8(b, b0 + d, half), a0);
     s = hsum8(_mm256_add_ps(a0, a1));
 #endif
-    for (; d < D; ++d) s += a[d] * b[d];
+    for (; d < D; ++d) s += a[d] * kv1(b, b0 + d, half);
     return s;
 }
 
@@ -94,19 +132,22 @@ static void softmax_inplace(float *x, int64_t n, float scale) {
     for (j = 0; j < n; ++j) x[j] *= inv;
 }
 
-#ifdef HAVE_AVX2
-/* s[0:L] (+)= q[0:64] . K[j][0:64] where K[j] = k + offs[j]: 8 positions per step, q in registers. */
-static void scores64(const float *q, const float *k, const int64_t *offs, int64_t L, float *s, int first) {
+#ifdef HAVE_KV8
+/* s[0:L] (+)= q[0:64] . K[j][0:64] where K[j] starts at element k0 + offs[j]: 8 positions per step,
+ * q in registers. */
+INLINE void scores64(const float *q, const void *k, int64_t k0, const int64_t *offs, int64_t L, float *s, int first,
+                     int half) {
+    const int64_t esize = half ? 2 : 4;
     __m256 qv[8];
     for (int i = 0; i < 8; ++i) qv[i] = _mm256_loadu_ps(q + 8 * i);
     int64_t j = 0;
     for (; j + 8 <= L; j += 8) {
         __m256 r[8];
         for (int u = 0; u < 8; ++u) {
-            const float *kr = k + offs[j + u];
-            if (j + 16 < L) _mm_prefetch((const char *)(k + offs[j + u + 8]), _MM_HINT_T0);
-            __m256 a = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kr));
-            for (int i = 1; i < 8; ++i) a = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kr + 8 * i), a);
+            const int64_t kr = k0 + offs[j + u];
+            if (j + 16 < L) _mm_prefetch((const char *)k + (k0 + offs[j + u + 8]) * esize, _MM_HINT_T0);
+            __m256 a = _mm256_mul_ps(qv[0], kv8(k, kr, half));
+            for (int i = 1; i < 8; ++i) a = _mm256_fmadd_ps(qv[i], kv8(k, kr + 8 * i, half), a);
             r[u] = a;
         }
         __m256 t = hsum8x8(r);
@@ -114,27 +155,55 @@ static void scores64(const float *q, const float *k, const int64_t *offs, int64_
         _mm256_storeu_ps(s + j, t);
     }
     for (; j < L; ++j) {
-        const float d = dot(q, k + offs[j], 64);
+        const float d = dot(q, k, k0 + offs[j], 64, half);
         s[j] = first ? d : s[j] + d;
     }
 }
 
-/* o[0:64] = sum_j p[j] * V[j][0:64] where V[j] = v + offs[j]: the 64 sums in 8 registers. */
-static void weighted_sum64(const float *p, const float *v, const int64_t *offs, int64_t L, float *o) {
+/* o[0:64] = sum_j p[j] * V[j][0:64] where V[j] starts at element v0 + offs[j]: the 64 sums in 8
+ * registers. */
+INLINE void weighted_sum64(const float *p, const void *v, int64_t v0, const int64_t *offs, int64_t L, float *o,
+                           int half) {
     __m256 a[8];
     for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
     for (int64_t j = 0; j < L; ++j) {
         const __m256 pj = _mm256_broadcast_ss(p + j);
-        const float *vr = v + offs[j];
-        for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * i), a[i]);
+        const int64_t vr = v0 + offs[j];
+        for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(pj, kv8(v, vr + 8 * i, half), a[i]);
     }
     for (int i = 0; i < 8; ++i) _mm256_storeu_ps(o + 8 * i, a[i]);
 }
 #endif
 
+/* Query head hq of one query row against its L positions (element offsets offs[j] of each
+ * position's row of Hkv * D): scores, softmax, weighted sum of V -> o[0:D]. s: scratch of L. */
+INLINE void attend_row(const float *qr, const void *k, const void *v, const int64_t *offs, int64_t L, int64_t h,
+                       int64_t D, float scale, float *s, float *o, int half) {
+    int64_t c = 0;
+#ifdef HAVE_KV8
+    for (; c + 64 <= D; c += 64) scores64(qr + c, k, h * D + c, offs, L, s, c == 0, half);
+#endif
+    if (c < D)
+        for (int64_t j = 0; j < L; ++j) {
+            const float d = dot(qr + c, k, offs[j] + h * D + c, D - c, half);
+            s[j] = c == 0 ? d : s[j] + d;
+        }
+    softmax_inplace(s, L, scale);
+    c = 0;
+#ifdef HAVE_KV8
+    for (; c + 64 <= D; c += 64) weighted_sum64(s, v, h * D + c, offs, L, o + c, half);
+#endif
+    for (; c < D; ++c) {
+        float a = 0.f;
+        for (int64_t j = 0; j < L; ++j) a += s[j] * kv1(v, offs[j] + h * D + c, half);
+        o[c] = a;
+    }
+}
+
 /* Decode attention over the paged KV pool of one layer, one new token per request.
  *   q        (B, Hq, D)       the new tokens' queries
- *   k, v     (S, Hkv, D)      the layer's pool; slot = page_rows[b, j / ps] * ps + j % ps
+ *   k, v     (S, Hkv, D)      the layer's pool (float32, or float16 for the _f16 kernel);
+ *                             slot = page_rows[b, j / ps] * ps + j % ps
  *   page_rows (B, P) int32    the requests' page-table rows
  *   seq_lens (B,) int32       tokens in each request's cache, the new one included
  *   out      (B, Hq, D)
@@ -142,16 +211,18 @@ static void weighted_sum64(const float *p, const float *v, const int64_t *offs, 
  * scores. Query head hq reads KV head hq / G (grouped-query attention without copies). Head widths
  * that are multiples of 64 take the AVX2 path (64 columns of q, or of the output, in registers);
  * others a plain loop. Returns 0, or -1 when scratch memory could not be had. */
-int minisgl_decode_attention(const float *q, const float *k, const float *v, const int32_t *page_rows,
-                             int64_t P, const int32_t *seq_lens, int64_t B, int64_t Hq, int64_t Hkv,
-                             int64_t D, int64_t ps, float scale, float *out) {
+INLINE int decode_attention(const float *q, const void *k, const void *v, const int32_t *page_rows, int64_t P,
+                            const int32_t *seq_lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t ps,
+                            float scale, float *out, int half) {
     const int64_t G = Hq / Hkv, row = Hkv * D;
     int failed = 0;
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
     for (int64_t b = 0; b < B; ++b) {
         const int64_t L = seq_lens[b];
-        const float *qb = q + b * Hq * D; /* (Hq, D) */
-        float *ob = out + b * Hq * D;     /* (Hq, D) */
+        if (L <= 0) { /* a padding row: nothing to attend to */
+            memset(out + b * Hq * D, 0, sizeof(float) * (size_t)(Hq * D));
+            continue;
+        }
         float *s = (float *)malloc(sizeof(float) * (size_t)(Hq * L)); /* (Hq, L) scores */
         int64_t *offs = (int64_t *)malloc(sizeof(int64_t) * (size_t)L);
         if (s == NULL || offs == NULL) {
@@ -161,33 +232,25 @@ int minisgl_decode_attention(const float *q, const float *k, const float *v, con
             continue;
         }
         for (int64_t j = 0; j < L; ++j) offs[j] = ((int64_t)page_rows[b * P + j / ps] * ps + j % ps) * row;
-        for (int64_t hq = 0; hq < Hq; ++hq) {
-            const int64_t h = hq / G;
-            float *sr = s + hq * L;
-            int64_t c = 0;
-#ifdef HAVE_AVX2
-            for (; c + 64 <= D; c += 64) scores64(qb + hq * D + c, k + h * D + c, offs, L, sr, c == 0);
-#endif
-            if (c < D)
-                for (int64_t j = 0; j < L; ++j) {
-                    const float d = dot(qb + hq * D + c, k + offs[j] + h * D + c, D - c);
-                    sr[j] = c == 0 ? d : sr[j] + d;
-                }
-            softmax_inplace(sr, L, scale);
-            c = 0;
-#ifdef HAVE_AVX2
-            for (; c + 64 <= D; c += 64) weighted_sum64(sr, v + h * D + c, offs, L, ob + hq * D + c);
-#endif
-            for (; c < D; ++c) {
-                float a = 0.f;
-                for (int64_t j = 0; j < L; ++j) a += sr[j] * v[offs[j] + h * D + c];
-                ob[hq * D + c] = a;
-            }
-        }
+        for (int64_t hq = 0; hq < Hq; ++hq)
+            attend_row(q + (b * Hq + hq) * D, k, v, offs, L, hq / G, D, scale, s + hq * L, out + (b * Hq + hq) * D,
+                       half);
         free(s);
         free(offs);
     }
     return failed ? -1 : 0;
+}
+
+int minisgl_decode_attention(const float *q, const float *k, const float *v, const int32_t *page_rows, int64_t P,
+                             const int32_t *seq_lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t ps,
+                             float scale, float *out) {
+    return decode_attention(q, k, v, page_rows, P, seq_lens, B, Hq, Hkv, D, ps, scale, out, 0);
+}
+
+int minisgl_decode_attention_f16(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *page_rows,
+                                 int64_t P, const int32_t *seq_lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
+                                 int64_t ps, float scale, float *out) {
+    return decode_attention(q, k, v, page_rows, P, seq_lens, B, Hq, Hkv, D, ps, scale, out, 1);
 }
 
 /* Causal attention of fresh prompts (nothing cached before them) over their own new tokens.
@@ -212,30 +275,8 @@ int minisgl_prefill_attention(const float *q, const float *k, const float *v, co
             continue;
         }
         for (int64_t j = 0; j < n; ++j) offs[j] = (base + j) * row;
-        for (int64_t i = 0; i < n; ++i) {
-            const int64_t L = i + 1;
-            const float *qi = q + ((base + i) * Hq + hq) * D;
-            float *oi = out + ((base + i) * Hq + hq) * D;
-            int64_t c = 0;
-#ifdef HAVE_AVX2
-            for (; c + 64 <= D; c += 64) scores64(qi + c, k + h * D + c, offs, L, s, c == 0);
-#endif
-            if (c < D)
-                for (int64_t j = 0; j < L; ++j) {
-                    const float d = dot(qi + c, k + offs[j] + h * D + c, D - c);
-                    s[j] = c == 0 ? d : s[j] + d;
-                }
-            softmax_inplace(s, L, scale);
-            c = 0;
-#ifdef HAVE_AVX2
-            for (; c + 64 <= D; c += 64) weighted_sum64(s, v + h * D + c, offs, L, oi + c);
-#endif
-            for (; c < D; ++c) {
-                float a = 0.f;
-                for (int64_t j = 0; j < L; ++j) a += s[j] * v[offs[j] + h * D + c];
-                oi[c] = a;
-            }
-        }
+        for (int64_t i = 0; i < n; ++i)
+            attend_row(q + ((base + i) * Hq + hq) * D, k, v, offs, i + 1, h, D, scale, s, out + ((base + i) * Hq + hq) * D, 0);
         free(s);
         free(offs);
     }
@@ -289,6 +330,60 @@ void minisgl_rope_split(const float *restrict qkv, const float *restrict cos, co
             }
         }
         memcpy(v + t * Hkv * D, x + (Hq + Hkv) * D, sizeof(float) * (size_t)(Hkv * D));
+    }
+}
+
+INLINE uint16_t float_to_half(float f) {
+#if defined(__F16C__)
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else /* round to nearest even, as torch's .to(float16) */
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7FFFFFFFu;
+    if (ax >= 0x7F800000u) return (uint16_t)(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0));
+    if (ax >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* rounds past 65504: inf */
+    if (ax < 0x38800000u) { /* a subnormal half (or zero): scale to its integer units, round */
+        float m;
+        const uint32_t abits = ax;
+        memcpy(&m, &abits, 4);
+        return (uint16_t)(sign | (uint32_t)nearbyintf(m * 16777216.f)); /* 2^24 */
+    }
+    const uint32_t r = ax + 0xFFFu + ((ax >> 13) & 1u); /* ties to even at bit 13 */
+    return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+#endif
+}
+
+/* RoPE and the KV store in one pass: qkv (T, (Hq + 2 Hkv) D) -> q (T, Hq, D) rotated (as
+ * minisgl_rope_split), and k rotated and v written into the layer's pool at slots (T,) int64, as
+ * float32 or rounded to float16 (`half`), as the pool keeps them. */
+void minisgl_rope_store(const float *restrict qkv, const float *restrict cos, const float *restrict sin, int64_t T,
+                        int64_t Hq, int64_t Hkv, int64_t D, const int64_t *restrict slots, void *restrict k_pool,
+                        void *restrict v_pool, int half, float *restrict q) {
+    const int64_t hd2 = D / 2, width = (Hq + 2 * Hkv) * D, row = Hkv * D;
+#pragma omp parallel for if (T * width >= PAR_MIN_ELEMS)
+    for (int64_t t = 0; t < T; ++t) {
+        const float *x = qkv + t * width, *c = cos + t * hd2, *s = sin + t * hd2;
+        float kr[D > 0 ? row : 1];
+        for (int64_t hd = 0; hd < Hq + Hkv; ++hd) {
+            const float *xh = x + hd * D;
+            float *restrict o = hd < Hq ? q + (t * Hq + hd) * D : kr + (hd - Hq) * D;
+#pragma omp simd
+            for (int64_t i = 0; i < hd2; ++i) {
+                const float x1 = xh[i], x2 = xh[i + hd2];
+                o[i] = x1 * c[i] - x2 * s[i];
+                o[i + hd2] = x2 * c[i] + x1 * s[i];
+            }
+        }
+        const float *v = x + (Hq + Hkv) * D;
+        if (slots[t] < 0) continue; /* a padding row: no KV slot */
+        const int64_t at = slots[t] * row;
+        if (half) {
+            uint16_t *kp = (uint16_t *)k_pool + at, *vp = (uint16_t *)v_pool + at;
+            for (int64_t i = 0; i < row; ++i) kp[i] = float_to_half(kr[i]), vp[i] = float_to_half(v[i]);
+        } else {
+            memcpy((float *)k_pool + at, kr, sizeof(float) * (size_t)row);
+            memcpy((float *)v_pool + at, v, sizeof(float) * (size_t)row);
+        }
     }
 }
 
@@ -464,5 +559,194 @@ int minisgl_packed_matmul(const float *restrict x, int64_t M, int64_t K, const f
 #endif
     }
     free(xt);
+    return 0;
+}
+
+/* out (T, D2) = table[idx[t]] for t < T (the rotary cos/sin rows of each token's position) */
+void minisgl_gather_rows(const float *restrict table, int64_t rows, const int64_t *restrict idx, int64_t T,
+                         int64_t D2, float *restrict out) {
+    for (int64_t t = 0; t < T; ++t) {
+        const int64_t i = idx[t] < 0 ? 0 : (idx[t] >= rows ? rows - 1 : idx[t]);
+        memcpy(out + t * D2, table + i * D2, sizeof(float) * (size_t)D2);
+    }
+}
+
+/* ---- packed entry points (see cpu_quant.c) and the replay of a recorded program ---------------- */
+
+INLINE float arg_float(int64_t a) {
+    const int32_t bits = (int32_t)a;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+#define P(i) ((void *)(intptr_t)a[i])
+
+int minisgl_decode_attention_packed(const int64_t *a) { /* a[13]: the pool is float16 */
+    return decode_attention(P(0), P(1), P(2), P(3), a[4], P(5), a[6], a[7], a[8], a[9], a[10], arg_float(a[11]), P(12),
+                            (int)a[13]);
+}
+
+int minisgl_rope_store_packed(const int64_t *a) {
+    minisgl_rope_store(P(0), P(1), P(2), a[3], a[4], a[5], a[6], P(7), P(8), P(9), (int)a[10], P(11));
+    return 0;
+}
+
+int minisgl_add_rmsnorm_packed(const int64_t *a) {
+    minisgl_add_rmsnorm(P(0), P(1), P(2), arg_float(a[3]), a[4], a[5], P(6));
+    return 0;
+}
+
+int minisgl_gather_rows_packed(const int64_t *a) {
+    minisgl_gather_rows(P(0), a[1], P(2), a[3], a[4], P(5));
+    return 0;
+}
+
+/* Runs a recorded program: n ops laid out as [function, argument count, arguments...], each function
+ * a packed entry point. Returns 0, or the first nonzero result (the ops after it are not run). */
+typedef int (*packed_fn)(const int64_t *);
+int minisgl_graph_run(const int64_t *prog, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const packed_fn fn = (packed_fn)(intptr_t)prog[0];
+        const int rc = fn(prog + 2);
+        if (rc != 0) return rc;
+        prog += 2 + prog[1];
+    }
+    return 0;
+}
+
+/* ---- mixture of experts -------------------------------------------------------------------------
+ * T tokens, each routed to K of E experts: pair p = t * K + k goes to expert ids[p] with weight
+ * weights[p]. The pairs come sorted by expert: order[s] for s < P = T * K, expert e owning
+ * order[starts[e] .. starts[e + 1]). For each expert with tokens, each block of its weight rows is
+ * read once while every token of its group is multiplied against it (the rows stay in L1, the
+ * group's inputs in L2):
+ *   act[s] (I) = silu(W13[e][0:I] x) * (W13[e][I:2I] x)      x = x[order[s] / K], rows [gate | up]
+ *   y[s] (H)   = W2[e] act[s]
+ *   out[t]     = sum of weights[p] * y[s(p)] over the token's pairs, in ascending expert order
+ * Every element is one dot product in a fixed order: a token's result depends neither on the tokens
+ * batched with it nor on the thread count. */
+
+#if defined(__AVX512F__)
+#define MOE_VW 16
+typedef __m512 moe_vec;
+static inline moe_vec moe_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline moe_vec moe_fma(moe_vec a, moe_vec b, moe_vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline moe_vec moe_zero(void) { return _mm512_setzero_ps(); }
+static inline float moe_sum(moe_vec v) { return _mm512_reduce_add_ps(v); }
+#elif defined(HAVE_AVX2)
+#define MOE_VW 8
+typedef __m256 moe_vec;
+static inline moe_vec moe_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline moe_vec moe_fma(moe_vec a, moe_vec b, moe_vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline moe_vec moe_zero(void) { return _mm256_setzero_ps(); }
+static inline float moe_sum(moe_vec v) { return hsum8(v); }
+#endif
+
+#define MOE_TOK 4  /* tokens multiplied against each weight row at once */
+#define MOE_ROWS 16 /* weight rows per work item */
+#define MOE_MAX_K 64 /* experts per token */
+
+/* o0[r] = w0 . xs[r] and o1[r] = w1 . xs[r] for the MOE_TOK rows xs, over n elements */
+static void moe_dots(const float *w0, const float *w1, const float *const *xs, int64_t n, float *o0, float *o1) {
+    int64_t k = 0;
+#ifdef MOE_VW
+    moe_vec a0[MOE_TOK], a1[MOE_TOK];
+    for (int r = 0; r < MOE_TOK; ++r) a0[r] = a1[r] = moe_zero();
+    for (; k + MOE_VW <= n; k += MOE_VW) {
+        const moe_vec v0 = moe_load(w0 + k), v1 = moe_load(w1 + k);
+        for (int r = 0; r < MOE_TOK; ++r) {
+            const moe_vec xv = moe_load(xs[r] + k);
+            a0[r] = moe_fma(v0, xv, a0[r]);
+            a1[r] = moe_fma(v1, xv, a1[r]);
+        }
+    }
+    for (int r = 0; r < MOE_TOK; ++r) o0[r] = moe_sum(a0[r]), o1[r] = moe_sum(a1[r]);
+#else
+    for (int r = 0; r < MOE_TOK; ++r) o0[r] = o1[r] = 0.f;
+#endif
+    for (; k < n; ++k)
+        for (int r = 0; r < MOE_TOK; ++r) o0[r] += w0[k] * xs[r][k], o1[r] += w1[k] * xs[r][k];
+}
+
+/* One work item: rows [j0, j1) of one expert's weights w against its group, sorted pairs s0 .. s1,
+ * whose inputs are rows rows_of[s] of `in` (rows_of NULL: row s); results go to row s of out. gated: out[s][j] = silu(w[j] . in) * (w[j + half] . in), else
+ * out[s][j] = w[j] . in for pairs of rows (j, j + 1). */
+static void moe_item(const float *w, int64_t half, int64_t n, int64_t j0, int64_t j1, int gated,
+                     const float *in, int64_t in_stride, const int64_t *rows_of, int64_t s0, int64_t s1,
+                     float *out, int64_t out_stride) {
+    const float *xs[MOE_TOK];
+    float o0[MOE_TOK], o1[MOE_TOK];
+    for (int64_t s = s0; s < s1; s += MOE_TOK) {
+        const int64_t m = s1 - s < MOE_TOK ? s1 - s : MOE_TOK;
+        for (int r = 0; r < MOE_TOK; ++r) { /* a short last tile repeats its last row */
+            const int64_t sr = s + (r < m ? r : m - 1);
+            xs[r] = in + (rows_of ? rows_of[sr] : sr) * in_stride;
+        }
+        for (int64_t j = j0; j < j1; j += gated ? 1 : 2) {
+            const int64_t j2 = gated ? j + half : (j + 1 < j1 ? j + 1 : j);
+            moe_dots(w + j * n, w + j2 * n, xs, n, o0, o1);
+            for (int64_t r = 0; r < m; ++r) {
+                float *o = out + (s + r) * out_stride;
+                if (gated) o[j] = o0[r] / (1.f + expf(-o0[r])) * o1[r];
+                else o[j] = o0[r], o[j2] = o1[r];
+            }
+        }
+    }
+}
+
+/* x (T, H); w13 (E, 2I, H); w2 (E, H, I); order (P,), starts (E + 1,), ids (P,) int64; weights (P,);
+ * scratch act (P, I), y (P, H); out (T, H). Returns 0, or -1 when scratch memory could not be had. */
+int minisgl_moe(const float *x, int64_t T, int64_t H, const float *w13, const float *w2, int64_t E, int64_t I,
+                int64_t K, const int64_t *order, const int64_t *starts, const int64_t *ids,
+                const float *weights, float *act, float *y, float *out) {
+    const int64_t P = T * K, up_blocks = (I + MOE_ROWS - 1) / MOE_ROWS;
+    const int64_t down_blocks = (H + 2 * MOE_ROWS - 1) / (2 * MOE_ROWS);
+    int64_t *tok = (int64_t *)malloc(sizeof(int64_t) * (size_t)(P + 1)); /* sorted pair s -> its token */
+    int64_t *pos = (int64_t *)malloc(sizeof(int64_t) * (size_t)(P + 1)); /* pair p -> sorted s */
+    int64_t *active = (int64_t *)malloc(sizeof(int64_t) * (size_t)(E + 1)); /* experts with tokens */
+    if (tok == NULL || pos == NULL || active == NULL) {
+        free(tok), free(pos), free(active);
+        return -1;
+    }
+    int64_t na = 0;
+    for (int64_t e = 0; e < E; ++e)
+        if (starts[e + 1] > starts[e]) active[na++] = e;
+    for (int64_t s = 0; s < P; ++s) tok[s] = order[s] / K, pos[order[s]] = s;
+    const int par = P * I * H >= PAR_MIN_ELEMS;
+    /* act[s] = silu(gate x) * up x: items (active expert, block of I rows) */
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+    for (int64_t it = 0; it < na * up_blocks; ++it) {
+        const int64_t e = active[it / up_blocks], j0 = it % up_blocks * MOE_ROWS;
+        const int64_t j1 = j0 + MOE_ROWS < I ? j0 + MOE_ROWS : I;
+        moe_item(w13 + e * 2 * I * H, I, H, j0, j1, 1, x, H, tok, starts[e], starts[e + 1], act, I);
+    }
+    /* y[s] = W2 act[s]: items (active expert, block of H rows); act's rows are the sorted ones */
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+    for (int64_t it = 0; it < na * down_blocks; ++it) {
+        const int64_t e = active[it / down_blocks], j0 = it % down_blocks * 2 * MOE_ROWS;
+        const int64_t j1 = j0 + 2 * MOE_ROWS < H ? j0 + 2 * MOE_ROWS : H;
+        moe_item(w2 + e * H * I, 0, I, j0, j1, 0, act, I, NULL, starts[e], starts[e + 1], y, H);
+    }
+    free(active);
+    /* out[t] = sum over its pairs in ascending expert order of weight * y */
+#pragma omp parallel for if (T * K * H >= PAR_MIN_ELEMS)
+    for (int64_t t = 0; t < T; ++t) {
+        int64_t ks[MOE_MAX_K];
+        const int64_t kk = K < MOE_MAX_K ? K : MOE_MAX_K; /* the wrapper refuses K > MOE_MAX_K */
+        for (int64_t k = 0; k < kk; ++k) { /* insertion sort of the token's pairs by expert */
+            int64_t i = k;
+            for (; i > 0 && ids[t * K + ks[i - 1]] > ids[t * K + k]; --i) ks[i] = ks[i - 1];
+            ks[i] = k;
+        }
+        float *o = out + t * H;
+        for (int64_t h = 0; h < H; ++h) o[h] = 0.f;
+        for (int64_t k = 0; k < kk; ++k) {
+            const int64_t p = t * K + ks[k];
+            const float wt = weights[p], *yr = y + pos[p] * H;
+#pragma omp simd
+            for (int64_t h = 0; h < H; ++h) o[h] = o[h] + wt * yr[h];
+        }
+    }
+    free(tok), free(pos);
     return 0;
 }

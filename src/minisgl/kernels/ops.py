@@ -13,6 +13,7 @@ import ctypes
 
 import torch
 
+from . import graph
 from .build import load
 
 
@@ -52,7 +53,8 @@ def decode_attention(
 ) -> torch.Tensor:
     """One new token per request attending over its paged cache (which already holds that token).
 
-    q (B, Hq, D); k_pool/v_pool (S, Hkv, D); page_rows (B, P) int32; seq_lens (B,) int32 -> (B, Hq, D).
+    q (B, Hq, D) float32; k_pool/v_pool (S, Hkv, D) float32 or float16; page_rows (B, P) int32;
+    seq_lens (B,) int32 -> (B, Hq, D) float32.
     """
     lib = _lib()
     bsz, hq, d = q.shape
@@ -61,11 +63,12 @@ def decode_attention(
         raise ValueError(
             f"decode_attention: shapes q {tuple(q.shape)}, pool {tuple(k_pool.shape)}, pages {tuple(page_rows.shape)}"
         )
-    out = torch.empty_like(q)
-    rc = lib.minisgl_decode_attention(
+    out = graph.empty(q.shape)
+    kv = k_pool.dtype if k_pool.dtype in (torch.float32, torch.float16) else torch.float32
+    args = [
         _check(q, "q"),
-        _check(k_pool, "k_pool"),
-        _check(v_pool, "v_pool"),
+        _check(k_pool, "k_pool", kv),
+        _check(v_pool, "v_pool", kv),
         _check(page_rows, "page_rows", torch.int32),
         page_rows.shape[1],
         _check(seq_lens, "seq_lens", torch.int32),
@@ -74,9 +77,11 @@ def decode_attention(
         hkv,
         d,
         page_size,
-        scale,
+        graph.float_bits(scale),
         out.data_ptr(),
-    )
+        int(kv == torch.float16),
+    ]
+    rc = graph.call(lib.minisgl_decode_attention_packed, args, (q, k_pool, v_pool, page_rows, seq_lens, out))
     _check_scratch(rc, "decode_attention")
     return out
 
@@ -127,16 +132,11 @@ def add_rmsnorm(
     t, hid = h.shape
     if weight.shape != (hid,) or (delta is not None and delta.shape != h.shape):
         raise ValueError(f"add_rmsnorm: shapes h {tuple(h.shape)}, weight {tuple(weight.shape)}")
-    out = torch.empty_like(h)
-    lib.minisgl_add_rmsnorm(
-        _check(h, "h"),
-        None if delta is None else _check(delta, "delta"),
-        _check(weight, "weight"),
-        eps,
-        t,
-        hid,
-        out.data_ptr(),
-    )
+    out = graph.empty(h.shape)
+    args = [_check(h, "h"), 0 if delta is None else _check(delta, "delta"), _check(weight, "weight")]
+    args += [graph.float_bits(eps), t, hid, out.data_ptr()]
+    keep = [x for x in (h, delta, weight, out) if x is not None]
+    graph.call(lib.minisgl_add_rmsnorm_packed, args, keep)
     return out
 
 
@@ -168,6 +168,50 @@ def rope_split(
         v.data_ptr(),
     )
     return q, k, v
+
+
+def rope_store(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_q: int,
+    num_kv: int,
+    head_dim: int,
+    slots: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+) -> torch.Tensor:
+    """qkv (T, (Hq + 2 Hkv) D), cos/sin (T, D/2) -> q (T, Hq, D) rotated; k rotated and v written into
+    the pools (S, Hkv, D), float32 or float16, at slots (T,) int64 (the slots are not checked)."""
+    lib = _lib()
+    t = qkv.shape[0]
+    kv = k_pool.dtype
+    if (
+        qkv.shape[1] != (num_q + 2 * num_kv) * head_dim
+        or cos.shape != (t, head_dim // 2)
+        or sin.shape != cos.shape
+        or slots.shape != (t,)
+        or k_pool.shape != v_pool.shape
+        or k_pool.shape[1:] != (num_kv, head_dim)
+        or kv not in (torch.float32, torch.float16)
+    ):
+        raise ValueError(f"rope_store: shapes qkv {tuple(qkv.shape)}, pool {tuple(k_pool.shape)} {kv}")
+    q = graph.empty((t, num_q, head_dim))
+    args = [_check(qkv, "qkv"), _check(cos, "cos"), _check(sin, "sin"), t, num_q, num_kv, head_dim]
+    args += [_check(slots, "slots", torch.int64), _check(k_pool, "k_pool", kv), _check(v_pool, "v_pool", kv)]
+    args += [int(kv == torch.float16), q.data_ptr()]
+    graph.call(lib.minisgl_rope_store_packed, args, (qkv, cos, sin, slots, k_pool, v_pool, q))
+    return q
+
+
+def gather_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """table (R, D) float32, idx (T,) int64 -> table[idx] (T, D) (indices clamped to the table)."""
+    lib = _lib()
+    rows, d = table.shape
+    out = graph.empty((idx.shape[0], d))
+    args = [_check(table, "table"), rows, _check(idx, "idx", torch.int64), idx.shape[0], d, out.data_ptr()]
+    graph.call(lib.minisgl_gather_rows_packed, args, (table, idx, out))
+    return out
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -210,3 +254,45 @@ def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     )
     _check_scratch(rc, "packed_matmul")
     return y
+
+
+MOE_MAX_K = 64  # experts per token the kernel takes (cpu_kernels.c)
+
+
+def moe(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """Routed experts: x (T, H), w13 (E, 2I, H) [gate | up] rows, w2 (E, H, I), each token's K
+    experts ids (T, K) int64 with weights (T, K) -> (T, H) = sum over them of weight * w2[e] @
+    (silu(gate_e x) * up_e x). The token-expert pairs are grouped per expert here (a stable sort),
+    every expert's work done in one call."""
+    lib = _lib()
+    t, h = x.shape
+    e, two_i, _ = w13.shape
+    k = ids.shape[1]
+    if (
+        w13.shape[2] != h
+        or w2.shape != (e, h, two_i // 2)
+        or ids.shape != (t, k)
+        or weights.shape != ids.shape
+    ):
+        raise ValueError(
+            f"moe: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}, ids {tuple(ids.shape)}"
+        )
+    if k > MOE_MAX_K:
+        raise ValueError(f"moe: {k} experts per token, the kernel takes at most {MOE_MAX_K}")
+    flat = ids.reshape(-1)  # (P,) pair p = token * K + slot
+    order = torch.argsort(flat, stable=True)  # (P,) pairs grouped by expert
+    starts = torch.zeros(e + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(flat, minlength=e), 0, out=starts[1:])
+    act = x.new_empty(t * k, two_i // 2)  # (P, I) scratch, sorted rows
+    y = x.new_empty(t * k, h)  # (P, H) scratch, sorted rows
+    out = x.new_empty(t, h)
+    rc = lib.minisgl_moe(
+        _check(x, "x"), t, h, _check(w13, "w13"), _check(w2, "w2"), e, two_i // 2, k,
+        _check(order, "order", torch.int64), _check(starts, "starts", torch.int64),
+        _check(flat, "ids", torch.int64), _check(weights.reshape(-1), "weights"),
+        act.data_ptr(), y.data_ptr(), out.data_ptr(),
+    )  # fmt: skip
+    _check_scratch(rc, "moe")
+    return out

@@ -73,7 +73,9 @@ class ServerArgs:
     )
     dtype: str = flag(
         "auto",
-        "weights and activations (auto: bfloat16 on a GPU, float32 on the CPU)",
+        "weights and activations (auto: bfloat16 on a GPU; on the CPU float32 activations with the weights "
+        "kept in the checkpoint's format, GGUF blocks or 16-bit floats, and a float16 KV cache; float32 on "
+        "the CPU: everything in float32, the reference)",
         MODEL,
         choices=("auto", "float32", "float16", "bfloat16"),  # a test holds them to engine.options.DTYPES
     )
@@ -96,6 +98,8 @@ class ServerArgs:
         "let requests bring their own chat_template (a Jinja program run by the tokenizer worker)",
         MODEL,
     )
+    quantization: str | None = engine_flag(MODEL, metavar="METHOD")
+    kv_cache_dtype: str | None = engine_flag(MODEL, metavar="DTYPE")
     dummy_weights: bool | None = engine_flag(MODEL)
     # -- engine
     device: str = flag(

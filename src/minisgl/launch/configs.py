@@ -69,7 +69,7 @@ def scheduler_config(args: ServerArgs, model_dir: Path, device: str) -> Schedule
     """Rank 0's config. The options left unset (None) keep SchedulerConfig's defaults, but for
     CPU_DEFAULTS on the CPU; the engine's options pass through under their own names."""
     from minisgl.distributed import DistributedInfo
-    from minisgl.engine.options import resolve_dtype
+    from minisgl.engine.options import resolve_dtype, resolve_native
     from minisgl.scheduler.config import SchedulerConfig
 
     options: dict[str, Any] = dict(CPU_DEFAULTS) if device == "cpu" else {}
@@ -85,6 +85,7 @@ def scheduler_config(args: ServerArgs, model_dir: Path, device: str) -> Schedule
         model_path=str(model_dir),
         tp_info=DistributedInfo(0, args.tp),
         dtype=resolve_dtype(args.dtype, device),
+        native_weights=resolve_native(args.dtype, device),
         device=device,
         **options,
     )

@@ -13,6 +13,10 @@ from minisgl.core import get_global_ctx
 class AttentionLayer(nn.Module):
     """One layer's slot in the paged KV cache; the model never sees the cache itself."""
 
+    # (2, local KV heads) float32: K's and V's fp8 KV-cache scales from the checkpoint, None without
+    # (read by the engine when it builds an fp8 KV pool)
+    kv_scale: torch.Tensor | None = None
+
     def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         super().__init__()
         self.layer_id = layer_id

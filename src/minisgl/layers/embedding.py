@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minisgl.backends import OpsUser
@@ -11,8 +10,9 @@ from minisgl.distributed import DistributedInfo
 from minisgl.layers.tp import all_gather_last_dim
 
 
-class Embedding(nn.Module):
-    """The whole (vocab, hidden) table on each rank: a lookup is cheap and needs no communication."""
+class Embedding(nn.Module, OpsUser):
+    """The whole (vocab, hidden) table on each rank: a lookup is cheap and needs no communication.
+    `weight` is a tensor, or a QuantizedWeight (a checkpoint's format kept) the ops backend reads."""
 
     def __init__(self, vocab_size: int, hidden: int, dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__()
@@ -21,7 +21,7 @@ class Embedding(nn.Module):
         )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, hidden)
-        return F.embedding(ids, self.weight)
+        return self.ops.embedding(ids, self.weight)
 
 
 def vocab_shard(vocab_size: int, tp: DistributedInfo) -> tuple[int, int, int]:

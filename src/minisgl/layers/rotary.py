@@ -11,6 +11,8 @@ import math
 import torch
 from torch import nn
 
+from minisgl.backends import OpsUser
+
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
     """Inverse frequencies (head_dim // 2,) in float32, with the supported `rope_scaling` types applied."""
@@ -41,7 +43,7 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(nn.Module, OpsUser):
     """Applies RoPE (rotate-half convention, HF weight layout) to q and k given token positions."""
 
     cos: torch.Tensor  # (P, D/2), registered buffers
@@ -66,4 +68,4 @@ class RotaryEmbedding(nn.Module):
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions (T,) -> (cos, sin), each (T, 1, D/2): gathered once per forward, used by every layer."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        return self.ops.rope_lookup(self.cos, self.sin, positions)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from minisgl.engine.options import resolve_device, resolve_dtype
+from minisgl.engine.options import resolve_device, resolve_dtype, resolve_native
 from minisgl.message import BaseBackendMsg, BaseTokenizerMsg
 from minisgl.scheduler.scheduler import Scheduler
 
@@ -49,6 +49,7 @@ class LLM(OfflineAPI, Scheduler):
 
         options.pop("tp", None)
         device = resolve_device(str(options.pop("device", "auto")))
+        native = resolve_native(options.get("dtype"), device)
         dtype = resolve_dtype(options.pop("dtype", None), device)
         model_dir = resolve_model_path(model, require_weights=not options.get("dummy_weights", False))
         check_options(options)
@@ -56,6 +57,7 @@ class LLM(OfflineAPI, Scheduler):
             model_path=str(model_dir),
             tp_info=DistributedInfo(0, 1),
             dtype=dtype,
+            native_weights=native,
             device=device,
             **{**options, "offline_mode": True},
         )

@@ -19,7 +19,7 @@ import weakref
 from typing import Any
 
 from minisgl.distributed import DistributedInfo, HostedStore, host_store
-from minisgl.engine.options import resolve_device, resolve_dtype
+from minisgl.engine.options import resolve_device, resolve_dtype, resolve_native
 from minisgl.launch.processes import ProcessGroup, StartupError
 from minisgl.message import BaseBackendMsg, BaseTokenizerMsg, BatchBackendMsg, MessageDecodeError
 from minisgl.scheduler.config import SchedulerConfig
@@ -51,6 +51,7 @@ class MultiRankLLM(OfflineAPI):
         self._init_api()
         self.closed = True
         device = resolve_device(str(options.pop("device", "auto")))
+        native = resolve_native(options.get("dtype"), device)
         dtype = resolve_dtype(options.pop("dtype", None), device)
         model_dir = resolve_model_path(model, require_weights=not options.get("dummy_weights", False))
         check_options(options)
@@ -60,6 +61,7 @@ class MultiRankLLM(OfflineAPI):
             model_path=str(model_dir),
             tp_info=DistributedInfo(0, tp),
             dtype=dtype,
+            native_weights=native,
             device=device,
             dist_init_addr=f"tcp://127.0.0.1:{self._store.sock.getsockname()[1]}",
             dist_store_prefix="llm/",

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from minisgl.core import SamplingParams
 
 from .codec import Message
+from .tensor import Tensor
 
 
 @dataclass
@@ -29,7 +28,7 @@ class ExitMsg(BaseBackendMsg):
 @dataclass
 class UserMsg(BaseBackendMsg):
     uid: int
-    input_ids: torch.Tensor  # (T,) int32 on the CPU
+    input_ids: Tensor  # (T,) int32 on the CPU (a numpy array before it is sent, from the tokenizer)
     sampling_params: SamplingParams
 
 

@@ -23,9 +23,8 @@ from dataclasses import MISSING
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Union
 
 import msgspec
-import torch
 
-from .tensor import TensorFormatError, decode_tensor, tensor_to_map
+from .tensor import Tensor, TensorFormatError, decode_tensor, tensor_to_map
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -169,7 +168,7 @@ class MessageGroup:
                 if fault := self._why(t, x):
                     return f"[{k!r:.40}]{fault}"
             return None
-        if tp is torch.Tensor:
+        if tp is Tensor:
             try:
                 decode_tensor(v)
             except TensorFormatError as e:
@@ -250,7 +249,7 @@ class _Codec:
             return types.GenericAlias(list, self.union[item]), "many({0})", "many({0})"
         if maybe and len(maybe) == 1 and maybe[0] in self.union:  # an optional record
             return self.union[maybe[0]] | None, *["(None if {0} is None else one({0}))"] * 2
-        if tp is torch.Tensor:  # the one type msgspec does not know; decoded by the dec_hook below
+        if tp is Tensor:  # the one type msgspec does not know; decoded by the dec_hook below
             return tp, "tensor_to_map({0})", None
         if not _is_plain(tp):
             raise TypeError(f"message field type {tp!r} is not supported by the codec")

@@ -3,18 +3,46 @@
 A 1-D tensor carries exactly those three keys (the chapter's format); any other rank adds
 "shape": [d0, d1, ...] after "dtype" (a 0-d tensor has "shape": []). Only the dtypes of `DTYPES`
 travel; the buffer is the tensor's bytes in C order, native (little-endian) byte order.
+
+Decoding gives a torch tensor; encoding takes a torch tensor or a numpy array. torch is imported only
+when a tensor is decoded (or a torch tensor is met), so the processes that only send tensors made
+from token ids (the tokenizer workers) and those that carry none (the API server) do without it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
+
+if TYPE_CHECKING:
+    from torch import Tensor
+else:
+
+    class _TensorType(type):
+        def __instancecheck__(cls, obj: object) -> bool:
+            torch = sys.modules.get("torch")  # a torch tensor exists only once torch is imported
+            return isinstance(obj, np.ndarray) or (torch is not None and isinstance(obj, torch.Tensor))
+
+    class Tensor(metaclass=_TensorType):
+        """The annotation of a message field holding a tensor: torch.Tensor for type checkers; at
+        runtime this marker, of which torch tensors (what decoding gives) and numpy arrays (what the
+        tokenizer sends) are instances, so that the message classes import without torch."""
+
 
 _NAMES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
-DTYPES: dict[str, torch.dtype] = {f"torch.{n}": getattr(torch, n) for n in _NAMES}  # the closed set
-_NAME_OF: dict[torch.dtype, str] = {t: name for name, t in DTYPES.items()}
+DTYPES = tuple(f"torch.{n}" for n in _NAMES)  # the closed set
+_ITEMSIZE = {"torch.bool": 1, "torch.uint8": 1, "torch.int8": 1, "torch.int16": 2, "torch.int32": 4}
+_ITEMSIZE |= {
+    "torch.int64": 8,
+    "torch.float16": 2,
+    "torch.bfloat16": 2,
+    "torch.float32": 4,
+    "torch.float64": 8,
+}
+_NUMPY_NAME = {np.dtype(n): f"torch.{n}" for n in _NAMES if n != "bfloat16"}  # numpy has no bfloat16
 MAX_DIMS = 64
 
 
@@ -22,12 +50,20 @@ class TensorFormatError(ValueError):
     """A tensor map that cannot be turned back into a tensor (the codec adds where it was)."""
 
 
-def tensor_to_map(t: torch.Tensor) -> dict[str, Any]:
-    """Tensor -> its wire map. Copies to the CPU first if needed."""
-    name = _NAME_OF.get(t.dtype)
-    if name is None:
+def tensor_to_map(t: Tensor | np.ndarray) -> dict[str, Any]:
+    """A torch tensor (copied to the CPU first if needed) or a numpy array -> its wire map."""
+    if isinstance(t, np.ndarray):
+        name = _NUMPY_NAME.get(t.dtype)
+        if name is None:
+            raise TypeError(f"array dtype {t.dtype} cannot be sent (supported: {', '.join(DTYPES)})")
+        wire = {"__type__": "Tensor", "buffer": np.ascontiguousarray(t).tobytes(), "dtype": name}
+        return wire if t.ndim == 1 else wire | {"shape": list(t.shape)}
+    name = str(t.dtype)
+    if name not in _ITEMSIZE:
         raise TypeError(f"tensor dtype {t.dtype} cannot be sent (supported: {', '.join(DTYPES)})")
     if name == "torch.bfloat16":  # numpy has no bfloat16: send its bits as int16
+        import torch  # (loaded: t is a torch tensor)
+
         buf = t.detach().cpu().contiguous().view(torch.int16).numpy().tobytes()
     else:
         try:
@@ -38,7 +74,7 @@ def tensor_to_map(t: torch.Tensor) -> dict[str, Any]:
     return wire if t.dim() == 1 else wire | {"shape": list(t.shape)}
 
 
-def decode_tensor(wire: object) -> torch.Tensor:
+def decode_tensor(wire: object) -> Tensor:
     """A wire map (plain msgpack data) -> a CPU tensor over its own, writable copy of the bytes.
 
     Raises TensorFormatError naming the problem."""
@@ -53,12 +89,12 @@ def decode_tensor(wire: object) -> torch.Tensor:
         raise TensorFormatError(f"'buffer' must be bytes, got {type(buffer).__name__}")
     if dtype.__class__ is not str:
         raise TensorFormatError(f"'dtype' must be a str, got {type(dtype).__name__}")
-    if dtype not in DTYPES:
+    if dtype not in _ITEMSIZE:
         raise TensorFormatError(f"unsupported tensor dtype {dtype[:40]!r} (supported: {', '.join(DTYPES)})")
-    torch_dtype, size = DTYPES[dtype], len(buffer)
+    itemsize, size = _ITEMSIZE[dtype], len(buffer)
     shape = wire.get("shape")
     if "shape" not in wire:  # 1-D
-        if size % torch_dtype.itemsize:
+        if size % itemsize:
             raise TensorFormatError(f"buffer of {size} bytes is not a whole number of {dtype} elements")
     elif shape.__class__ is not list:
         raise TensorFormatError(f"'shape' must be a list of ints, got {type(shape).__name__}")
@@ -66,8 +102,11 @@ def decode_tensor(wire: object) -> torch.Tensor:
         raise TensorFormatError(f"'shape' has {len(shape)} dimensions (at most {MAX_DIMS})")
     elif any(d.__class__ is not int or d < 0 for d in shape):
         raise TensorFormatError(f"'shape' must hold non-negative ints, got {shape!r:.80}")
-    elif (need := torch_dtype.itemsize * math.prod(shape)) != size:
+    elif (need := itemsize * math.prod(shape)) != size:
         raise TensorFormatError(f"buffer holds {size} bytes but shape {shape} of {dtype} needs {need}")
+    import torch
+
+    torch_dtype = getattr(torch, dtype[len("torch.") :])
     if size == 0:  # (torch.frombuffer takes no empty buffer)
         try:
             return torch.empty([0] if shape is None else shape, dtype=torch_dtype)

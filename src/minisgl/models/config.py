@@ -11,21 +11,55 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from minisgl.checkpoint.fp8 import Fp8Scheme, parse_scheme
+
 logger = logging.getLogger(__name__)
 
-# Architectures we run, and the one implementation each maps to (Mistral is Llama with GQA).
+# Architectures we run, and the family each belongs to (Mistral is Llama with GQA; Mixtral is Mistral
+# with routed experts, Qwen2-MoE and Qwen3-MoE are Qwen2 and Qwen3 with them). One implementation
+# runs them all: the family sets its flags.
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
+    "MixtralForCausalLM": "mixtral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
+# The attention of each family's dense relative: Llama's (optional bias on q/k/v/o), Qwen2's (bias
+# on q/k/v), Qwen3's (per-head q/k RMSNorm, optional bias on q/k/v/o).
+_ATTENTION = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen2_moe": "qwen2"}
+_ATTENTION |= {"qwen3": "qwen3", "qwen3_moe": "qwen3"}
 # Special tokens that end a chat turn in common templates, added to the EOS ids when present.
 TURN_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
 
 
 class ModelConfigError(ValueError):
     """A model directory that cannot be run: the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """The routed experts of a mixture-of-experts model, as transformers reads its config.json.
+
+    Every token's router logits (E,) go through a float32 softmax over all E experts, then the top-k
+    probabilities are kept (torch.topk: ties as transformers breaks them) and, with
+    `norm_topk_prob`, divided by their sum; Mixtral always divides, which is its softmax over the
+    top-k logits. Layer i is sparse unless it is in `mlp_only_layers` or (i + 1) is not a multiple of
+    `decoder_sparse_step` (Qwen's fields; Mixtral's layers are all sparse): the others keep the dense
+    MLP of `intermediate_size`."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # each expert's (moe_intermediate_size; Mixtral's intermediate_size)
+    norm_topk_prob: bool
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    shared_intermediate_size: int = 0  # Qwen2-MoE's shared expert, gated by a sigmoid (0: none)
+
+    def is_sparse(self, layer: int) -> bool:
+        return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
 
 
 @dataclass
@@ -52,10 +86,12 @@ class ModelConfig:
     bos_token_id: int | None = None
     torch_dtype: str | None = None
     sliding_window: int | None = None  # recorded, not applied: attention is always full
+    moe: MoEConfig | None = None  # routed experts (None: a dense model)
+    quantization: Fp8Scheme | None = None  # the checkpoint's fp8 scheme (`quantization_config`)
 
     @property
     def family(self) -> str:
-        """The implementation this architecture runs on ("llama", "qwen2", "qwen3")."""
+        """The family this architecture belongs to ("llama", "qwen2", "qwen3", "mixtral", ...)."""
         return SUPPORTED_ARCHITECTURES[self.architecture]
 
     @classmethod
@@ -84,15 +120,17 @@ class ModelConfig:
 def _parse(raw: dict[str, Any], arch: str) -> ModelConfig:
     hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
     family = SUPPORTED_ARCHITECTURES[arch]
+    attention = _ATTENTION[family]
     theta, scaling = _rope(raw)
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act {act!r} is not supported (only silu)")
     if raw.get("mlp_bias"):
         raise ValueError("mlp_bias=true is not supported")
-    llama_bias = bool(raw.get("attention_bias", False)) and family == "llama"
+    llama_bias = bool(raw.get("attention_bias", False)) and attention in ("llama", "qwen3")
+    qkv_bias = attention == "qwen2" and bool(raw.get("qkv_bias", True))  # Qwen2-MoE's qkv_bias
     sliding = raw.get("sliding_window")
-    if family != "llama" and not raw.get("use_sliding_window", False):
+    if attention != "llama" and not raw.get("use_sliding_window", False):
         sliding = None
     cfg = ModelConfig(
         architecture=arch,
@@ -108,16 +146,47 @@ def _parse(raw: dict[str, Any], arch: str) -> ModelConfig:
         rope_scaling=scaling,
         max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        attention_bias=llama_bias or family == "qwen2",
+        attention_bias=llama_bias or qkv_bias,
         o_proj_bias=llama_bias,
-        qk_norm=family == "qwen3",
+        qk_norm=attention == "qwen3",
         eos_token_ids=_merge_ids([], raw.get("eos_token_id")),
         bos_token_id=raw.get("bos_token_id") if isinstance(raw.get("bos_token_id"), int) else None,
         torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         sliding_window=int(sliding) if sliding else None,
+        moe=_moe(raw, family),
+        quantization=parse_scheme(raw),
     )
     _check(cfg)
     return cfg
+
+
+def _moe(raw: dict[str, Any], family: str) -> MoEConfig | None:
+    """The experts' fields of a MoE family's config (None for a dense family). transformers 5 writes
+    Qwen3-MoE's expert count as `num_local_experts`, released checkpoints as `num_experts`."""
+    if family not in ("mixtral", "qwen2_moe", "qwen3_moe"):
+        return None
+    experts = int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
+    top_k = int(raw["num_experts_per_tok"])
+    if family == "mixtral":
+        moe = MoEConfig(experts, top_k, int(raw["intermediate_size"]), norm_topk_prob=True)
+    else:
+        moe = MoEConfig(
+            num_experts=experts,
+            top_k=top_k,
+            intermediate_size=int(raw["moe_intermediate_size"]),
+            norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+            decoder_sparse_step=int(raw.get("decoder_sparse_step", 1)),
+            mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
+            shared_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0)
+            if family == "qwen2_moe"
+            else 0,
+        )
+    if moe.num_experts < 1 or not 1 <= moe.top_k <= moe.num_experts or moe.decoder_sparse_step < 1:
+        raise ValueError(
+            f"num_experts {moe.num_experts}, num_experts_per_tok {moe.top_k}, decoder_sparse_step "
+            f"{moe.decoder_sparse_step}: need 1 <= num_experts_per_tok <= num_experts and a step >= 1"
+        )
+    return moe
 
 
 def _architecture(raw: dict[str, Any], source: str | Path) -> str:

@@ -1,5 +1,6 @@
 """The decoder-only transformer of Llama and its relatives (Mistral, Qwen2 with q/k/v bias, Qwen3 with
-per-head q/k RMSNorm), over a flattened batch of tokens from many requests.
+per-head q/k RMSNorm; Mixtral, Qwen2-MoE and Qwen3-MoE, whose sparse layers put routed experts in place
+of the MLP: `SparseMoE`), over a flattened batch of tokens from many requests.
 
 q/k/v and gate/up are fused into one matmul each at load time. Under tensor parallelism (applied
 when the model is built: each rank allocates only its shard) attention heads and the MLP's
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 
 from minisgl.backends import OpsUser
+from minisgl.checkpoint.weights import WeightSlot, swiglu_slots, whole
 from minisgl.distributed import DistributedInfo
 from minisgl.layers import (
     AttentionLayer,
@@ -23,11 +25,12 @@ from minisgl.layers import (
     RMSNorm,
     RotaryEmbedding,
     RowParallelLinear,
+    SparseMoE,
     vocab_shard,
 )
 from minisgl.models.base import CausalLM
 from minisgl.models.config import ModelConfig
-from minisgl.models.weights import WeightSlot
+from minisgl.models.moe import moe_slots
 
 Device = torch.device | str
 
@@ -45,10 +48,9 @@ class HeadLayout:
             raise ValueError(
                 f"num_key_value_heads {cfg.num_kv_heads} and tensor-parallel size {n}: one must divide the other"
             )
-        if cfg.intermediate_size % n:
-            raise ValueError(
-                f"intermediate_size {cfg.intermediate_size} is not divisible by tensor-parallel size {n}"
-            )
+        for name, size in _sharded_widths(cfg):
+            if size % n:
+                raise ValueError(f"{name} {size} is not divisible by tensor-parallel size {n}")
         self.num_heads = cfg.num_heads // n
         self.q_start = tp.rank * self.num_heads
         if cfg.num_kv_heads >= n:
@@ -57,6 +59,18 @@ class HeadLayout:
         else:  # each kv head serves n / Hkv ranks
             self.num_kv_heads = 1
             self.kv_start = tp.rank // (n // cfg.num_kv_heads)
+
+
+def _sharded_widths(cfg: ModelConfig) -> list[tuple[str, int]]:
+    """The intermediate widths the model splits over ranks (config field name, size)."""
+    moe, layers = cfg.moe, range(cfg.num_layers)
+    dense = moe is None or not all(moe.is_sparse(i) for i in layers)
+    widths = [("intermediate_size", cfg.intermediate_size)] if dense else []
+    if moe is not None:
+        widths.append(("the experts' intermediate size", moe.intermediate_size))
+        if moe.shared_intermediate_size:
+            widths.append(("shared_expert_intermediate_size", moe.shared_intermediate_size))
+    return widths
 
 
 class Attention(nn.Module, OpsUser):
@@ -136,7 +150,15 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.self_attn = Attention(cfg, layer_id, heads, tp, dtype, device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.mlp = MLP(cfg, tp, dtype, device)
+        moe = cfg.moe
+        self.mlp: MLP | SparseMoE
+        if moe is not None and moe.is_sparse(layer_id):
+            self.mlp = SparseMoE(
+                cfg.hidden_size, moe.num_experts, moe.intermediate_size, moe.top_k, moe.norm_topk_prob,
+                moe.shared_intermediate_size, tp, dtype, device,
+            )  # fmt: skip
+        else:
+            self.mlp = MLP(cfg, tp, dtype, device)
 
     def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> None:
         """h (T, hidden), the residual stream, updated in place (it is this forward's own activation:
@@ -161,7 +183,8 @@ class DecoderModel(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
-    """Runs Llama, Mistral, Qwen2 and Qwen3 checkpoints (the differences are flags in ModelConfig)."""
+    """Runs Llama, Mistral, Qwen2, Qwen3 and their mixture-of-experts relatives (Mixtral, Qwen2-MoE,
+    Qwen3-MoE): the differences are flags in ModelConfig."""
 
     def __init__(self, cfg: ModelConfig, tp: DistributedInfo, dtype: torch.dtype, device: Device) -> None:
         super().__init__()
@@ -201,8 +224,8 @@ class LlamaForCausalLM(CausalLM):
     def weight_slots(self) -> dict[str, list[WeightSlot]]:
         cfg, tp = self.config, self.tp
         slots: dict[str, list[WeightSlot]] = {
-            "model.embed_tokens.weight": [_whole(self.model.embed_tokens.weight)],
-            "model.norm.weight": [_whole(self.model.norm.weight)],
+            "model.embed_tokens.weight": [whole(self.model.embed_tokens.weight)],
+            "model.norm.weight": [whole(self.model.norm.weight)],
         }
         v_start, v_rows, _ = vocab_shard(cfg.vocab_size, tp)
         full = (cfg.vocab_size, cfg.hidden_size)
@@ -235,22 +258,20 @@ class LlamaForCausalLM(CausalLM):
             WeightSlot(attn.o_proj.weight, (hidden, cfg.num_heads * d), 1, hl.q_start * d, hl.num_heads * d)
         ]
         if cfg.o_proj_bias:
-            s[o + "bias"] = [_whole(_bias(attn.o_proj))]
+            s[o + "bias"] = [whole(_bias(attn.o_proj))]
         if cfg.qk_norm:
-            s[f"{prefix}self_attn.q_norm.weight"] = [_whole(attn.q_norm.weight)]
-            s[f"{prefix}self_attn.k_norm.weight"] = [_whole(attn.k_norm.weight)]
-        inter, full_i = cfg.intermediate_size // self.tp.size, cfg.intermediate_size
-        first_i = self.tp.rank * inter
-        m = f"{prefix}mlp."
-        s[m + "gate_proj.weight"] = [
-            WeightSlot(mlp.gate_up_proj.weight, (full_i, hidden), 0, first_i, inter, 0)
-        ]
-        s[m + "up_proj.weight"] = [
-            WeightSlot(mlp.gate_up_proj.weight, (full_i, hidden), 0, first_i, inter, inter)
-        ]
-        s[m + "down_proj.weight"] = [WeightSlot(mlp.down_proj.weight, (hidden, full_i), 1, first_i, inter)]
-        s[f"{prefix}input_layernorm.weight"] = [_whole(layer.input_layernorm.weight)]
-        s[f"{prefix}post_attention_layernorm.weight"] = [_whole(layer.post_attention_layernorm.weight)]
+            s[f"{prefix}self_attn.q_norm.weight"] = [whole(attn.q_norm.weight)]
+            s[f"{prefix}self_attn.k_norm.weight"] = [whole(attn.k_norm.weight)]
+        if isinstance(mlp, SparseMoE):
+            assert cfg.moe is not None
+            s.update(moe_slots(prefix, mlp, cfg.moe, cfg.family, hidden, self.tp.rank))
+        else:
+            m = f"{prefix}mlp."
+            names = (f"{m}gate_proj.weight", f"{m}up_proj.weight", f"{m}down_proj.weight")
+            w13, w2 = mlp.gate_up_proj.weight, mlp.down_proj.weight
+            s.update(swiglu_slots(names, w13, w2, cfg.intermediate_size, hidden, self.tp.rank))
+        s[f"{prefix}input_layernorm.weight"] = [whole(layer.input_layernorm.weight)]
+        s[f"{prefix}post_attention_layernorm.weight"] = [whole(layer.post_attention_layernorm.weight)]
         return s
 
 
@@ -259,8 +280,3 @@ def _bias(linear: Linear) -> torch.Tensor:
     if linear.bias is None:
         raise ValueError("this linear layer has no bias")
     return linear.bias
-
-
-def _whole(param: torch.Tensor) -> WeightSlot:
-    """A replicated tensor: the checkpoint shape is the parameter's shape."""
-    return WeightSlot(param, tuple(param.shape))

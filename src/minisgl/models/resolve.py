@@ -34,10 +34,10 @@ def resolve_model_path(
 ) -> Path:
     """A directory with config.json, *.safetensors and tokenizer files for `model`.
 
-    None -> the embedded SmolLM2 GGUF; a .gguf file -> its converted copy in the cache (converted
-    on first use); a directory -> itself, once checked (`require_weights=False` for dummy weights,
+    None -> the embedded SmolLM2 GGUF; a .gguf file -> its derived directory in the cache (config,
+    tokenizer and a link to the file, made on first use); a directory -> itself, once checked (`require_weights=False` for dummy weights,
     where only config.json and the tokenizer are needed)."""
-    from minisgl.models.gguf_convert import convert_gguf_cached
+    from minisgl.checkpoint.gguf_convert import convert_gguf_cached
 
     path = embedded_gguf_path() if model is None else Path(model).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
@@ -56,8 +56,10 @@ def check_model_dir(path: Path, require_weights: bool = True) -> None:
         raise ModelConfigError(
             f"{path / 'config.json'}: file not found (a model directory needs config.json)"
         )
-    if require_weights and not any(path.glob("*.safetensors")):
-        raise ModelConfigError(f"{path}: no *.safetensors weight files (only safetensors is supported)")
+    if require_weights and not any(path.glob("*.safetensors")) and not (path / "model.gguf").is_file():
+        raise ModelConfigError(
+            f"{path}: no *.safetensors weight files (a directory needs safetensors; name a .gguf file itself)"
+        )
     if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
         raise ModelConfigError(
             f"{path / 'tokenizer.json'}: file not found (the model directory needs its tokenizer)"

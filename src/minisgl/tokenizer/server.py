@@ -294,9 +294,9 @@ def run_tokenizer_worker(config: TokenizerWorkerConfig, conn: Connection) -> Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the launcher decides
     worker: TokenizerWorker | None = None
     try:
-        from minisgl.utils.hf import load_tokenizer
+        from .fast import load_fast_tokenizer  # no transformers tokenizer classes: no torch here
 
-        tokenizer = load_tokenizer(config.model_path)
+        tokenizer = load_fast_tokenizer(config.model_path)
         kind, payload = recv_status(conn)
         if kind != "start":
             raise RuntimeError(f"expected the start message from the launcher, got {kind!r}")

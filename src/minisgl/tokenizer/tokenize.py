@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-import torch
+import numpy as np
 
 from minisgl.core import RequestRejected, SamplingParams, check_request, context_error
 from minisgl.message import TokenizeMsg, UserMsg
@@ -25,6 +25,7 @@ from .length_bound import LengthBound
 from .reasoning import ReasoningFormat
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedTokenizerBase
 
 MAX_CHOICES = 64  # n of one request at most (the API's limit, checked again here for the socket)
@@ -169,9 +170,10 @@ class TokenizeManager:
         choices = [_choice(params, i) for i in range(msg.n)]
         for p in choices:
             check_request(ids, p, self.limits.vocab_size, self.limits.max_seq_len)
-        input_ids = torch.tensor(ids, dtype=torch.int32)
+        input_ids = np.asarray(ids, dtype=np.int32)  # sent as a tensor; no torch in this process
         msgs = [
-            UserMsg(uid=msg.uid + i, input_ids=input_ids, sampling_params=p) for i, p in enumerate(choices)
+            UserMsg(uid=msg.uid + i, input_ids=cast("torch.Tensor", input_ids), sampling_params=p)
+            for i, p in enumerate(choices)
         ]
         return msgs, mode
 

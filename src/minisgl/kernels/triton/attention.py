@@ -2,7 +2,9 @@
 
 The KV pool holds, per layer, K and V as (slots, Hkv, D); token `i` of the request whose page-table
 row is `r` lives in slot `pages[r, i // PS] * PS + i % PS`. Kernels gather K/V through the page
-table themselves, so nothing is copied or padded on the host.
+table themselves, so nothing is copied or padded on the host. V may also come by page transposed,
+(pages, Hkv, D, PS) (a 4-d cache: the fp8 pool's, see `minisgl.kvcache.pool`): the same slot is
+page `slot // PS`, column `slot % PS`.
 
 - `store_kv`: the new tokens' K/V into their slots (a slot < 0 is skipped: padding rows of a
   CUDA-graph batch write nothing).
@@ -19,43 +21,133 @@ table themselves, so nothing is copied or padded on the host.
 
 Math in float32 with an online softmax; bf16/fp16 inputs go to the tensor cores through `tl.dot`
 (float32 inputs use full-precision dots, not TF32).
+
+An fp8 pool (float8_e4m3fn, with `scales` (k_scale, v_scale), each (Hkv,) float32: value ~= stored *
+scale): the writers store value / scale rounded to fp8; the readers widen K/V tiles to q's dtype for
+the dots and fold the scales in, K's into the softmax scale and V's into the output, so the scales cost
+no arithmetic per element. The decode kernel attends over the new token as stored (rounded), as the
+next step will read it. With 16-bit q the dots of an fp8 cache run in fp16 (q converted once per
+program, each fp8 pair widened in one instruction; q, p in [0, 1] and fp8's +-448 all fit fp16);
+MINISGL_FP8_ATTN_DOT=bf16 takes bf16 through `fp8.widen_fp8` instead (for measurements).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
 import triton.language as tl
 
+from .fp8 import WIDEN, quantize_fp8, widen_fp8
+
+_FP8_DOT_BF16 = os.environ.get("MINISGL_FP8_ATTN_DOT") == "bf16"
+
+
+@triton.jit
+def _v_at(VCache, page, off, head, d, stride_cs, stride_ch, stride_vp, D: tl.constexpr, PS: tl.constexpr,
+          V_T: tl.constexpr):  # fmt: skip
+    """Pointers to V of slot page * PS + off, head, channel d, in either layout (slot-major, or by
+    page transposed)."""
+    if V_T:
+        return VCache + page * stride_vp + head * (D * PS) + d * PS + off
+    return VCache + (page * PS + off) * stride_cs + head * stride_ch + d
+
+
+@triton.jit
+def _v_slot(VCache, slot, head, d, stride_cs, stride_ch, stride_vp, D: tl.constexpr, PS: tl.constexpr,
+            V_T: tl.constexpr):  # fmt: skip
+    return _v_at(VCache, slot // PS, slot % PS, head, d, stride_cs, stride_ch, stride_vp, D, PS, V_T)
+
 
 @triton.jit
 def _store_kv_kernel(
-    K, V, KCache, VCache, Slots, stride_k, stride_v, stride_c, HD: tl.constexpr, BLOCK: tl.constexpr
-):
+    K, V, KCache, VCache, Slots, KScale, VScale, stride_k, stride_v, stride_c, stride_vp,
+    HD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, QUANT: tl.constexpr, PS: tl.constexpr,
+    V_T: tl.constexpr,
+):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(Slots + t).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < tl.where(slot >= 0, HD, 0)  # a negative slot: nothing to write
     k = tl.load(K + t * stride_k + offs, mask=mask)
     v = tl.load(V + t * stride_v + offs, mask=mask)
+    if QUANT:  # each element's head's scale
+        k = quantize_fp8(k, tl.load(KScale + offs // D, mask=mask, other=1.0))
+        v = quantize_fp8(v, tl.load(VScale + offs // D, mask=mask, other=1.0))
     tl.store(KCache + slot * stride_c + offs, k, mask=mask)
-    tl.store(VCache + slot * stride_c + offs, v, mask=mask)
+    tl.store(_v_slot(VCache, slot, offs // D, offs % D, stride_c, D, stride_vp, D, PS, V_T), v, mask=mask)
+
+
+def _scale_args(
+    k_cache: torch.Tensor, scales: tuple[torch.Tensor, torch.Tensor] | None
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(k_scale, v_scale, quantized) kernel arguments: an fp8 cache needs its (Hkv,) scales."""
+    quant = k_cache.dtype == torch.float8_e4m3fn
+    if not quant:
+        return k_cache, k_cache, False  # unused
+    hkv = k_cache.shape[1]
+    if scales is None or any(
+        s.shape != (hkv,) or s.dtype != torch.float32 or s.stride(0) != 1 for s in scales
+    ):
+        raise ValueError(f"an fp8 KV cache needs (k_scale, v_scale), each ({hkv},) float32")
+    return scales[0], scales[1], True
+
+
+def _v_layout(k_cache: torch.Tensor, v_cache: torch.Tensor, page_size: int | None = None) -> tuple[bool, int]:
+    """(whether V is by page transposed, its page size; 1 for slot-major V, where it is unused)."""
+    if v_cache.dim() == 3:
+        if v_cache.shape != k_cache.shape:
+            raise ValueError(f"V cache {tuple(v_cache.shape)} against K cache {tuple(k_cache.shape)}")
+        return False, 1
+    slots, hkv, d = k_cache.shape
+    ps = v_cache.shape[3]
+    if (
+        v_cache.shape != (slots // ps, hkv, d, ps)
+        or not v_cache.is_contiguous()
+        or page_size not in (None, ps)
+    ):
+        raise ValueError(f"V cache {tuple(v_cache.shape)} by page against K cache {tuple(k_cache.shape)}")
+    return True, ps
+
+
+def _kv_f16(quant: bool, q: torch.Tensor) -> bool:
+    """Whether an fp8 cache's dots run in fp16 (16-bit q), see the module's docstring."""
+    return quant and q.dtype != torch.float32 and not _FP8_DOT_BF16
 
 
 def store_kv(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """k/v (T, Hkv, D) (each token's heads contiguous) -> k_cache/v_cache[slots[t]] for slots >= 0."""
+    """k/v (T, Hkv, D) (each token's heads contiguous) -> k_cache/v_cache[slots[t]] for slots >= 0
+    (an fp8 cache: value / scale per head, `scales` (k_scale, v_scale) each (Hkv,))."""
     t, hkv, d = k.shape
     if t == 0:
         return
     if k.stride(2) != 1 or k.stride(1) != d or v.stride(2) != 1 or v.stride(1) != d:
         raise ValueError("store_kv: each token's K/V heads must be contiguous")
+    k_scale, v_scale, quant = _scale_args(k_cache, scales)
     block = triton.next_power_of_2(hkv * d)
+    v_t, ps = _v_layout(k_cache, v_cache)
     _store_kv_kernel[(t,)](
-        k, v, k_cache, v_cache, slots, k.stride(0), v.stride(0), k_cache.stride(0),
-        HD=hkv * d, BLOCK=block, num_warps=max(1, min(8, block // 256)),
+        k, v, k_cache, v_cache, slots, k_scale, v_scale, k.stride(0), v.stride(0), k_cache.stride(0),
+        v_cache.stride(0), HD=hkv * d, D=d, BLOCK=block, QUANT=quant, PS=ps, V_T=v_t,
+        num_warps=max(1, min(8, block // 256)),
     )  # fmt: skip
+
+
+@triton.jit
+def _widen(x, dtype: tl.constexpr, WIDE: tl.constexpr):
+    """A K/V tile in the dots' dtype: fp8 -> bf16 through `widen_fp8` (2^-112 times the values) when
+    WIDE, else a plain conversion (none for a 16/32-bit cache)."""
+    if WIDE:
+        return widen_fp8(x)
+    return x.to(dtype)
 
 
 @triton.jit
@@ -87,6 +179,8 @@ def _decode_kernel(
     NewSlots,  # HAS_NEW: (B,) int32 pool slot of the new token (< 0: write nothing)
     Cos,  # ROPE: (B, D/2) rows of stride_cs, the new token's angles; Q and KNew are not rotated yet
     Sin,
+    KScale,  # QUANT: (HKV,) float32, the fp8 cache's scales
+    VScale,
     Out,  # (B, HQ, D)
     Partial,  # NUM_SPLITS > 1: float32 (B, HQ, NUM_SPLITS, D) each split's normalised output
     Lse,  # NUM_SPLITS > 1: float32 (B, HQ, NUM_SPLITS) each split's log-sum-exp
@@ -99,6 +193,7 @@ def _decode_kernel(
     stride_ch,
     stride_pt,
     stride_rope,
+    stride_vp,  # V_T: V's stride between pages
     sm_scale,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -110,12 +205,26 @@ def _decode_kernel(
     NUM_SPLITS: tl.constexpr,
     HAS_NEW: tl.constexpr,
     ROPE: tl.constexpr,
+    QUANT: tl.constexpr,
+    KV_F16: tl.constexpr,
+    V_T: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(SeqLens + b)
+    # An fp8 cache: scores and outputs in the cache's units, scaled once; the dots in fp16 (KV_F16)
+    # or, for bf16 q, in `widen_fp8`'s units (the tiles 2^-112 times their values: `unit` puts it back).
+    wide: tl.constexpr = QUANT and not KV_F16 and Q.dtype.element_ty == tl.bfloat16
+    unit = WIDEN if wide else 1.0
+    if QUANT:
+        k_scale = tl.load(KScale + kvh)
+        v_scale = tl.load(VScale + kvh)
+    else:
+        k_scale = 1.0
+        v_scale = 1.0
+    qk_scale = sm_scale * k_scale
     HALF: tl.constexpr = D // 2
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D
@@ -140,11 +249,16 @@ def _decode_kernel(
         sin[None, :],
         ROPE,
     )  # fmt: skip  (BLOCK_H, BLOCK_HALF) each
+    if KV_F16:
+        q1, q2 = q1.to(tl.float16), q2.to(tl.float16)
 
     v_new = VNew + b.to(tl.int64) * stride_vn + kvh * D + offs_d  # (BLOCK_D,) pointers
     if HAS_NEW:
         k_new = KNew + b.to(tl.int64) * stride_kn + kvh * D + offs_j
         kn1, kn2 = _rotate(tl.load(k_new, mask=j_mask), tl.load(k_new + HALF, mask=j_mask), cos, sin, ROPE)
+        if QUANT:  # as the pool will hold it
+            kn1 = quantize_fp8(kn1, k_scale)
+            kn2 = quantize_fp8(kn2, k_scale)
         if split == 0:  # this head's new K/V into the pool
             new_slot = tl.load(NewSlots + b).to(tl.int64)
             dst = KCache + new_slot * stride_cs + kvh * stride_ch
@@ -152,8 +266,11 @@ def _decode_kernel(
             tl.store(dst + offs_j, kn1, mask=w_mask)
             tl.store(dst + HALF + offs_j, kn2, mask=w_mask)
             v_mask = offs_d < tl.where(new_slot >= 0, D, 0)
-            dst = VCache + new_slot * stride_cs + kvh * stride_ch + offs_d
-            tl.store(dst, tl.load(v_new, mask=v_mask), mask=v_mask)
+            dst = _v_slot(VCache, new_slot, kvh, offs_d, stride_cs, stride_ch, stride_vp, D, PS, V_T)
+            vn = tl.load(v_new, mask=v_mask)
+            if QUANT:
+                vn = quantize_fp8(vn, v_scale)
+            tl.store(dst, vn, mask=v_mask)
     chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
@@ -168,35 +285,46 @@ def _decode_kernel(
     for n0 in range(start, cached_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         n_mask = pos < cached_end
-        page = tl.load(pt_row + pos // PS, mask=n_mask, other=0).to(tl.int64)
+        # V by page transposed loads whole pages (a page's tokens are one vector; the positions past
+        # the end weigh 0, and an fp8 pool holds no NaN: zeroed at start, written saturating)
+        page_mask = (pos // PS) * PS < cached_end
+        page = tl.load(pt_row + pos // PS, mask=page_mask, other=0).to(tl.int64)
         slot_off = (page * PS + pos % PS)[:, None] * stride_cs + kvh * stride_ch  # (BLOCK_N, 1)
         k_mask = n_mask[:, None] & j_mask[None, :]
         k1 = tl.load(KCache + slot_off + offs_j[None, :], mask=k_mask, other=0.0)  # (BLOCK_N, BLOCK_HALF)
         k2 = tl.load(KCache + slot_off + HALF + offs_j[None, :], mask=k_mask, other=0.0)
-        s = (_dot(q1, tl.trans(k1), IEEE) + _dot(q2, tl.trans(k2), IEEE)) * sm_scale  # (BLOCK_H, BLOCK_N)
+        k1, k2 = _widen(k1, q1.dtype, wide), _widen(k2, q1.dtype, wide)
+        s = (_dot(q1, tl.trans(k1), IEEE) + _dot(q2, tl.trans(k2), IEEE)) * (
+            qk_scale * unit
+        )  # (BLOCK_H, BLOCK_N)
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(VCache + slot_off + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+        v_ptr = _v_at(VCache, page[:, None], (pos % PS)[:, None], kvh, offs_d[None, :], stride_cs, stride_ch,
+                      stride_vp, D, PS, V_T)  # fmt: skip
+        v_mask = (page_mask if V_T else n_mask)[:, None] & d_mask[None, :]
+        v = _widen(tl.load(v_ptr, mask=v_mask, other=0.0), q1.dtype, wide)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)  # in `unit`s
         m_i = m_new
     if HAS_NEW:
         if (start <= seq_len - 1) & (seq_len - 1 < end):
             s_new = tl.sum(q1.to(tl.float32) * kn1.to(tl.float32)[None, :], 1)
-            s_new = (s_new + tl.sum(q2.to(tl.float32) * kn2.to(tl.float32)[None, :], 1)) * sm_scale
+            s_new = (s_new + tl.sum(q2.to(tl.float32) * kn2.to(tl.float32)[None, :], 1)) * qk_scale
             m_new = tl.maximum(m_i, s_new)  # (BLOCK_H,)
             alpha = tl.exp(m_i - m_new)
             p_new = tl.exp(s_new - m_new)
             l_i = l_i * alpha + p_new
-            vn = tl.load(v_new, mask=d_mask, other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + p_new[:, None] * vn[None, :]
+            vn = tl.load(v_new, mask=d_mask, other=0.0)
+            if QUANT:
+                vn = quantize_fp8(vn, v_scale)
+            acc = acc * alpha[:, None] + p_new[:, None] * (vn.to(tl.float32) * (1.0 / unit))[None, :]
             m_i = m_new
 
     has = end > start
     safe_l = tl.where(l_i > 0, l_i, 1.0)
-    out = tl.where(has, acc / safe_l[:, None], 0.0)
+    out = tl.where(has, acc * (v_scale * unit / safe_l)[:, None], 0.0)
     out_mask = h_mask[:, None] & d_mask[None, :]
     row = b.to(tl.int64) * (GROUP * tl.num_programs(1)) + heads  # (BLOCK_H,) flat (b, head)
     if NUM_SPLITS == 1:
@@ -263,6 +391,7 @@ def decode_attention(
     done: torch.Tensor | None = None,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     launch: tuple[int, int, int] | None = None,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q (B, Hq, D) (unit stride in D, D even); k/v_cache (S, Hkv, D) contiguous; page_table (>= B, P)
     int32 (unit stride in P); seq_lens (B,) int32 (0: an empty row, output 0) -> (B, Hq, D) in q's dtype.
@@ -275,7 +404,8 @@ def decode_attention(
     rope: (cos, sin), each (B, D/2) or (B, 1, D/2) with unit stride in D/2: q and the new k are given
     before RoPE and the kernel rotates them (rotate-half, rounded once to q's dtype, as
     `elementwise.rope_qkv` does), so q/k/v may be views of the fused projection's output.
-    launch: (BLOCK_N, num_warps, num_stages), for benchmarks; default (64 or 32 by D, 4, 2)."""
+    launch: (BLOCK_N, num_warps, num_stages), for benchmarks; default (64 or 32 by D, 4, 2).
+    scales: an fp8 cache's (k_scale, v_scale), each (Hkv,) float32."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     if hq % hkv or k_cache.shape[2] != d or d % 2 or q.stride(2) != 1 or page_table.stride(1) != 1:
@@ -310,13 +440,16 @@ def decode_attention(
         lse = torch.empty(bsz, hq, num_splits, dtype=torch.float32, device=q.device)
         if done is None:
             done = torch.zeros(bsz * hkv, dtype=torch.int32, device=q.device)
+    k_scale, v_scale, quant = _scale_args(k_cache, scales)
     _decode_kernel[(bsz, hkv, num_splits)](
-        q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, cos, sin, out, partial, lse, done,
+        q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, cos, sin, k_scale, v_scale, out,
+        partial, lse, done,
         q.stride(0), q.stride(1), k_new.stride(0), v_new.stride(0), k_cache.stride(0), k_cache.stride(1),
-        page_table.stride(0), cos.stride(0), sm_scale,
+        page_table.stride(0), cos.stride(0), v_cache.stride(0), sm_scale,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d,
         BLOCK_HALF=max(16, triton.next_power_of_2(d // 2)), PS=page_size, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, ROPE=rope is not None, IEEE=ieee,
+        NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, ROPE=rope is not None, QUANT=quant,
+        KV_F16=_kv_f16(quant, q), V_T=_v_layout(k_cache, v_cache, page_size)[0], IEEE=ieee,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
@@ -331,6 +464,8 @@ def _extend_kernel(
     PageTable,  # (B, stride_pt) int32
     QStarts,  # (B + 1,) int32: request b's new tokens are rows [QStarts[b], QStarts[b + 1])
     SeqLens,  # (B,) int32: cached + new tokens
+    KScale,  # QUANT: (HKV,) float32, the fp8 cache's scales
+    VScale,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -338,6 +473,7 @@ def _extend_kernel(
     stride_cs,
     stride_ch,
     stride_pt,
+    stride_vp,  # V_T: V's stride between pages
     sm_scale,
     GROUP: tl.constexpr,
     D: tl.constexpr,
@@ -345,6 +481,9 @@ def _extend_kernel(
     PS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    QUANT: tl.constexpr,
+    KV_F16: tl.constexpr,
+    V_T: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     mb = tl.program_id(0)
@@ -355,6 +494,13 @@ def _extend_kernel(
     seq_len = tl.load(SeqLens + b)
     prefix = seq_len - ext
     kvh = h // GROUP
+    wide: tl.constexpr = QUANT and not KV_F16 and Q.dtype.element_ty == tl.bfloat16  # as in decode
+    if QUANT:
+        qk_scale = sm_scale * tl.load(KScale + kvh) * (WIDEN if wide else 1.0)
+        v_scale = tl.load(VScale + kvh) * (WIDEN if wide else 1.0)
+    else:
+        qk_scale = sm_scale
+        v_scale = 1.0
 
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < ext
@@ -367,6 +513,8 @@ def _extend_kernel(
         mask=m_mask[:, None] & d_mask[None, :],
         other=0.0,
     )  # (BLOCK_M, BLOCK_D)
+    if KV_F16:
+        q = q.to(tl.float16)
     # Keys up to the block's last query (causal); nothing for a block past this request's tokens.
     kv_end = tl.where(mb * BLOCK_M < ext, tl.minimum(seq_len, prefix + (mb + 1) * BLOCK_M), 0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -376,12 +524,13 @@ def _extend_kernel(
     for n0 in range(0, kv_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         n_mask = pos < kv_end
-        page = tl.load(pt_row + pos // PS, mask=n_mask, other=0).to(tl.int64)
+        page_mask = (pos // PS) * PS < kv_end  # as in the decode kernel
+        page = tl.load(pt_row + pos // PS, mask=page_mask, other=0).to(tl.int64)
         slot = page * PS + pos % PS
         kv_off = slot[:, None] * stride_cs + kvh * stride_ch + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(KCache + kv_off, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
-        s = _dot(q, tl.trans(k), IEEE) * sm_scale  # (BLOCK_M, BLOCK_N)
+        k = _widen(tl.load(KCache + kv_off, mask=kv_mask, other=0.0), q.dtype, wide)  # (BLOCK_N, BLOCK_D)
+        s = _dot(q, tl.trans(k), IEEE) * qk_scale  # (BLOCK_M, BLOCK_N)
         allowed = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
         s = tl.where(allowed, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -389,10 +538,13 @@ def _extend_kernel(
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(VCache + kv_off, mask=kv_mask, other=0.0)
+        v_ptr = _v_at(VCache, page[:, None], (pos % PS)[:, None], kvh, offs_d[None, :], stride_cs, stride_ch,
+                      stride_vp, D, PS, V_T)  # fmt: skip
+        v_mask = (page_mask if V_T else n_mask)[:, None] & d_mask[None, :]
+        v = _widen(tl.load(v_ptr, mask=v_mask, other=0.0), q.dtype, wide)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
         m_i = m_new
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out = acc * (v_scale / tl.where(l_i > 0, l_i, 1.0))[:, None]
     tl.store(
         Out + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
         out.to(Out.dtype.element_ty),
@@ -410,9 +562,11 @@ def extend_attention(
     max_extend: int,
     page_size: int,
     sm_scale: float,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q (T, Hq, D) of every request's new tokens (rows q_starts[b]..q_starts[b+1]); their K/V
-    already stored in the pool; page_table (B, P) int32; seq_lens (B,) int32 -> (T, Hq, D), causal."""
+    already stored in the pool; page_table (B, P) int32; seq_lens (B,) int32 -> (T, Hq, D), causal.
+    scales: an fp8 cache's (k_scale, v_scale), each (Hkv,) float32."""
     t, hq, d = q.shape
     hkv = k_cache.shape[1]
     if hq % hkv or k_cache.shape[2] != d or q.stride(2) != 1 or page_table.stride(1) != 1:
@@ -427,11 +581,13 @@ def extend_attention(
     if q.dtype == torch.float32:
         block_m, block_n = 32, 32  # full-precision dots need more registers
     grid = (triton.cdiv(max_extend, block_m), hq, bsz)
+    k_scale, v_scale, quant = _scale_args(k_cache, scales)
     _extend_kernel[grid](
-        q, k_cache, v_cache, out, page_table, q_starts, seq_lens,
+        q, k_cache, v_cache, out, page_table, q_starts, seq_lens, k_scale, v_scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
-        page_table.stride(0), sm_scale,
+        page_table.stride(0), v_cache.stride(0), sm_scale,
         GROUP=hq // hkv, D=d, BLOCK_D=block_d, PS=page_size, BLOCK_M=block_m, BLOCK_N=block_n,
+        QUANT=quant, KV_F16=_kv_f16(quant, q), V_T=_v_layout(k_cache, v_cache, page_size)[0],
         IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2,
     )  # fmt: skip
     return out

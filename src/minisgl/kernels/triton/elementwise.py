@@ -33,14 +33,17 @@ def _rmsnorm_kernel(
     tl.store(Out + (row * HEADS + head) * n + offs, (w * y).to(Out.dtype.element_ty), mask=mask)
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x (T, N) or (T, H, N) with unit stride in N -> rmsnorm(x) * weight, a new contiguous tensor."""
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """x (T, N) or (T, H, N) with unit stride in N -> rmsnorm(x) * weight, a new contiguous tensor
+    (in `out_dtype`, default x's: the normed x is rounded to x's dtype first either way)."""
     n = x.shape[-1]
     if x.stride(-1) != 1 or x.dim() not in (2, 3):
         raise ValueError(f"rmsnorm: x {tuple(x.shape)} strides {x.stride()}: the last dim must be contiguous")
     x3 = x if x.dim() == 3 else x.unsqueeze(1)  # (T, H, N)
     rows, heads = x3.shape[0], x3.shape[1]
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     if rows == 0:
         return out
     block = triton.next_power_of_2(n)
@@ -129,13 +132,14 @@ def _silu_mul_kernel(GateUp, Out, stride_in, inter, BLOCK: tl.constexpr):
     tl.store(Out + t * inter + offs, y.to(Out.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """(T, 2I) laid out [gate | up], unit stride in the last dim -> silu(gate) * up, (T, I) contiguous."""
+def silu_and_mul(gate_up: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """(T, 2I) laid out [gate | up], unit stride in the last dim -> silu(gate) * up, (T, I) contiguous
+    (in `out_dtype`, default gate_up's)."""
     t, two_i = gate_up.shape
     if gate_up.stride(-1) != 1 or two_i % 2:
         raise ValueError(f"silu_and_mul: gate_up {tuple(gate_up.shape)} strides {gate_up.stride()}")
     inter = two_i // 2
-    out = gate_up.new_empty(t, inter)
+    out = gate_up.new_empty(t, inter, dtype=out_dtype or gate_up.dtype)
     if t == 0:
         return out
     block = min(1024, triton.next_power_of_2(inter))

@@ -39,8 +39,37 @@ class WeightSlot:
             return sl[self.start : self.start + self.length]
         return sl[:, self.start : self.start + self.length]
 
+    def accepts(self, shape: tuple[int, ...]) -> bool:
+        """Whether a checkpoint tensor of `shape` fits this slot."""
+        return shape == self.full_shape
+
     def copy_in(self, t: torch.Tensor) -> None:
         self.param.narrow(0, self.dst, t.shape[0]).copy_(t)
+
+
+def whole(param: torch.Tensor) -> WeightSlot:
+    """A replicated tensor: the checkpoint shape is the parameter's shape."""
+    return WeightSlot(param, tuple(param.shape))
+
+
+def swiglu_slots(
+    names: tuple[str, str, str],
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    inter: int,
+    hidden: int,
+    rank: int,
+) -> dict[str, list[WeightSlot]]:
+    """A SwiGLU MLP's three checkpoint tensors (`names`: gate, up, down) into this rank's fused
+    `gate_up` (2 I/N, hidden) [gate rows | up rows] and `down` (hidden, I/N); `inter` = I."""
+    local = down.shape[1]
+    first = rank * local
+    gate, up, down_name = names
+    return {
+        gate: [WeightSlot(gate_up, (inter, hidden), 0, first, local, 0)],
+        up: [WeightSlot(gate_up, (inter, hidden), 0, first, local, local)],
+        down_name: [WeightSlot(down, (hidden, inter), 1, first, local)],
+    }
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -100,7 +129,7 @@ def load_checkpoint(
                     if name in seen:
                         raise WeightLoadError(f"{f}: tensor {name!r} appears in more than one file")
                     seen.add(name)
-                    _load_one(f, name, fh.get_slice(name), slots[name])
+                    load_whole(f, name, fh.get_slice(name), slots[name])
     finally:
         bar.close()
     missing = sorted(set(slots) - seen)
@@ -111,11 +140,12 @@ def load_checkpoint(
         )
 
 
-def _load_one(f: Path, name: str, sl: Any, targets: list[WeightSlot]) -> None:
-    """sl: a safetensors slice, or a whole tensor (both slice the same way)."""
+def load_whole(f: Path, name: str, sl: Any, targets: list[WeightSlot]) -> None:
+    """Tensor `name` of file `f` into its slots. sl: a safetensors slice, or a whole tensor (both
+    slice the same way)."""
     shape = tuple(sl.shape) if isinstance(sl, torch.Tensor) else tuple(sl.get_shape())
     for slot in targets:
-        if shape != slot.full_shape:
+        if not slot.accepts(shape):
             raise WeightLoadError(
                 f"{f}: tensor {name!r} has shape {list(shape)}, the model expects {list(slot.full_shape)}"
             )
@@ -128,7 +158,7 @@ def load_generated(
     """Fill every slot from whole tensors made one at a time by `make(name, shape in the checkpoint)`
     (random weights), each rank keeping its shard as from a checkpoint."""
     for name, targets in slots.items():
-        _load_one(Path("generated"), name, make(name, targets[0].full_shape), targets)
+        load_whole(Path("generated"), name, make(name, targets[0].full_shape), targets)
 
 
 def load_tensors(
@@ -141,7 +171,26 @@ def load_tensors(
             continue
         if name not in slots:
             raise WeightLoadError(f"state dict: unexpected tensor {name!r} (not part of this model)")
-        _load_one(Path("state dict"), name, t, slots[name])
+        load_whole(Path("state dict"), name, t, slots[name])
     missing = sorted(set(slots) - set(tensors))
     if missing:
         raise WeightLoadError(f"state dict: missing tensor(s) {missing[:5]}")
+
+
+@dataclass(frozen=True)
+class ExpertNames:
+    """A family's checkpoint names under `model.layers.N.`: the block, and each expert's gate, up
+    and down projections under `<block>.experts.<e>.`."""
+
+    block: str
+    gate: str
+    up: str
+    down: str
+
+
+_QWEN = ExpertNames("mlp", "gate_proj", "up_proj", "down_proj")
+EXPERT_NAMES = {
+    "mixtral": ExpertNames("block_sparse_moe", "w1", "w3", "w2"),
+    "qwen2_moe": _QWEN,
+    "qwen3_moe": _QWEN,
+}

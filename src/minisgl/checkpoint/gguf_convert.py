@@ -1,9 +1,12 @@
-"""Converting a GGUF file (llama.cpp's format) into a Hugging Face-style directory, once.
+"""What a GGUF file (llama.cpp's format) needs derived once: a small Hugging Face-style directory.
 
-The weights are dequantized (Q4_1, Q8_0, ... -> float32) with the `gguf` package and renamed to HF's
-names; for Llama, llama.cpp's converter permutes the rows of attn_q/attn_k for its interleaved rope
-layout, and we undo that so the result is HF's layout (Qwen2/Qwen3 files are not permuted). The tokenizer is rebuilt from the GGUF metadata by
-transformers' GGUF tokenizer loader (chat template included)."""
+The directory holds config.json and generation_config.json (from the GGUF metadata), the tokenizer
+files (rebuilt from the metadata by transformers' GGUF tokenizer loader, chat template included)
+and `model.gguf`, a link to the file itself: the weights stay in the GGUF file and are read from it
+in place (`gguf_weights`). A few hundred kilobytes per file, cached, keyed by the file's name,
+size and modification time. GGUF tensor names map to HF's (`gguf_to_hf_name`). Mixtures of
+experts (`qwen3moe`, `qwen2moe`, `llama` with experts): their config fields and tensor names are in
+`gguf_moe`."""
 
 from __future__ import annotations
 
@@ -17,14 +20,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from minisgl.checkpoint.gguf_moe import MOE_ARCHITECTURES, is_moe, moe_config, moe_tensor_names
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
 logger = logging.getLogger(__name__)
 
-CONVERTER_VERSION = 2  # bump when the output changes, so old cache entries are not reused
+CONVERTER_VERSION = 5  # bump when the output changes, so old cache entries are not reused
+TENSOR_TABLE = "tensors.json"  # name, ggml type, shape (HF order), offset, bytes of every tensor
 
 # GGUF tensor names (after "blk.N.") -> HF names (after "model.layers.N.")
 _LAYER_NAMES = {
@@ -42,8 +46,6 @@ _LAYER_NAMES = {
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-# Only llama.cpp's Llama converter permutes attn_q/attn_k rows (its rope is interleaved for Llama only).
-_PERMUTED_ROPE = {"llama"}
 
 
 class GGUFConversionError(ValueError):
@@ -82,29 +84,48 @@ def convert_gguf_cached(gguf_path: Path, cache_root: Path, progress: bool = True
     return target
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
-    """Write config.json, generation_config.json, model.safetensors and tokenizer files into out_dir."""
+def open_gguf(gguf_path: Path) -> GGUFReader:
+    """The file's reader (its tensors memory-mapped, nothing read yet); a GGUFConversionError if it
+    is not a GGUF file."""
     from gguf import GGUFReader
 
     try:
-        reader = GGUFReader(str(gguf_path))
+        return GGUFReader(str(gguf_path))
     except Exception as e:  # the reader raises assorted errors on a bad file
         raise GGUFConversionError(f"{gguf_path}: not a readable GGUF file: {e}") from None
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
+    """Write config.json, generation_config.json, the tokenizer files and the `model.gguf` link into
+    out_dir. (`progress` is kept for callers; nothing here takes long enough to show one.)"""
+    reader = open_gguf(gguf_path)
     meta = _metadata(reader)
-    arch = meta.get("general.architecture")
-    if arch not in _ARCHITECTURES:
+    arch = str(meta.get("general.architecture"))
+    if arch not in _ARCHITECTURES and not is_moe(meta, arch):
+        supported = ", ".join(sorted(set(_ARCHITECTURES) | set(MOE_ARCHITECTURES)))
         raise GGUFConversionError(
-            f"{gguf_path}: GGUF architecture {arch!r} is not supported (supported: {', '.join(_ARCHITECTURES)})"
+            f"{gguf_path}: GGUF architecture {arch!r} is not supported (supported: {supported})"
         )
     config = _hf_config(meta, arch, reader, gguf_path)
-    tensors = _dequantized_tensors(reader, config, gguf_path, progress)
-    from safetensors.numpy import save_file
-
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    del tensors
+    table = []
+    for t in reader.tensors:
+        if hf_names(t.name, config) is None:
+            raise GGUFConversionError(f"{gguf_path}: unexpected tensor {t.name!r} for a {arch} model")
+        shape = [int(x) for x in reversed(t.shape)]  # ggml lists dims innermost first
+        table.append(
+            {
+                "name": t.name,
+                "type": int(t.tensor_type),
+                "shape": shape,
+                "offset": int(t.data_offset),
+                "nbytes": int(t.n_bytes),
+            }
+        )
+    (out_dir / TENSOR_TABLE).write_text(json.dumps(table) + "\n", encoding="utf-8")
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", _generation_config(config))
     _save_tokenizer(gguf_path, out_dir)
+    (out_dir / "model.gguf").symlink_to(gguf_path.resolve())
 
 
 def _metadata(reader: GGUFReader) -> dict[str, Any]:
@@ -143,12 +164,14 @@ def _hf_config(meta: dict[str, Any], arch: str, reader: GGUFReader, gguf_path: P
         raise GGUFConversionError(f"{gguf_path}: no tokenizer in the GGUF metadata (tokenizer.ggml.tokens)")
     vocab = int(meta.get(f"{arch}.vocab_size") or len(tokens.data))
     bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
-    return {
-        "architectures": [_ARCHITECTURES[arch]],
+    moe = is_moe(meta, arch)
+    ffn = meta.get(f"{arch}.feed_forward_length") if moe else get("feed_forward_length")
+    config = {
+        "architectures": [_ARCHITECTURES.get(arch)],
         "model_type": arch,
         "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": int(get("feed_forward_length")),
+        "intermediate_size": int(ffn or get("expert_feed_forward_length")),
         "num_hidden_layers": int(get("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(get("attention.head_count_kv", heads)),
@@ -165,6 +188,9 @@ def _hf_config(meta: dict[str, Any], arch: str, reader: GGUFReader, gguf_path: P
         "torch_dtype": "float32",
         "converted_from": gguf_path.name,
     }
+    if moe:
+        config.update(moe_config(meta, arch, names, int(get("block_count"))))
+    return config
 
 
 def _f32_to_decimal(x: float) -> float:
@@ -176,7 +202,18 @@ def _generation_config(config: dict[str, Any]) -> dict[str, Any]:
     return {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
 
 
-def _hf_name(name: str) -> str | None:
+def hf_names(name: str, config: dict[str, Any]) -> list[str] | None:
+    """The Hugging Face names of GGUF tensor `name` in a model of the derived `config`: one name, or
+    for a stacked expert tensor each expert's in order; None: not a tensor of such a model."""
+    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    moe = moe_tensor_names(name, config["architectures"][0], experts) if experts else None
+    if moe is not None:
+        return moe
+    hf = gguf_to_hf_name(name)
+    return None if hf is None else [hf]
+
+
+def gguf_to_hf_name(name: str) -> str | None:
     """GGUF tensor name -> HF name (None: a tensor the HF model does not have)."""
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
     if m:
@@ -185,48 +222,6 @@ def _hf_name(name: str) -> str | None:
     base, _, kind = name.rpartition(".")
     part = _GLOBAL_NAMES.get(base)
     return f"{part}.{kind}" if part else None
-
-
-def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undo llama.cpp's per-head row permutation of attn_q/attn_k.
-
-    llama.cpp reorders each head's rows from HF's [first halves | second halves] to interleaved
-    pairs: reshape(H, 2, D/2, ...) -> swap axes 1, 2. The inverse is reshape(H, D/2, 2, ...) -> swap."""
-    rows = w.shape[0]
-    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _dequantized_tensors(
-    reader: GGUFReader, config: dict[str, Any], gguf_path: Path, progress: bool
-) -> dict[str, np.ndarray]:
-    from gguf.quants import dequantize
-
-    from minisgl.utils.progress_bar import progress_bar
-
-    out: dict[str, np.ndarray] = {}
-    heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
-    if config["model_type"] not in _PERMUTED_ROPE:
-        heads = {}
-    for t in progress_bar(
-        reader.tensors, desc=f"Converting {gguf_path.name}", unit="tensor", disable=not progress
-    ):
-        hf = _hf_name(t.name)
-        if hf is None:
-            raise GGUFConversionError(
-                f"{gguf_path}: unexpected tensor {t.name!r} for a {config['model_type']} model"
-            )
-        try:
-            w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        except Exception as e:  # unsupported quantization type
-            raise GGUFConversionError(
-                f"{gguf_path}: cannot dequantize {t.name!r} ({t.tensor_type.name}): {e}"
-            ) from None
-        w = w.reshape([int(x) for x in reversed(t.shape)])  # GGUF lists dims innermost first
-        proj = hf.split(".")[-2]
-        if proj in heads and hf.endswith(".weight"):
-            w = unpermute_rope_rows(w, heads[proj])
-        out[hf] = np.ascontiguousarray(w)
-    return out
 
 
 def _save_tokenizer(gguf_path: Path, out_dir: Path) -> None:

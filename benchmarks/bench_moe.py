@@ -1,0 +1,140 @@
+"""The routed experts of one MoE layer (the backend's `moe` op) at a few token counts.
+
+GPU (bf16): torch routing, then the fused Triton MoE, replayed from a CUDA graph as a decode step runs
+it: time per call, the expert weights the call reads (the distinct experts its tokens reach) and the
+bandwidth that makes, against a device copy's measured in the same run. `--sweep` times every launch
+shape of SWEEP for the two grouped GEMMs instead of `moe_config`'s choice (the best one is marked).
+
+CPU (`--device cpu`, float32): the CPU backend's op (one C call) against the reference ops' loop over
+experts (transformers' way), alternating, min and median of `--repeats` each, and their ratio.
+
+    python benchmarks/bench_moe.py [--model-config qwen3-30b-a3b] [--tp 1] [--tokens 1,8,64,256,1024] [--sweep]
+    python benchmarks/bench_moe.py --device cpu [--tokens 1,4,16,64] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from minisgl.backends import create_ops
+from minisgl.benchmark.presets import preset_config
+
+# (block_m, block_n, block_k, num_warps, num_stages)
+SWEEP = [
+    (16, 32, 128, 4, 4), (16, 64, 128, 4, 3), (16, 64, 256, 4, 3), (16, 128, 128, 4, 3), (16, 64, 64, 4, 4),
+    (32, 64, 128, 4, 3), (32, 128, 64, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (64, 128, 64, 4, 4),
+    (128, 128, 64, 8, 3),
+]  # fmt: skip
+
+
+def layer(preset: str, tp: int) -> tuple[int, int, int, int]:
+    """(hidden, experts, each expert's intermediate size on one of `tp` ranks, top-k) of a preset."""
+    c = preset_config(preset)
+    experts = c.get("num_experts") or c["num_local_experts"]
+    inter = c.get("moe_intermediate_size") or c["intermediate_size"]
+    return c["hidden_size"], experts, inter // tp, c["num_experts_per_tok"]
+
+
+def layer_weights(h: int, e: int, i: int, dev: str, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Random router (E, H), w13 (E, 2I, H), w2 (E, H, I)."""
+    gen = torch.Generator(dev).manual_seed(0)
+    return tuple(
+        (torch.randn(*shape, device=dev, dtype=dtype, generator=gen) * 0.02)
+        for shape in ((e, h), (e, 2 * i, h), (e, h, i))
+    )
+
+
+def cpu(ns: argparse.Namespace, h: int, e: int, i: int, k: int) -> None:
+    """The CPU backend's op against the reference loop, alternating."""
+    router, w13, w2 = layer_weights(h, e, i, "cpu", torch.float32)
+    ops = {
+        "cpu backend (one C call)": create_ops("cpu", "cpu"),
+        "reference (loop over experts)": create_ops("torch", "cpu"),
+    }
+    print(
+        f"CPU, {torch.get_num_threads()} threads; {ns.model_config} layer at TP={ns.tp}: hidden {h}, {e} experts of {i}, top-{k}, float32"
+    )
+    for t in (int(s) for s in ns.tokens.split(",")):
+        x = torch.randn(t, h)
+        times: dict[str, list[float]] = {name: [] for name in ops}
+        for rep in range(ns.repeats + 1):  # the first round warms up
+            for name, o in ops.items():
+                t0 = time.perf_counter()
+                o.moe(x, router, w13, w2, k, True)
+                if rep:
+                    times[name].append(time.perf_counter() - t0)
+        _, ids = ops["reference (loop over experts)"].route(x, router, k, False)
+        read = int(ids.unique().numel()) * (w13[0].numel() + w2[0].numel()) * 4
+        print(f"--- {t} tokens: {read / 1e6:.0f} MB of expert weights read")
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            print(
+                f"  {name:30s} min {min(ts) * 1e3:8.1f} ms  median {med * 1e3:8.1f} ms  {read / med / 1e9:5.1f} GB/s"
+            )
+        a, b = (statistics.median(ts) for ts in times.values())
+        print(f"  ratio (reference / cpu backend, medians): {b / a:.2f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model-config", default="qwen3-30b-a3b")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument(
+        "--tokens", default=None, help="token counts (default: 1,8,64,256,1024; on the CPU 1,4,16,64)"
+    )
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--repeats", type=int, default=5, help="CPU: timed calls of each op")
+    ns = ap.parse_args()
+    h, e, i, k = layer(ns.model_config, ns.tp)
+    if ns.device == "cpu":
+        ns.tokens = ns.tokens or "1,4,16,64"
+        return cpu(ns, h, e, i, k)
+    ns.tokens = ns.tokens or "1,8,64,256,1024"
+    gpu(ns, h, e, i, k)
+
+
+def gpu(ns: argparse.Namespace, h: int, e: int, i: int, k: int) -> None:
+    """The CUDA backend's op (or each launch shape of SWEEP) under CUDA graphs."""
+    from triton.testing import do_bench_cudagraph
+
+    from minisgl.benchmark.offline import copy_bandwidth
+    from minisgl.kernels.triton.moe import MoeConfig, fused_moe, moe_config
+
+    dev, dtype = "cuda", torch.bfloat16
+    bandwidth = copy_bandwidth(dev)
+    print(f"{torch.cuda.get_device_name()}: device copy {bandwidth / 1e12:.2f} TB/s (read + write)")
+    print(
+        f"{ns.model_config} layer at TP={ns.tp}: hidden {h}, {e} experts of intermediate {i}, top-{k}, bf16"
+    )
+    ops = create_ops("cuda", dev)
+    router, w13, w2 = layer_weights(h, e, i, dev, dtype)
+    expert_bytes = (w13[0].numel() + w2[0].numel()) * w13.element_size()
+    for t in (int(s) for s in ns.tokens.split(",")):
+        x = torch.randn(t, h, device=dev, dtype=dtype)
+        weights, ids = ops.route(x, router, k, renormalize=False)
+        read = int(ids.unique().numel()) * expert_bytes + router.numel() * router.element_size()
+        runs = {"moe op (routing + fused MoE)": lambda x=x: ops.moe(x, router, w13, w2, k, True)}
+        if ns.sweep:
+            runs = {
+                str(c): lambda x=x, c=c, w=weights, d=ids: fused_moe(x, w13, w2, w, d, True, MoeConfig(*c))
+                for c in SWEEP
+            }
+        times = {name: do_bench_cudagraph(fn) * 1e3 for name, fn in runs.items()}  # us
+        best = min(times, key=times.get)
+        chosen = moe_config(t * k, dtype)
+        print(f"--- {t} tokens: {read / 1e6:.1f} MB of expert weights read (moe_config: {chosen})")
+        for name, us in times.items():
+            gbs = read / us / 1e3
+            mark = "  <- best" if ns.sweep and name == best else ""
+            print(
+                f"  {name:34s} {us:8.1f} us  {gbs:7.0f} GB/s = {100 * gbs * 1e9 / bandwidth:3.0f}% of copy{mark}"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1135 @@
+/* minisgl's CPU kernels for weights kept in GGUF's block formats (Q4_0 .. Q6_K) and in 16-bit floats.
+ *
+ * Built by minisgl/kernels/build.py once per instruction set, the one this machine runs chosen at
+ * start (MINISGL_CPU_ISA forces one): MINISGL_AVX512 (AVX-512 F/BW/VL with VNNI), MINISGL_AVX2
+ * (AVX2, FMA, F16C) or neither (portable C). The three compute the same sums in their own order.
+ *
+ * y (M, N) = op(x) (M, K) @ W^T (+ bias) (+ y when accumulating), where W's rows are given by address
+ * and ggml type (`row_ptrs`, `row_fmts`: fused and permuted weights need no copy), and op is nothing,
+ * RMSNorm, or SiLU(gate) * up (the activations of the next projection, computed here once).
+ *
+ * Block formats go about the way llama.cpp goes: the activations are quantized to int8 per block of
+ * 16 (a float scale dx each: half of llama.cpp's 32, which more than halves the error for the same
+ * integer work), and each weight row is decoded once per call into unsigned bytes u
+ * with a float scale and offset per 16 weights, w = sc * u + bi (e.g. Q4_1: u = q, sc = d, bi = m;
+ * Q8_0: u = q + 128, bi = -128 d). A dot product is then exact integer sums of u * qx per 16 (VNNI's
+ * vpdpbusd, AVX2's vpmaddubsw), scaled: sum_c sc_c dx_c sum(u qx) + sum_c bi_c dx_c sum(qx).
+ * Decoding a tile of rows once and streaming every activation row past it serves decode (a few
+ * rows: the weight read from memory once) and prefill (many rows: the decoded tile stays in L1).
+ * Float rows (F32, F16, BF16) are converted in registers and multiplied in float32.
+ *
+ * Prefill passes (`prefill`), where the AMX build runs on a CPU with AMX-BF16: weights of every block
+ * format are decoded a tile of rows at a time to bfloat16 and multiplied by the activations rounded to
+ * bfloat16, float32 sums, in AMX tiles (16 x 16 outputs, 32 k per instruction); each output is again
+ * one fixed sequence of tile products whatever M. Decode passes keep the integer path (so a decode
+ * row never depends on its batch either).
+ *
+ * Batch invariance: each output element is one fixed sequence of operations on its own accumulator,
+ * whatever M, the tile it falls in, or the thread count, so a row's result never depends on the
+ * rows batched with it. No fast-math (built with -ffp-contract=off).
+ *
+ * Threads: OpenMP over tiles of weight rows (the activations are prepared before), sharing torch's
+ * runtime as cpu_kernels.c does.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(MINISGL_AVX512) || defined(MINISGL_AVX2)
+#include <immintrin.h>
+#endif
+
+/* ggml type ids */
+enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30 };
+enum { PRE_NONE = 0, PRE_RMSNORM = 1, PRE_SILU_MUL = 2 };
+
+#define TILE_ROWS 8  /* weight rows decoded together */
+#define MICRO_ROWS 4 /* weight rows per micro-kernel */
+#if defined(MINISGL_AVX2) && !defined(MINISGL_AVX512)
+#define MICRO_ACTS 2 /* activation rows per micro-kernel: 16 ymm registers hold 4 x 2 sums */
+#else
+#define MICRO_ACTS 4
+#endif
+
+const char *minisgl_quant_isa(void) {
+#if defined(MINISGL_AMX)
+    return "amx";
+#elif defined(MINISGL_AVX512)
+    return "avx512";
+#elif defined(MINISGL_AVX2)
+    return "avx2";
+#else
+    return "portable";
+#endif
+}
+
+static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+static inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu, u;
+    if (exp == 0x1F) u = sign | 0x7F800000u | (mant << 13);
+    else if (exp != 0) u = sign | ((exp + 112) << 23) | (mant << 13);
+    else if (mant == 0) u = sign;
+    else { /* subnormal: normalise */
+        exp = 113;
+        while (!(mant & 0x400u)) mant <<= 1, --exp;
+        u = sign | (exp << 23) | ((mant & 0x3FFu) << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+static inline float bf16_to_float(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float load_half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return half_to_float(h);
+}
+
+static inline int is_float_fmt(int fmt) { return fmt == F32 || fmt == F16 || fmt == BF16; }
+
+static int type_size(int fmt) {
+    switch (fmt) {
+    case F32: return 4;
+    case F16: case BF16: return 2;
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q5_0: return 22;
+    case Q5_1: return 24;
+    case Q8_0: return 34;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    case Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+static int block_size(int fmt) {
+    switch (fmt) {
+    case F32: case F16: case BF16: return 1;
+    case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: return 32;
+    case Q4_K: case Q5_K: case Q6_K: return 256;
+    default: return 0;
+    }
+}
+
+/* ---- dequantization to float32, exactly as minisgl.quant.formats computes it ------------------- */
+
+/* Q4_K/Q5_K: the 6-bit scale and min of sub-block j from the 12 packed bytes */
+static inline void k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* One row of K weights of type fmt at p -> out[0..K) */
+static void dequant_row(int fmt, const uint8_t *p, int64_t K, float *restrict out) {
+    switch (fmt) {
+    case F32: memcpy(out, p, sizeof(float) * (size_t)K); break;
+    case F16:
+        for (int64_t i = 0; i < K; ++i) out[i] = load_half(p + 2 * i);
+        break;
+    case BF16:
+        for (int64_t i = 0; i < K; ++i) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            out[i] = bf16_to_float(h);
+        }
+        break;
+    case Q4_0: case Q4_1: case Q5_0: case Q5_1:
+        for (int64_t b = 0; b < K / 32; ++b) {
+            const int has_min = fmt == Q4_1 || fmt == Q5_1, five = fmt == Q5_0 || fmt == Q5_1;
+            const uint8_t *blk = p + b * (fmt == Q4_0 ? 18 : fmt == Q4_1 ? 20 : fmt == Q5_0 ? 22 : 24);
+            const float d = load_half(blk), m = has_min ? load_half(blk + 2) : 0.f;
+            uint32_t qh = 0;
+            if (five) memcpy(&qh, blk + 2 + 2 * has_min, 4);
+            const uint8_t *qs = blk + 2 + 2 * has_min + 4 * five;
+            const int off = has_min ? 0 : (five ? 16 : 8);
+            float *o = out + 32 * b;
+            for (int j = 0; j < 16; ++j) {
+                const int q0 = (qs[j] & 0xF) | (five ? ((qh >> j) & 1) << 4 : 0);
+                const int q1 = (qs[j] >> 4) | (five ? ((qh >> (j + 16)) & 1) << 4 : 0);
+                if (has_min) {
+                    o[j] = d * (float)q0 + m;
+                    o[j + 16] = d * (float)q1 + m;
+                } else {
+                    o[j] = d * (float)(q0 - off);
+                    o[j + 16] = d * (float)(q1 - off);
+                }
+            }
+        }
+        break;
+    case Q8_0:
+        for (int64_t b = 0; b < K / 32; ++b) {
+            const uint8_t *blk = p + b * 34;
+            const float d = load_half(blk);
+            for (int j = 0; j < 32; ++j) out[32 * b + j] = d * (float)(int8_t)blk[2 + j];
+        }
+        break;
+    case Q4_K: case Q5_K:
+        for (int64_t b = 0; b < K / 256; ++b) {
+            const int five = fmt == Q5_K;
+            const uint8_t *blk = p + b * (five ? 176 : 144);
+            const float d = load_half(blk), dmin = load_half(blk + 2);
+            const uint8_t *scales = blk + 4, *qh = blk + 16, *qs = blk + (five ? 48 : 16);
+            for (int j = 0; j < 8; ++j) {
+                int sc, m;
+                k_scale_min(j, scales, &sc, &m);
+                const float d1 = d * (float)sc, m1 = dmin * (float)m;
+                const uint8_t *q = qs + 32 * (j / 2);
+                float *o = out + 256 * b + 32 * j;
+                for (int l = 0; l < 32; ++l) {
+                    int v = (j & 1) ? q[l] >> 4 : q[l] & 0xF;
+                    if (five) v |= ((qh[l] >> j) & 1) << 4;
+                    o[l] = d1 * (float)v - m1;
+                }
+            }
+        }
+        break;
+    case Q6_K:
+        for (int64_t b = 0; b < K / 256; ++b) {
+            const uint8_t *blk = p + b * 210;
+            const float d = load_half(blk + 208);
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            for (int half = 0; half < 2; ++half) {
+                const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
+                float *o = out + 256 * b + 128 * half;
+                for (int l = 0; l < 128; ++l) {
+                    const int lo = l < 64 ? ql[l] & 0xF : ql[l - 64] >> 4;
+                    const int hi = (qh[l % 32] >> (2 * (l / 32))) & 3;
+                    const float s = d * (float)sc[8 * half + l / 16];
+                    o[l] = s * (float)((lo | (hi << 4)) - 32);
+                }
+            }
+        }
+        break;
+    }
+}
+
+/* out (T, K) = rows ids[0..T) of the weight, dequantized (the embedding lookup) */
+int minisgl_dequant_rows(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t nrows, const int64_t *ids,
+                         int64_t T, int64_t K, float *out) {
+    for (int64_t t = 0; t < T; ++t)
+        if (ids[t] < 0 || ids[t] >= nrows || block_size(row_fmts[ids[t]]) == 0) return -1;
+#pragma omp parallel for if (T * K >= 262144)
+    for (int64_t t = 0; t < T; ++t)
+        dequant_row(row_fmts[ids[t]], (const uint8_t *)(intptr_t)row_ptrs[ids[t]], K, out + t * K);
+    return 0;
+}
+
+/* ---- a weight row decoded for the integer dot products --------------------------------------------
+ * u[0..K64) bytes (zero past K), sc/bi[0..C16) floats per 16 weights (zero past K / 16). */
+
+typedef struct {
+    uint8_t *u;
+    float *sc, *bi;
+    int kind; /* 0: absent (no row, or a float row), 1: unsigned u, 2: signed int8 u (bi = 0) */
+} Decoded;
+
+static inline void set16(float *sc, float *bi, int64_t c, float s, float b) {
+    sc[c] = sc[c + 1] = s;
+    bi[c] = bi[c + 1] = b;
+}
+
+/* Byte-wise helpers of the decoders, in SIMD where the build has it (the portable build: plain C). */
+
+/* u[0..32) = the nibbles of qs[0..16): low nibbles, then high nibbles */
+static inline void nibbles32(const uint8_t *restrict qs, uint8_t *restrict u) {
+#if defined(MINISGL_AVX512) || defined(MINISGL_AVX2)
+    const __m128i v = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0F);
+    _mm_storeu_si128((__m128i *)u, _mm_and_si128(v, m));
+    _mm_storeu_si128((__m128i *)(u + 16), _mm_and_si128(_mm_srli_epi16(v, 4), m));
+#else
+    for (int j = 0; j < 16; ++j) u[j] = qs[j] & 0xF;
+    for (int j = 0; j < 16; ++j) u[j + 16] = qs[j] >> 4;
+#endif
+}
+
+/* u[0..32) |= 16 where bit j of qh is set (the fifth bits of Q5_0/Q5_1) */
+static inline void fifth_bits32(uint32_t qh, uint8_t *restrict u) {
+#if defined(MINISGL_AVX512)
+    const __m256i v = _mm256_loadu_si256((const __m256i *)u);
+    _mm256_storeu_si256((__m256i *)u, _mm256_or_si256(v, _mm256_maskz_set1_epi8((__mmask32)qh, 0x10)));
+#elif defined(MINISGL_AVX2)
+    /* byte j gets byte j / 8 of qh, then keeps bit j % 8 of it */
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)qh), _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    const __m256i v = _mm256_loadu_si256((const __m256i *)u);
+    _mm256_storeu_si256((__m256i *)u, _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(0x10))));
+#else
+    for (int j = 0; j < 32; ++j) u[j] |= ((qh >> j) & 1) << 4;
+#endif
+}
+
+/* Q4_K/Q5_K: 32 bytes of nibbles -> sub-blocks lo (low nibbles) and hi (high), with the fifth bits
+ * (bit j_lo / j_hi of qh[l]) when qh is not NULL */
+static inline void k_pair(const uint8_t *restrict q, const uint8_t *restrict qh, int j_lo, uint8_t *restrict lo,
+                          uint8_t *restrict hi) {
+#if defined(MINISGL_AVX512) || defined(MINISGL_AVX2)
+    const __m256i v = _mm256_loadu_si256((const __m256i *)q), m = _mm256_set1_epi8(0x0F);
+    __m256i a = _mm256_and_si256(v, m), b = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+    if (qh != NULL) {
+        const __m256i h = _mm256_loadu_si256((const __m256i *)qh), one = _mm256_set1_epi8(1);
+        a = _mm256_or_si256(a, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, j_lo), one), 4));
+        b = _mm256_or_si256(b, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, j_lo + 1), one), 4));
+    }
+    _mm256_storeu_si256((__m256i *)lo, a);
+    _mm256_storeu_si256((__m256i *)hi, b);
+#else
+    for (int l = 0; l < 32; ++l) lo[l] = q[l] & 0xF;
+    for (int l = 0; l < 32; ++l) hi[l] = q[l] >> 4;
+    if (qh != NULL) {
+        for (int l = 0; l < 32; ++l) lo[l] |= ((qh[l] >> j_lo) & 1) << 4;
+        for (int l = 0; l < 32; ++l) hi[l] |= ((qh[l] >> (j_lo + 1)) & 1) << 4;
+    }
+#endif
+}
+
+/* Q6_K: one half (64 bytes of ql, 32 of qh) -> 128 values of 6 bits */
+static inline void q6_half(const uint8_t *restrict ql, const uint8_t *restrict qh, uint8_t *restrict u) {
+#if defined(MINISGL_AVX512) || defined(MINISGL_AVX2)
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(h, m2), 4);
+    const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4);
+    const __m256i h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4);
+    const __m256i h3 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4);
+    _mm256_storeu_si256((__m256i *)u, _mm256_or_si256(_mm256_and_si256(l0, m4), h0));
+    _mm256_storeu_si256((__m256i *)(u + 32), _mm256_or_si256(_mm256_and_si256(l1, m4), h1));
+    _mm256_storeu_si256((__m256i *)(u + 64), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), h2));
+    _mm256_storeu_si256((__m256i *)(u + 96), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), h3));
+#else
+    for (int l = 0; l < 32; ++l) {
+        u[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+        u[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+        u[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+        u[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+    }
+#endif
+}
+
+/* Q8_0's 32 int8 -> u: q + 128 (flip = 0x80), or the bytes as they are (flip = 0) */
+static inline void bytes32(const uint8_t *restrict q, uint8_t flip, uint8_t *restrict u) {
+#if defined(MINISGL_AVX512) || defined(MINISGL_AVX2)
+    _mm256_storeu_si256((__m256i *)u, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)q), _mm256_set1_epi8((char)flip)));
+#else
+    for (int j = 0; j < 32; ++j) u[j] = q[j] ^ flip;
+#endif
+}
+
+/* The 32-weight formats (Q4_0 .. Q8_0) a chunk of blocks at a time: their f16 scales gathered and
+ * converted together, their nibbles unpacked four blocks per vector. A row's last blocks (fewer than
+ * a chunk) go one at a time below. Same values as the one-block code. */
+#if defined(MINISGL_AVX512)
+#define SCALE_CHUNK 16
+/* sc/bi (32 entries each: two per block) of blocks 0..15 at p, `bytes` apart; bias_of_d: the bias as
+ * a multiple of d (Q4_0 -8, Q5_0 -16, Q8_0 -128 or 0), or NAN: the block's f16 m after d */
+static inline void scales_chunk(const uint8_t *p, int bytes, float bias_of_d, float *sc, float *bi) {
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(bytes));
+    const __m512i w = _mm512_i32gather_epi32(idx, (const void *)p, 1); /* (m << 16) | d per block */
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w));
+    const __m512 b = isnan(bias_of_d) ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)))
+                                      : _mm512_mul_ps(_mm512_set1_ps(bias_of_d), d);
+    const __m512i lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    _mm512_storeu_ps(sc, _mm512_permutexvar_ps(lo, d));
+    _mm512_storeu_ps(sc + 16, _mm512_permutexvar_ps(hi, d));
+    _mm512_storeu_ps(bi, _mm512_permutexvar_ps(lo, b));
+    _mm512_storeu_ps(bi + 16, _mm512_permutexvar_ps(hi, b));
+}
+
+/* u of blocks 0..3 at p (`bytes` apart, 16 bytes of nibbles at `off`; Q5: fifth bits at `qh_off`) */
+static inline void nibbles_4blocks(const uint8_t *p, int bytes, int off, int qh_off, uint8_t *u) {
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + off)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + bytes + off)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 2 * bytes + off)), 2);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 3 * bytes + off)), 3);
+    const __m512i m = _mm512_set1_epi8(0x0F);
+    const __m512i L = _mm512_and_si512(v, m), H = _mm512_and_si512(_mm512_srli_epi16(v, 4), m);
+    /* [L0 H0 L1 H1] and [L2 H2 L3 H3], 16-byte units */
+    __m512i u01 = _mm512_permutex2var_epi64(L, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), H);
+    __m512i u23 = _mm512_permutex2var_epi64(L, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), H);
+    if (qh_off >= 0) {
+        uint32_t h[4];
+        for (int i = 0; i < 4; ++i) memcpy(&h[i], p + i * bytes + qh_off, 4);
+        const __m512i sixteen = _mm512_set1_epi8(0x10);
+        u01 = _mm512_or_si512(u01, _mm512_maskz_mov_epi8(_cvtu64_mask64(h[0] | (uint64_t)h[1] << 32), sixteen));
+        u23 = _mm512_or_si512(u23, _mm512_maskz_mov_epi8(_cvtu64_mask64(h[2] | (uint64_t)h[3] << 32), sixteen));
+    }
+    _mm512_storeu_si512((void *)u, u01);
+    _mm512_storeu_si512((void *)(u + 64), u23);
+}
+#elif defined(MINISGL_AVX2)
+#define SCALE_CHUNK 8
+static inline void scales_chunk(const uint8_t *p, int bytes, float bias_of_d, float *sc, float *bi) {
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bytes));
+    const __m256i w = _mm256_i32gather_epi32((const int *)p, idx, 1);
+    /* the low halves (d) and the high halves (m) of the 8 words, as 8 halves each */
+    const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13,
+                                          2, 3, 6, 7, 10, 11, 14, 15);
+    const __m256i t = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(w, pick), 0xD8); /* [d0..7 | m0..7] */
+    const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(t));
+    const __m256 b = isnan(bias_of_d) ? _mm256_cvtph_ps(_mm256_extracti128_si256(t, 1))
+                                      : _mm256_mul_ps(_mm256_set1_ps(bias_of_d), d);
+    const __m256i lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+    _mm256_storeu_ps(sc, _mm256_permutevar8x32_ps(d, lo));
+    _mm256_storeu_ps(sc + 8, _mm256_permutevar8x32_ps(d, hi));
+    _mm256_storeu_ps(bi, _mm256_permutevar8x32_ps(b, lo));
+    _mm256_storeu_ps(bi + 8, _mm256_permutevar8x32_ps(b, hi));
+}
+
+static inline void nibbles_4blocks(const uint8_t *p, int bytes, int off, int qh_off, uint8_t *u) {
+    const __m256i m = _mm256_set1_epi8(0x0F);
+    for (int i = 0; i < 4; i += 2) {
+        const __m256i v = _mm256_loadu2_m128i((const __m128i *)(p + (i + 1) * bytes + off), (const __m128i *)(p + i * bytes + off));
+        const __m256i L = _mm256_and_si256(v, m), H = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+        _mm256_storeu_si256((__m256i *)(u + 32 * i), _mm256_permute2x128_si256(L, H, 0x20));
+        _mm256_storeu_si256((__m256i *)(u + 32 * i + 32), _mm256_permute2x128_si256(L, H, 0x31));
+    }
+    if (qh_off >= 0)
+        for (int i = 0; i < 4; ++i) {
+            uint32_t h;
+            memcpy(&h, p + i * bytes + qh_off, 4);
+            fifth_bits32(h, u + 32 * i);
+        }
+}
+#endif
+
+/* Decodes an integer-format row; returns the row's kind (see Decoded). signed8: Q8_0 as int8 */
+static int decode_row(int fmt, const uint8_t *p, int64_t K, Decoded *r, int signed8) {
+    uint8_t *u = r->u;
+    float *sc = r->sc, *bi = r->bi;
+    switch (fmt) {
+    case Q4_0: case Q4_1: case Q5_0: case Q5_1: {
+        const int has_min = fmt == Q4_1 || fmt == Q5_1, five = fmt == Q5_0 || fmt == Q5_1;
+        const int bytes = fmt == Q4_0 ? 18 : fmt == Q4_1 ? 20 : fmt == Q5_0 ? 22 : 24;
+        int64_t b = 0;
+#ifdef SCALE_CHUNK
+        const float bias_of_d = has_min ? NAN : (five ? -16.f : -8.f);
+        const int off = 2 + 2 * has_min + 4 * five, qh_off = five ? 2 + 2 * has_min : -1;
+        for (; b + SCALE_CHUNK <= K / 32; b += SCALE_CHUNK, p += SCALE_CHUNK * bytes) {
+            scales_chunk(p, bytes, bias_of_d, sc + 2 * b, bi + 2 * b);
+            for (int i = 0; i < SCALE_CHUNK; i += 4) nibbles_4blocks(p + i * bytes, bytes, off, qh_off, u + 32 * (b + i));
+        }
+#endif
+        for (; b < K / 32; ++b, p += bytes) {
+            const float d = load_half(p);
+            nibbles32(p + 2 + 2 * has_min + 4 * five, u + 32 * b);
+            if (five) {
+                uint32_t qh;
+                memcpy(&qh, p + 2 + 2 * has_min, 4);
+                fifth_bits32(qh, u + 32 * b);
+            }
+            set16(sc, bi, 2 * b, d, has_min ? load_half(p + 2) : (five ? -16.f : -8.f) * d);
+        }
+        return 1;
+    }
+    case Q8_0: {
+        int64_t b = 0;
+#ifdef SCALE_CHUNK
+        for (; b + SCALE_CHUNK <= K / 32; b += SCALE_CHUNK, p += SCALE_CHUNK * 34) {
+            scales_chunk(p, 34, signed8 ? 0.f : -128.f, sc + 2 * b, bi + 2 * b);
+            for (int i = 0; i < SCALE_CHUNK; ++i) bytes32(p + 34 * i + 2, signed8 ? 0 : 0x80, u + 32 * (b + i));
+        }
+#endif
+        for (; b < K / 32; ++b, p += 34) {
+            const float d = load_half(p);
+            bytes32(p + 2, signed8 ? 0 : 0x80, u + 32 * b);
+            set16(sc, bi, 2 * b, d, signed8 ? 0.f : -128.f * d);
+        }
+        return signed8 ? 2 : 1;
+    }
+    case Q4_K: case Q5_K: {
+        const int five = fmt == Q5_K;
+        for (int64_t b = 0; b < K / 256; ++b, p += five ? 176 : 144) {
+            const float d = load_half(p), dmin = load_half(p + 2);
+            const uint8_t *qs = p + (five ? 48 : 16);
+            for (int j = 0; j < 8; j += 2)
+                k_pair(qs + 16 * j, five ? p + 16 : NULL, j, u + 256 * b + 32 * j, u + 256 * b + 32 * j + 32);
+            for (int j = 0; j < 8; ++j) {
+                int s, m;
+                k_scale_min(j, p + 4, &s, &m);
+                set16(sc, bi, 16 * b + 2 * j, d * (float)s, -(dmin * (float)m));
+            }
+        }
+        return 1;
+    }
+    case Q6_K:
+        for (int64_t b = 0; b < K / 256; ++b, p += 210) {
+            const float d = load_half(p + 208);
+            const int8_t *scales = (const int8_t *)(p + 192);
+            q6_half(p, p + 128, u + 256 * b);
+            q6_half(p + 64, p + 160, u + 256 * b + 128);
+            for (int g = 0; g < 16; ++g) {
+                const float s = d * (float)scales[g];
+                sc[16 * b + g] = s;
+                bi[16 * b + g] = -32.f * s;
+            }
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- activations ----------------------------------------------------------------------------------
+ * For each row: xf (K floats, after the pre-op), and for the integer path qx (K64 int8, zero past K),
+ * dx (K64 / 16 scales, one per 16) and xs (C16 floats: dx times the sum of each 16 qx, zero past
+ * K / 16). */
+
+typedef struct {
+    int64_t K, K64, C16; /* C16: K64 / 16 rounded up to 16 (the bias sums run 16 at a time) */
+    const float *xf;     /* (M, ldf) */
+    int64_t ldf;
+    int8_t *qx; /* (M, K64) */
+    float *dx;  /* (M, K64 / 16) */
+    float *xs;  /* (M, C16) */
+} Acts;
+
+#if defined(MINISGL_AVX512)
+/* exp(x) for 16 floats (the polynomial of cpu_kernels.c's exp8) */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+#elif defined(MINISGL_AVX2)
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* o[0..K) = silu(g) * up = g / (1 + exp(-g)) * up */
+static void silu_mul_row(const float *restrict g, const float *restrict up, int64_t K, float *restrict o) {
+    int64_t i = 0;
+#if defined(MINISGL_AVX512)
+    const __m512 one = _mm512_set1_ps(1.f);
+    for (; i + 16 <= K; i += 16) {
+        const __m512 gv = _mm512_loadu_ps(g + i);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), _mm512_loadu_ps(up + i)));
+    }
+#elif defined(MINISGL_AVX2)
+    const __m256 one = _mm256_set1_ps(1.f);
+    for (; i + 8 <= K; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    }
+#endif
+    for (; i < K; ++i) o[i] = g[i] / (1.f + expf(-g[i])) * up[i];
+}
+
+/* o[0..K) = w * (x * rsqrt(mean(x^2) + eps)) */
+static void rmsnorm_row(const float *restrict x, const float *restrict w, float eps, int64_t K, float *restrict o) {
+    float ss = 0.f;
+    int64_t i = 0;
+#if defined(MINISGL_AVX512)
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= K; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    ss = _mm512_reduce_add_ps(acc);
+#endif
+    for (; i < K; ++i) ss += x[i] * x[i];
+    const float r = 1.f / sqrtf(ss / (float)K + eps);
+    for (i = 0; i < K; ++i) o[i] = w[i] * (x[i] * r);
+}
+
+/* Quantizes one row of floats (K of them) into qx/dx/xs, per block of 16: dx = max|x| / 127,
+ * qx = round(x / dx) to nearest, ties to even (x times 1 / dx, as llama.cpp does). */
+static void quantize_row(const float *restrict x, int64_t K, int64_t K64, int64_t C16, int8_t *restrict qx,
+                         float *restrict dx, float *restrict xs) {
+    int64_t b = 0;
+#if defined(MINISGL_AVX512)
+    for (; b < K / 16; ++b) {
+        const __m512 v = _mm512_loadu_ps(x + 16 * b);
+        const float d = _mm512_reduce_max_ps(_mm512_abs_ps(v)) / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, _mm512_set1_ps(id)));
+        _mm_storeu_si128((__m128i *)(qx + 16 * b), _mm512_cvtepi32_epi8(q));
+        dx[b] = d;
+        xs[b] = d * (float)_mm512_reduce_add_epi32(q);
+    }
+#elif defined(MINISGL_AVX2)
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    for (; b < K / 16; ++b) {
+        const __m256 v0 = _mm256_loadu_ps(x + 16 * b), v1 = _mm256_loadu_ps(x + 16 * b + 8);
+        const __m256 m = _mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float d = _mm_cvtss_f32(h) / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+        int32_t q[16];
+        _mm256_storeu_si256((__m256i *)q, _mm256_cvtps_epi32(_mm256_mul_ps(v0, _mm256_set1_ps(id))));
+        _mm256_storeu_si256((__m256i *)(q + 8), _mm256_cvtps_epi32(_mm256_mul_ps(v1, _mm256_set1_ps(id))));
+        int sum = 0;
+        for (int j = 0; j < 16; ++j) sum += q[j], qx[16 * b + j] = (int8_t)q[j];
+        dx[b] = d;
+        xs[b] = d * (float)sum;
+    }
+#endif
+    for (; b < K64 / 16; ++b) {
+        const int64_t n = K - 16 * b >= 16 ? 16 : (K - 16 * b > 0 ? K - 16 * b : 0);
+        float amax = 0.f;
+        for (int64_t j = 0; j < n; ++j) amax = fabsf(x[16 * b + j]) > amax ? fabsf(x[16 * b + j]) : amax;
+        const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+        int sum = 0;
+        for (int64_t j = 0; j < 16; ++j) {
+            const int q = j < n ? (int)nearbyintf(x[16 * b + j] * id) : 0;
+            qx[16 * b + j] = (int8_t)q;
+            sum += q;
+        }
+        dx[b] = d;
+        xs[b] = d * (float)sum;
+    }
+    for (int64_t c = K64 / 16; c < C16; ++c) xs[c] = 0.f;
+}
+
+/* ---- the integer micro-kernel: MICRO_ROWS decoded rows x R activation rows -> out[w][a] ----------- */
+
+#if defined(MINISGL_AVX512)
+#define DEFINE_INT_DOT(R)                                                                                   \
+    static void int_dot_##R(const Decoded *rw, const Acts *A, int64_t a0, float out[MICRO_ROWS][MICRO_ACTS]) { \
+        const __m512i zero = _mm512_setzero_si512();                                                       \
+        const __m512i idx_sc = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);           \
+        __m512 acc[MICRO_ROWS][R];                                                                         \
+        for (int w = 0; w < MICRO_ROWS; ++w)                                                               \
+            for (int a = 0; a < R; ++a) acc[w][a] = _mm512_setzero_ps();                                   \
+        const int8_t *qx = A->qx + a0 * A->K64;                                                            \
+        const float *dx = A->dx + a0 * (A->K64 / 16);                                                      \
+        for (int64_t g = 0; g < A->K64 / 64; ++g) {                                                        \
+            __m512i xv[R];                                                                                 \
+            __m512 dv[R];                                                                                  \
+            for (int a = 0; a < R; ++a) {                                                                  \
+                xv[a] = _mm512_loadu_si512((const void *)(qx + a * A->K64 + 64 * g));                      \
+                const __m128 d4 = _mm_loadu_ps(dx + a * (A->K64 / 16) + 4 * g);                           \
+                dv[a] = _mm512_permutexvar_ps(idx_sc, _mm512_castps128_ps512(d4));                         \
+            }                                                                                              \
+            for (int w = 0; w < MICRO_ROWS; ++w) {                                                         \
+                const __m512i z = _mm512_loadu_si512((const void *)(rw[w].u + 64 * g));                    \
+                const __m512 s = _mm512_permutexvar_ps(idx_sc, _mm512_castps128_ps512(_mm_loadu_ps(rw[w].sc + 4 * g))); \
+                for (int a = 0; a < R; ++a)                                                                \
+                    acc[w][a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, z, xv[a])),   \
+                                                _mm512_mul_ps(s, dv[a]), acc[w][a]);                       \
+            }                                                                                              \
+        }                                                                                                  \
+        for (int w = 0; w < MICRO_ROWS; ++w)                                                               \
+            for (int a = 0; a < R; ++a) {                                                                  \
+                const float *xs = A->xs + (a0 + a) * A->C16;                                               \
+                __m512 b = _mm512_setzero_ps();                                                            \
+                for (int64_t c = 0; c < A->C16; c += 16)                                                   \
+                    b = _mm512_fmadd_ps(_mm512_loadu_ps(rw[w].bi + c), _mm512_loadu_ps(xs + c), b);        \
+                out[w][a] = _mm512_reduce_add_ps(acc[w][a]) + _mm512_reduce_add_ps(b);                     \
+            }                                                                                              \
+    }
+DEFINE_INT_DOT(1)
+DEFINE_INT_DOT(2)
+DEFINE_INT_DOT(3)
+DEFINE_INT_DOT(4)
+
+#elif defined(MINISGL_AVX2)
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* vpmaddubsw multiplies unsigned by signed bytes and saturates pairs at int16: fine for u < 64 (the
+ * 4-6 bit formats); Q8_0's signed bytes go by the sign trick, |w| * (x signed by w). SIGNED says
+ * whether any row of the tile is Q8_0 (the trick is exact for the others too: their u >= 0). */
+#define DEFINE_INT_DOT(R, SIGNED)                                                                           \
+    static void int_dot_##R##_##SIGNED(const Decoded *rw, const Acts *A, int64_t a0,                       \
+                                       float out[MICRO_ROWS][MICRO_ACTS]) {                                \
+        const __m256i ones = _mm256_set1_epi16(1);                                                         \
+        const __m256i idx_sc = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0);                                   \
+        __m256 acc[MICRO_ROWS][R];                                                                         \
+        for (int w = 0; w < MICRO_ROWS; ++w)                                                               \
+            for (int a = 0; a < R; ++a) acc[w][a] = _mm256_setzero_ps();                                   \
+        const int8_t *qx = A->qx + a0 * A->K64;                                                            \
+        const float *dx = A->dx + a0 * (A->K64 / 16);                                                      \
+        for (int64_t b = 0; b < A->K64 / 32; ++b) {                                                        \
+            __m256i xv[R];                                                                                 \
+            __m256 dv[R];                                                                                  \
+            for (int a = 0; a < R; ++a) {                                                                  \
+                xv[a] = _mm256_loadu_si256((const __m256i *)(qx + a * A->K64 + 32 * b));                   \
+                const __m128 d2 = _mm_castpd_ps(_mm_load_sd((const double *)(dx + a * (A->K64 / 16) + 2 * b))); \
+                dv[a] = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d2), idx_sc);                      \
+            }                                                                                              \
+            for (int w = 0; w < MICRO_ROWS; ++w) {                                                         \
+                __m256i z = _mm256_loadu_si256((const __m256i *)(rw[w].u + 32 * b));                       \
+                const __m128 s2 = _mm_castpd_ps(_mm_load_sd((const double *)(rw[w].sc + 2 * b)));         \
+                const __m256 s = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s2), idx_sc);             \
+                const __m256i zu = SIGNED ? _mm256_sign_epi8(z, z) : z;                                    \
+                for (int a = 0; a < R; ++a) {                                                              \
+                    const __m256i xa = SIGNED ? _mm256_sign_epi8(xv[a], z) : xv[a];                        \
+                    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(zu, xa), ones);               \
+                    acc[w][a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s, dv[a]), acc[w][a]); \
+                }                                                                                          \
+            }                                                                                              \
+        }                                                                                                  \
+        for (int w = 0; w < MICRO_ROWS; ++w)                                                               \
+            for (int a = 0; a < R; ++a) {                                                                  \
+                const float *xs = A->xs + (a0 + a) * A->C16;                                               \
+                __m256 bsum = _mm256_setzero_ps();                                                         \
+                for (int64_t c = 0; c < A->C16; c += 8)                                                    \
+                    bsum = _mm256_fmadd_ps(_mm256_loadu_ps(rw[w].bi + c), _mm256_loadu_ps(xs + c), bsum);  \
+                out[w][a] = hsum8(acc[w][a]) + hsum8(bsum);                                                \
+            }                                                                                              \
+    }
+DEFINE_INT_DOT(1, 0)
+DEFINE_INT_DOT(2, 0)
+DEFINE_INT_DOT(1, 1)
+DEFINE_INT_DOT(2, 1)
+
+#else
+/* Portable: exact integer sums per 16, then the float terms in order of k. */
+static void int_dot(const Decoded *rw, const Acts *A, int64_t a0, int R, float out[MICRO_ROWS][MICRO_ACTS]) {
+    for (int w = 0; w < MICRO_ROWS; ++w)
+        for (int a = 0; a < R; ++a) {
+            const int8_t *qx = A->qx + (a0 + a) * A->K64;
+            const float *dx = A->dx + (a0 + a) * (A->K64 / 16), *xs = A->xs + (a0 + a) * A->C16;
+            float acc = 0.f, accb = 0.f;
+            for (int64_t c = 0; c < A->K64 / 16; ++c) {
+                int32_t s = 0;
+                for (int j = 0; j < 16; ++j) {
+                    const int wu = rw[w].kind == 2 ? (int)(int8_t)rw[w].u[16 * c + j] : (int)rw[w].u[16 * c + j];
+                    s += wu * (int)qx[16 * c + j];
+                }
+                acc += (float)s * (rw[w].sc[c] * dx[c]);
+                accb += rw[w].bi[c] * xs[c];
+            }
+            out[w][a] = acc + accb;
+        }
+}
+#endif
+
+static void int_micro(const Decoded *rw, const Acts *A, int64_t a0, int R, float out[MICRO_ROWS][MICRO_ACTS]) {
+#if defined(MINISGL_AVX512)
+    switch (R) {
+    case 4: int_dot_4(rw, A, a0, out); break;
+    case 3: int_dot_3(rw, A, a0, out); break;
+    case 2: int_dot_2(rw, A, a0, out); break;
+    default: int_dot_1(rw, A, a0, out); break;
+    }
+#elif defined(MINISGL_AVX2)
+    int sgn = 0;
+    for (int w = 0; w < MICRO_ROWS; ++w) sgn |= rw[w].kind == 2;
+    if (sgn) (R == 2 ? int_dot_2_1 : int_dot_1_1)(rw, A, a0, out);
+    else (R == 2 ? int_dot_2_0 : int_dot_1_0)(rw, A, a0, out);
+#else
+    int_dot(rw, A, a0, R, out);
+#endif
+}
+
+/* ---- the float micro-kernel: one F32/F16/BF16 row x R activation rows -------------------------- */
+
+static void float_dot(int fmt, const uint8_t *p, const Acts *A, int64_t a0, int R, float out[MICRO_ACTS]) {
+    const int64_t K = A->K;
+    int64_t k = 0;
+    float tail[MICRO_ACTS] = {0.f};
+#if defined(MINISGL_AVX512)
+    __m512 acc[MICRO_ACTS];
+    for (int a = 0; a < R; ++a) acc[a] = _mm512_setzero_ps();
+    for (; k + 16 <= K; k += 16) {
+        __m512 wv;
+        if (fmt == F32) wv = _mm512_loadu_ps((const float *)p + k);
+        else if (fmt == F16) wv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * k)));
+        else wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 2 * k))), 16));
+        for (int a = 0; a < R; ++a) acc[a] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(A->xf + (a0 + a) * A->ldf + k), acc[a]);
+    }
+    for (int a = 0; a < R; ++a) tail[a] = _mm512_reduce_add_ps(acc[a]);
+#elif defined(MINISGL_AVX2)
+    __m256 acc[MICRO_ACTS];
+    for (int a = 0; a < R; ++a) acc[a] = _mm256_setzero_ps();
+    for (; k + 8 <= K; k += 8) {
+        __m256 wv;
+        if (fmt == F32) wv = _mm256_loadu_ps((const float *)p + k);
+        else if (fmt == F16) wv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * k)));
+        else wv = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 2 * k))), 16));
+        for (int a = 0; a < R; ++a) acc[a] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(A->xf + (a0 + a) * A->ldf + k), acc[a]);
+    }
+    for (int a = 0; a < R; ++a) tail[a] = hsum8(acc[a]);
+#endif
+    for (; k < K; ++k) {
+        float wk;
+        if (fmt == F32) memcpy(&wk, p + 4 * k, 4);
+        else {
+            uint16_t h;
+            memcpy(&h, p + 2 * k, 2);
+            wk = fmt == F16 ? half_to_float(h) : bf16_to_float(h);
+        }
+        for (int a = 0; a < R; ++a) tail[a] += wk * A->xf[(a0 + a) * A->ldf + k];
+    }
+    for (int a = 0; a < R; ++a) out[a] = tail[a];
+}
+
+/* ---- the driver --------------------------------------------------------------------------------- */
+
+static inline void put(float *y, int64_t ldy, int64_t a, int64_t n, float v, const float *bias, int accumulate) {
+    if (bias != NULL) v = v + bias[n];
+    float *o = y + a * ldy + n;
+    *o = accumulate ? *o + v : v;
+}
+
+/* Asks for rows n0 .. n0 + TILE_ROWS ahead of their use: weights stream from memory once per call,
+ * and the rows of a tile need not be adjacent (permuted or fused parts), which the hardware
+ * prefetcher cannot guess. */
+static void prefetch_tile(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t n0, int64_t K) {
+#if defined(MINISGL_AVX512) || defined(MINISGL_AVX2)
+    for (int64_t n = n0; n < n0 + TILE_ROWS && n < N; ++n) {
+        const int bs = block_size(row_fmts[n]);
+        const int64_t bytes = K / bs * type_size(row_fmts[n]);
+        const char *p = (const char *)(intptr_t)row_ptrs[n];
+        for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+    }
+#else
+    (void)row_ptrs, (void)row_fmts, (void)N, (void)n0, (void)K;
+#endif
+}
+
+/* Rows n0 .. n0 + TILE_ROWS (those < N) against all M activation rows */
+static void tile(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t n0, const Acts *A,
+                 int64_t M, Decoded *dec, const float *bias, float *y, int64_t ldy, int accumulate) {
+    int any_int = 0;
+    for (int i = 0; i < TILE_ROWS; ++i) {
+        const int64_t n = n0 + i;
+        dec[i].kind = 0;
+        if (n < N && !is_float_fmt(row_fmts[n])) {
+#if defined(MINISGL_AVX2) && !defined(MINISGL_AVX512)
+            const int signed8 = 1;
+#else
+            const int signed8 = 0;
+#endif
+            dec[i].kind = decode_row(row_fmts[n], (const uint8_t *)(intptr_t)row_ptrs[n], A->K, &dec[i], signed8);
+            any_int |= dec[i].kind != 0;
+        }
+        if (dec[i].kind == 0) { /* zeros: the micro-kernel runs over it, nothing is stored */
+            memset(dec[i].u, 0, (size_t)A->K);
+            memset(dec[i].sc, 0, sizeof(float) * (size_t)(A->K / 16));
+            memset(dec[i].bi, 0, sizeof(float) * (size_t)(A->K / 16));
+        } /* (past K the scratch stays as zeroed when allocated: decoding never writes there) */
+    }
+    float out[MICRO_ROWS][MICRO_ACTS];
+    if (any_int)
+        for (int s = 0; s < TILE_ROWS; s += MICRO_ROWS)
+            for (int64_t a0 = 0; a0 < M; a0 += MICRO_ACTS) {
+                const int R = M - a0 < MICRO_ACTS ? (int)(M - a0) : MICRO_ACTS;
+                int_micro(dec + s, A, a0, R, out);
+                for (int w = 0; w < MICRO_ROWS; ++w)
+                    if (dec[s + w].kind != 0)
+                        for (int a = 0; a < R; ++a) put(y, ldy, a0 + a, n0 + s + w, out[w][a], bias, accumulate);
+            }
+    for (int i = 0; i < TILE_ROWS; ++i) {
+        const int64_t n = n0 + i;
+        if (n >= N || !is_float_fmt(row_fmts[n])) continue;
+        for (int64_t a0 = 0; a0 < M; a0 += MICRO_ACTS) {
+            const int R = M - a0 < MICRO_ACTS ? (int)(M - a0) : MICRO_ACTS;
+            float o[MICRO_ACTS];
+            float_dot(row_fmts[n], (const uint8_t *)(intptr_t)row_ptrs[n], A, a0, R, o);
+            for (int a = 0; a < R; ++a) put(y, ldy, a0 + a, n, o[a], bias, accumulate);
+        }
+    }
+}
+
+#if defined(MINISGL_AMX)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Asks Linux for the AMX tile state (once per process; every thread may then use the tiles). */
+int minisgl_amx_init(void) {
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+}
+
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+/* tmm0-3: four 16 x 16 float32 sums, tmm4-5: two weight tiles (16 rows x 32 k), tmm6-7: two
+ * activation tiles (16 k pairs x 16 rows x 2) */
+static void amx_configure(void) {
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette_id = 1;
+    for (int i = 0; i < 8; ++i) c.rows[i] = 16, c.colsb[i] = 64;
+    _tile_loadconfig(&c);
+}
+
+/* Activations f32 (M rows, stride ld) -> bf16 in AMX's pair layout, zero past M (Mp rows, a multiple
+ * of 32): for k-step s and row tile r, 16 k pairs x 16 rows x 2: element (m, 2j + h) of the step at
+ * ((s * Mp / 16 + m / 16) * 16 + j) * 32 + (m % 16) * 2 + h. */
+static void amx_pack_acts(const float *x, int64_t ld, int64_t M, int64_t Mp, int64_t K, uint16_t *out) {
+#pragma omp parallel for if (M * K >= 65536)
+    for (int64_t m = 0; m < Mp; ++m) {
+        for (int64_t s = 0; s < K / 32; ++s) {
+            uint32_t *dst = (uint32_t *)(out + ((s * (Mp / 16) + m / 16) * 16) * 32) + (m % 16);
+            if (m >= M) {
+                for (int j = 0; j < 16; ++j) dst[j * 16] = 0;
+                continue;
+            }
+            const __m512 lo = _mm512_loadu_ps(x + m * ld + 32 * s), hi = _mm512_loadu_ps(x + m * ld + 32 * s + 16);
+            uint32_t pairs[16];
+            _mm512_storeu_si512((void *)pairs, (__m512i)_mm512_cvtne2ps_pbh(hi, lo)); /* k 0..31 in order */
+            for (int j = 0; j < 16; ++j) dst[j * 16] = pairs[j];
+        }
+    }
+}
+
+/* A decoded row (u, sc, bi) -> K bf16 weights, w = sc * u + bi per 16 */
+static void amx_row_bf16(const Decoded *r, int64_t K, uint16_t *out) {
+    for (int64_t c = 0; c < K / 16; c += 2) {
+        const __m512 u0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(r->u + 16 * c))));
+        const __m512 u1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(r->u + 16 * c + 16))));
+        const __m512 w0 = _mm512_fmadd_ps(_mm512_set1_ps(r->sc[c]), u0, _mm512_set1_ps(r->bi[c]));
+        const __m512 w1 = _mm512_fmadd_ps(_mm512_set1_ps(r->sc[c + 1]), u1, _mm512_set1_ps(r->bi[c + 1]));
+        _mm512_storeu_si512((void *)(out + 16 * c), (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+    }
+}
+
+/* Rows n0 .. n0 + 32 of the weight (decoded to bf16, rows past N zero) against all Mp activation
+ * rows: 2 x 2 tiles of 16 x 16 sums per step of 32 k. */
+static void amx_tile_pair(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t n0, int64_t M,
+                          int64_t Mp, int64_t K, const uint16_t *acts, Decoded *dec, uint16_t *wbf, float *cbuf,
+                          const float *bias, float *y, int64_t ldy, int accumulate) {
+    for (int i = 0; i < 32; ++i) {
+        const int64_t n = n0 + i;
+        if (n < N && decode_row(row_fmts[n], (const uint8_t *)(intptr_t)row_ptrs[n], K, dec, 0))
+            amx_row_bf16(dec, K, wbf + i * K);
+        else
+            memset(wbf + i * K, 0, sizeof(uint16_t) * (size_t)K);
+    }
+    const int64_t steps = K / 32, mt = Mp / 16;
+    for (int64_t m0 = 0; m0 < Mp; m0 += 32) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t s = 0; s < steps; ++s) {
+            _tile_loadd(4, wbf + 32 * s, K * 2);
+            _tile_loadd(5, wbf + 16 * K + 32 * s, K * 2);
+            _tile_loadd(6, acts + ((s * mt + m0 / 16) * 16) * 32, 64);
+            _tile_loadd(7, acts + ((s * mt + m0 / 16 + 1) * 16) * 32, 64);
+            _tile_dpbf16ps(0, 4, 6); /* weight rows 0..15 x act rows 0..15 */
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+        for (int t = 0; t < 4; ++t) { /* tile (w, a): C[n][m], weight rows 16 (t / 2), act rows 16 (t % 2) */
+            switch (t) {
+            case 0: _tile_stored(0, cbuf, 64); break;
+            case 1: _tile_stored(1, cbuf, 64); break;
+            case 2: _tile_stored(2, cbuf, 64); break;
+            default: _tile_stored(3, cbuf, 64); break;
+            }
+            /* column j of the tile (act row m) is y[m, nb .. nb + 16): gathered, then as put() does */
+            const int64_t nb = n0 + 16 * (t / 2);
+            if (nb >= N) continue;
+            const __mmask16 cols = nb + 16 <= N ? 0xFFFF : (__mmask16)((1u << (N - nb)) - 1);
+            const __m512i stride = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                      _mm512_set1_epi32(16));
+            const __m512 b = bias != NULL ? _mm512_maskz_loadu_ps(cols, bias + nb) : _mm512_setzero_ps();
+            for (int j = 0; j < 16; ++j) {
+                const int64_t m = m0 + 16 * (t % 2) + j;
+                if (m >= M) break;
+                __m512 v = _mm512_i32gather_ps(stride, cbuf + j, 4);
+                if (bias != NULL) v = _mm512_add_ps(v, b);
+                float *o = y + m * ldy + nb;
+                if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(cols, o), v);
+                _mm512_mask_storeu_ps(o, cols, v);
+            }
+        }
+    }
+}
+
+/* The prefill matmul in AMX tiles (see the file's comment); xf: the activations after the pre-op. */
+static int qlinear_amx(const float *xf, int64_t ldf, int64_t M, int64_t K, const int64_t *row_ptrs,
+                       const int32_t *row_fmts, int64_t N, const float *bias, float *y, int64_t ldy, int accumulate) {
+    const int64_t Mp = round_up(M, 32);
+    uint16_t *acts = (uint16_t *)aligned_alloc(64, sizeof(uint16_t) * (size_t)(Mp * K));
+    if (acts == NULL) return -2;
+    amx_pack_acts(xf, ldf, M, Mp, K, acts);
+    const int64_t pairs = (N + 31) / 32, K64 = round_up(K, 64), C16 = round_up(K64 / 16, 16);
+    int failed = 0;
+#pragma omp parallel if (pairs > 1 && M * N * K >= 32768) reduction(| : failed)
+    {
+        const size_t dec_bytes = (size_t)round_up(K64 + 8 * C16, 64), w_bytes = sizeof(uint16_t) * (size_t)(32 * K);
+        uint8_t *scratch = (uint8_t *)aligned_alloc(64, dec_bytes + w_bytes + 64 * 16 * 16);
+        if (scratch == NULL) failed = 1;
+        Decoded dec;
+        if (scratch != NULL) {
+            memset(scratch, 0, dec_bytes);
+            dec.u = scratch;
+            dec.sc = (float *)(scratch + K64);
+            dec.bi = dec.sc + C16;
+            amx_configure();
+        }
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < pairs; ++p)
+            if (scratch != NULL)
+                amx_tile_pair(row_ptrs, row_fmts, N, 32 * p, M, Mp, K, acts, &dec, (uint16_t *)(scratch + dec_bytes),
+                              (float *)(scratch + dec_bytes + w_bytes), bias, y, ldy, accumulate);
+        if (scratch != NULL) _tile_release();
+        free(scratch);
+    }
+    free(acts);
+    return failed ? -2 : 0;
+}
+#endif
+
+/* y (M, N; row stride ldy) (+)= op(x) @ W^T (+ bias).
+ *   x: (M, K) with row stride ldx; for PRE_SILU_MUL (M, 2K) laid out [gate | up]
+ *   pre: PRE_NONE, PRE_RMSNORM (pre_w: the norm's (K) weight, eps) or PRE_SILU_MUL
+ *   row_ptrs, row_fmts (N): each weight row's address and ggml type; K a multiple of its block size
+ *   prefill: a prefill pass (the AMX build multiplies block formats in AMX tiles then)
+ * Returns 0, -1 for an unknown type or a K the blocks do not divide, -2 without memory. */
+int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, const float *pre_w, float eps,
+                    const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, const float *bias, float *y,
+                    int64_t ldy, int accumulate, int prefill) {
+    int has_int = 0, has_float = 0;
+    for (int64_t n = 0; n < N; ++n) {
+        const int bs = block_size(row_fmts[n]);
+        if (bs == 0 || K % bs) return -1;
+        if (is_float_fmt(row_fmts[n])) has_float = 1;
+        else has_int = 1;
+    }
+    if (M <= 0 || N <= 0) return 0;
+    Acts A;
+    A.K = K;
+    A.K64 = round_up(K, 64);
+    A.C16 = round_up(A.K64 / 16, 16);
+    float *xf = NULL;
+    if (pre == PRE_NONE) {
+        A.xf = x;
+        A.ldf = ldx;
+    } else {
+        xf = (float *)malloc(sizeof(float) * (size_t)(M * K));
+        if (xf == NULL) return -2;
+#pragma omp parallel for if (M * K >= 65536)
+        for (int64_t m = 0; m < M; ++m) {
+            if (pre == PRE_RMSNORM) rmsnorm_row(x + m * ldx, pre_w, eps, K, xf + m * K);
+            else silu_mul_row(x + m * ldx, x + m * ldx + K, K, xf + m * K);
+        }
+        A.xf = xf;
+        A.ldf = K;
+    }
+#if defined(MINISGL_AMX)
+    if (prefill && has_int && !has_float) {
+        const int rc = qlinear_amx(A.xf, A.ldf, M, K, row_ptrs, row_fmts, N, bias, y, ldy, accumulate);
+        free(xf);
+        return rc;
+    }
+#else
+    (void)prefill;
+#endif
+    A.qx = NULL, A.dx = NULL, A.xs = NULL;
+    void *qbuf = NULL;
+    if (has_int) {
+        const size_t qx_bytes = (size_t)(M * A.K64), dx_bytes = sizeof(float) * (size_t)(M * (A.K64 / 16));
+        qbuf = malloc(qx_bytes + dx_bytes + sizeof(float) * (size_t)(M * A.C16) + 64);
+        if (qbuf == NULL) {
+            free(xf);
+            return -2;
+        }
+        A.xs = (float *)qbuf;
+        A.dx = A.xs + M * A.C16;
+        A.qx = (int8_t *)(A.dx + M * (A.K64 / 16));
+#pragma omp parallel for if (M * K >= 65536)
+        for (int64_t m = 0; m < M; ++m)
+            quantize_row(A.xf + m * A.ldf, K, A.K64, A.C16, A.qx + m * A.K64, A.dx + m * (A.K64 / 16), A.xs + m * A.C16);
+    }
+    (void)has_float;
+    int failed = 0;
+    const int64_t tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
+#pragma omp parallel if (tiles > 1 && M * N * K >= 32768) reduction(| : failed)
+    {
+        const size_t row_bytes = (size_t)A.K64 + 2 * sizeof(float) * (size_t)A.C16;
+        const size_t scratch_bytes = (size_t)round_up((int64_t)(row_bytes * TILE_ROWS), 64);
+        uint8_t *scratch = (uint8_t *)aligned_alloc(64, scratch_bytes);
+        Decoded dec[TILE_ROWS];
+        if (scratch == NULL) failed = 1;
+        else memset(scratch, 0, scratch_bytes);
+        if (scratch != NULL)
+            for (int i = 0; i < TILE_ROWS; ++i) {
+                dec[i].u = scratch + row_bytes * i;
+                dec[i].sc = (float *)(dec[i].u + A.K64);
+                dec[i].bi = dec[i].sc + A.C16;
+            }
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; ++t)
+            if (scratch != NULL) {
+                if (M <= 8) prefetch_tile(row_ptrs, row_fmts, N, (t + 1) * TILE_ROWS, K);
+                tile(row_ptrs, row_fmts, N, t * TILE_ROWS, &A, M, dec, bias, y, ldy, accumulate);
+            }
+        free(scratch);
+    }
+    free(qbuf);
+    free(xf);
+    return failed ? -2 : 0;
+}
+
+/* ---- packed entry points: the arguments as one int64 array (floats as their bits in the low 32) --
+ * what minisgl.kernels.graph records and minisgl_graph_run (cpu_kernels.c) replays. */
+
+static inline float arg_float(int64_t a) {
+    const int32_t bits = (int32_t)a;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+#define P(i) ((void *)(intptr_t)a[i])
+
+int minisgl_qlinear_packed(const int64_t *a) {
+    return minisgl_qlinear(P(0), a[1], a[2], a[3], (int)a[4], P(5), arg_float(a[6]), P(7), P(8), a[9], P(10), P(11),
+                           a[12], (int)a[13], (int)a[14]);
+}
+
+int minisgl_dequant_rows_packed(const int64_t *a) {
+    return minisgl_dequant_rows(P(0), P(1), a[2], P(3), a[4], a[5], P(6));
+}

@@ -1,0 +1,110 @@
+"""Torch-facing wrappers of the quantized-weight kernels (`cpu_quant.c`): one ctypes call each.
+
+`qlinear` is the projection of a `QuantizedWeight` (any mix of GGUF block formats and 16-bit or
+32-bit float rows), optionally with the RMSNorm or SiLU x up that makes its input and the residual
+add after it; `dequant_rows` is the embedding lookup. Inputs are contiguous float32 CPU tensors;
+shapes are checked here."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from minisgl.quant import QuantizedWeight
+
+from . import graph
+from .build import load_quant
+
+PRE_NONE, PRE_RMSNORM, PRE_SILU_MUL = 0, 1, 2
+
+
+def quant_available(isa: str | None = None) -> bool:
+    return load_quant(isa) is not None
+
+
+def _lib(isa: str | None) -> ctypes.CDLL:
+    lib = load_quant(isa)
+    if lib is None:
+        raise RuntimeError("the quantized CPU kernels are unavailable here: check quant_available() first")
+    return lib
+
+
+def _f32(t: torch.Tensor, name: str) -> int:
+    if t.dtype is not torch.float32 or not t.is_cpu or not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous CPU float32 tensor, got {t.dtype} {t.device}")
+    return t.data_ptr()
+
+
+def qlinear(
+    x: torch.Tensor,
+    weight: QuantizedWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    norm: tuple[torch.Tensor, float] | None = None,
+    silu_mul: bool = False,
+    residual: torch.Tensor | None = None,
+    prefill: bool = False,
+    isa: str | None = None,
+) -> torch.Tensor:
+    """x (M, K) @ W^T (+ bias) -> (M, N); with `norm` (weight (K,), eps) of rmsnorm(x); with
+    `silu_mul` of silu(gate) * up, x (M, 2K) = [gate | up]; with `residual` (M, N) added into it in
+    place (and returned). `prefill`: a prefill pass's (the amx kernels take AMX tiles then)."""
+    n, k = weight.shape
+    m, width = x.shape
+    if width != (2 * k if silu_mul else k) or (norm is not None and silu_mul):
+        raise ValueError(f"qlinear: x {tuple(x.shape)} against a ({n}, {k}) weight")
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"qlinear: bias {tuple(bias.shape)} for {n} outputs")
+    if norm is not None and norm[0].shape != (k,):
+        raise ValueError(f"qlinear: norm weight {tuple(norm[0].shape)} for {k} inputs")
+    y = residual if residual is not None else graph.empty((m, n))
+    if y.shape != (m, n):
+        raise ValueError(f"qlinear: residual {tuple(y.shape)}, expected {(m, n)}")
+    pre = PRE_RMSNORM if norm is not None else PRE_SILU_MUL if silu_mul else PRE_NONE
+    nw = None if norm is None else norm[0]
+    args = [
+        _f32(x, "x"),
+        m,
+        k,
+        width,
+        pre,
+        0 if nw is None else _f32(nw, "norm weight"),
+        graph.float_bits(0.0 if norm is None else norm[1]),
+        weight.row_ptrs.data_ptr(),
+        weight.row_fmts.data_ptr(),
+        n,
+        0 if bias is None else _f32(bias, "bias"),
+        _f32(y, "y"),
+        n,
+        int(residual is not None),
+        int(prefill),
+    ]
+    keep = [t for t in (x, nw, weight.row_ptrs, weight.row_fmts, bias, y) if t is not None]
+    rc = graph.call(_lib(isa).minisgl_qlinear_packed, args, keep)
+    if rc == -2:
+        raise MemoryError("qlinear: out of scratch memory")
+    if rc != 0:
+        raise ValueError(f"qlinear: a weight row of an unknown type, or K = {k} not whole blocks")
+    return y
+
+
+def dequant_rows(weight: QuantizedWeight, ids: torch.Tensor, isa: str | None = None) -> torch.Tensor:
+    """Rows `ids` (T,) int64 of the weight, dequantized -> (T, K) float32."""
+    if ids.dtype is not torch.int64 or ids.dim() != 1 or not ids.is_contiguous():
+        raise ValueError(f"dequant_rows: ids must be a contiguous 1-D int64 tensor, got {ids.dtype}")
+    n, k = weight.shape
+    out = graph.empty((ids.shape[0], k))
+    args = [
+        weight.row_ptrs.data_ptr(),
+        weight.row_fmts.data_ptr(),
+        n,
+        ids.data_ptr(),
+        ids.shape[0],
+        k,
+        out.data_ptr(),
+    ]
+    rc = graph.call(_lib(isa).minisgl_dequant_rows_packed, args, (weight.row_ptrs, weight.row_fmts, ids, out))
+    if rc != 0:
+        raise IndexError(f"dequant_rows: an id outside [0, {n})")
+    return out

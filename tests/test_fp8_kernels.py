@@ -1,0 +1,241 @@
+"""minisgl's fp8 kernels against the dequantized reference: the GEMV with fp8 weights, activation
+quantization, the block-scaled matmul, and the paged attention kernels over an fp8 KV cache.
+
+On a GPU they run compiled (float32 and bf16 activations); without one, in Triton's CPU interpreter
+(conftest.py) in float32 on small shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minisgl.backends.fp8 import FP8, dequantize_fp8, quantize_fp8, quantize_rows_fp8
+from minisgl.kernels.triton import triton_available
+from test_triton_kernels import _dense_attention, _pages, _rel
+
+pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.bfloat16] if DEV == "cuda" else [torch.float32]
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+BLOCKS = [None, (16, 32)]  # per channel; per block (rows, columns)
+
+
+def _weight(n: int, k: int, block: tuple[int, int] | None, gen: torch.Generator):
+    """A random fp8 weight (N, K), its scales, and its dequantized float32 value (the reference)."""
+    w = torch.randn(n, k, generator=gen) * torch.rand(n, 1, generator=gen) * 3  # rows of unequal size
+    q, s = quantize_fp8(w, block)
+    return q.to(DEV), s.to(DEV), dequantize_fp8(q, s, block)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block", BLOCKS)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 48, 96), (5, 40, 64), (16, 64, 160)])
+def test_gemv_fp8_matches_the_dequantized_weight(
+    dtype: torch.dtype, block: tuple[int, int] | None, m: int, n: int, k: int
+) -> None:
+    from minisgl.kernels.triton.gemv import GemvConfig, gemv_fp8
+
+    gen = torch.Generator().manual_seed(m * n + k)
+    q, s, ref_w = _weight(n, k, block, gen)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype)
+    ref = x.double() @ ref_w.double().T
+    config = GemvConfig(16, 64, 4, 2)
+    assert _rel(gemv_fp8(x.to(DEV), q, s, block, config=config), ref) < TOL[dtype]
+    assert (
+        _rel(gemv_fp8(x.to(DEV), q, s, block, bias.to(DEV), config=config), ref + bias.double()) < TOL[dtype]
+    )
+    res = torch.randn(m, n, generator=gen).to(dtype)
+    out = res.to(DEV, copy=True)
+    assert gemv_fp8(x.to(DEV), q, s, block, residual=out, config=config) is out  # in place
+    assert _rel(out, res.double() + ref) < TOL[dtype]
+
+
+def test_gemv_fp8_refuses_mismatched_scales() -> None:
+    from minisgl.kernels.triton.gemv import gemv_fp8
+
+    q = torch.zeros(32, 64, dtype=FP8, device=DEV)
+    x = torch.zeros(2, 64, device=DEV)
+    with pytest.raises(ValueError, match="scale"):
+        gemv_fp8(x, q, torch.ones(31, device=DEV), None)
+    with pytest.raises(ValueError, match="block"):
+        gemv_fp8(x, q, torch.ones(2, 3, device=DEV), (16, 32))  # wants (32 / 16, 64 / 32)
+    with pytest.raises(ValueError, match="block"):
+        gemv_fp8(x, q, torch.ones(2, 3, device=DEV), (16, 24))  # columns not a power of two
+
+
+@pytest.mark.parametrize("group", [None, 32])
+def test_quant_rows_matches_the_reference(group: int | None) -> None:
+    from minisgl.kernels.triton.fp8 import quant_rows
+
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(6, 80, generator=gen) * torch.logspace(-3, 2, 6)[:, None]  # rows of any size
+    x[2] = 0.0  # an all-zero row keeps a finite scale
+    q, s = quant_rows(x.to(DEV), group)
+    rq, rs = quantize_rows_fp8(x, group)
+    assert s.shape == rs.shape and torch.isfinite(s).all()
+    torch.testing.assert_close(s.cpu(), rs, rtol=1e-6, atol=0)
+    assert q.dtype == FP8 and torch.equal(q.cpu().float(), rq.float())
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(3, 64, 96), (70, 96, 64)])
+def test_block_matmul_matches_the_dequantized_operands(m: int, n: int, k: int) -> None:
+    from minisgl.kernels.triton.fp8 import block_matmul, quant_rows
+
+    gen = torch.Generator().manual_seed(m + n)
+    block = (32, 32)
+    q, s, ref_w = _weight(n, k, block, gen)
+    x = torch.randn(m, k, generator=gen)
+    xq, xs = quant_rows(x.to(DEV), block[1])
+    ref_x = xq.cpu().float() * xs.cpu().repeat_interleave(block[1], 1)[:, :k]
+    bias = torch.randn(n, generator=gen)
+    out = block_matmul(xq, xs, q, s, block, bias.to(DEV), torch.float32)
+    # the GPU's fp8 tensor cores keep fewer bits than float32 while summing a block's products
+    tol = 1e-3 if DEV == "cuda" else 1e-5
+    assert _rel(out, ref_x.double() @ ref_w.double().T + bias.double()) < tol
+    # and close to the unquantized product: per-group activation scales lose little
+    assert _rel(out, x.double() @ ref_w.double().T + bias.double()) < 0.05
+
+
+# -- the paged attention kernels over an fp8 KV cache ----------------------------------------------
+
+
+def _by_page(v: torch.Tensor, ps: int) -> torch.Tensor:
+    """A (S, Hkv, D) V cache in the fp8 pool's layout, by page transposed: (S / ps, Hkv, D, ps)."""
+    s, hkv, d = v.shape
+    return v.view(torch.uint8).view(s // ps, ps, hkv, d).permute(0, 2, 3, 1).contiguous().view(v.dtype)
+
+
+def _by_slot(vt: torch.Tensor) -> torch.Tensor:
+    pages, hkv, d, ps = vt.shape
+    return vt.view(torch.uint8).permute(0, 3, 1, 2).reshape(pages * ps, hkv, d).view(vt.dtype)
+
+
+def _fp8_cache(slots: int, hkv: int, d: int, gen: torch.Generator):
+    """A random fp8 cache of K or V with per-head scales: (fp8 (S, Hkv, D), scale (Hkv,), dequantized)."""
+    scale = torch.rand(hkv, generator=gen) * 0.05 + 0.01
+    values = torch.randn(slots, hkv, d, generator=gen) * (scale * 100)[None, :, None]
+    q = (values / scale[None, :, None]).clamp(-448, 448).to(FP8)
+    return q, scale, q.float() * scale[None, :, None]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("hq", "hkv", "d", "ps", "splits"), [(8, 2, 64, 16, 1), (9, 3, 64, 4, 3), (4, 1, 128, 1, 2)]
+)
+def test_decode_attention_reads_an_fp8_cache(
+    dtype: torch.dtype, hq: int, hkv: int, d: int, ps: int, splits: int
+) -> None:
+    from minisgl.kernels.triton.attention import decode_attention
+
+    gen = torch.Generator().manual_seed(hq + d + splits)
+    lens = [1, 37, 0, 70]
+    max_pages = -(-max(lens) // ps)
+    num_pages = len(lens) * max_pages + 2
+    kq, ks, kref = _fp8_cache(num_pages * ps, hkv, d, gen)
+    vq, vs, vref = _fp8_cache(num_pages * ps, hkv, d, gen)
+    pages = _pages(len(lens), max_pages, num_pages, gen)
+    q = torch.randn(len(lens), hq, d, generator=gen).to(dtype)
+    out = torch.full_like(q, float("nan"), device=DEV)
+    decode_attention(
+        q.to(DEV), kq.to(DEV), _by_page(vq, ps).to(DEV), pages.to(DEV), torch.tensor(lens, dtype=torch.int32).to(DEV),
+        ps, d**-0.5, splits, out=out, scales=(ks.to(DEV), vs.to(DEV)),
+    )  # fmt: skip
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert not out[b].any()
+            continue
+        ref = _dense_attention(q[b : b + 1], kref, vref, pages[b], ps, n, torch.tensor([n - 1]))
+        assert _rel(out[b : b + 1], ref) < TOL[dtype], (b, n)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_stores_the_new_token_in_fp8_and_attends_over_it_as_stored(
+    dtype: torch.dtype,
+) -> None:
+    from minisgl.kernels.triton.attention import decode_attention
+
+    gen = torch.Generator().manual_seed(3)
+    hq, hkv, d, ps, splits = 8, 2, 64, 4, 2
+    lens = [9, 1, 0, 30]
+    max_pages = -(-max(lens) // ps)
+    num_pages = len(lens) * max_pages + 1
+    kq, ks, _ = _fp8_cache(num_pages * ps, hkv, d, gen)
+    vq, vs, _ = _fp8_cache(num_pages * ps, hkv, d, gen)
+    pages = _pages(len(lens), max_pages, num_pages, gen)
+    slots = [int(pages[b, (n - 1) // ps]) * ps + (n - 1) % ps if n else -1 for b, n in enumerate(lens)]
+    k_new = (torch.randn(len(lens), hkv, d, generator=gen) * 2).to(dtype)
+    v_new = (torch.randn(len(lens), hkv, d, generator=gen) * 2).to(dtype)
+    want_k, want_v = kq.clone(), vq.clone()
+    for b, slot in enumerate(slots):
+        if slot >= 0:
+            want_k[slot] = (k_new[b].float() / ks[:, None]).clamp(-448, 448).to(FP8)
+            want_v[slot] = (v_new[b].float() / vs[:, None]).clamp(-448, 448).to(FP8)
+    q = torch.randn(len(lens), hq, d, generator=gen).to(dtype)
+    kc, vc = kq.to(DEV), _by_page(vq, ps).to(DEV)
+    out = decode_attention(
+        q.to(DEV), kc, vc, pages.to(DEV), torch.tensor(lens, dtype=torch.int32).to(DEV), ps, d**-0.5, splits,
+        new_kv=(k_new.to(DEV), v_new.to(DEV), torch.tensor(slots, dtype=torch.int32).to(DEV)),
+        scales=(ks.to(DEV), vs.to(DEV)),
+    )  # fmt: skip
+    # the stored bytes: the reference's rounding (ties aside, which random data does not hit)
+    assert torch.equal(kc.cpu().float(), want_k.float())
+    assert torch.equal(_by_slot(vc.cpu()).float(), want_v.float())
+    kref, vref = want_k.float() * ks[None, :, None], want_v.float() * vs[None, :, None]
+    for b, n in enumerate(lens):
+        if n:
+            ref = _dense_attention(q[b : b + 1], kref, vref, pages[b], ps, n, torch.tensor([n - 1]))
+            assert _rel(out[b : b + 1], ref) < TOL[dtype], b
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("hq", "hkv", "d", "ps"), [(8, 2, 64, 16), (4, 1, 128, 1)])
+def test_extend_attention_reads_an_fp8_cache(dtype: torch.dtype, hq: int, hkv: int, d: int, ps: int) -> None:
+    from minisgl.kernels.triton.attention import extend_attention, store_kv
+
+    gen = torch.Generator().manual_seed(hq + d)
+    cached, ext = [0, 20, 3], [5, 7, 40]
+    seq = [c + e for c, e in zip(cached, ext, strict=True)]
+    max_pages = -(-max(seq) // ps)
+    num_pages = len(seq) * max_pages + 2
+    kq, ks, _ = _fp8_cache(num_pages * ps, hkv, d, gen)
+    vq, vs, _ = _fp8_cache(num_pages * ps, hkv, d, gen)
+    pages = _pages(len(seq), max_pages, num_pages, gen)
+    # the new tokens' K/V through store_kv (quantized there), the prefix as cached
+    new_slots = torch.tensor(
+        [int(pages[b, p // ps]) * ps + p % ps for b in range(len(seq)) for p in range(cached[b], seq[b])]
+    )
+    k_new = torch.randn(sum(ext), hkv, d, generator=gen).to(dtype)
+    v_new = torch.randn(sum(ext), hkv, d, generator=gen).to(dtype)
+    kc, vc = kq.to(DEV), _by_page(vq, ps).to(DEV)
+    scales = (ks.to(DEV), vs.to(DEV))
+    store_kv(k_new.to(DEV), v_new.to(DEV), kc, vc, new_slots.int().to(DEV), scales)
+    want_k, want_v = kq.clone(), vq.clone()
+    want_k[new_slots] = (k_new.float() / ks[None, :, None]).clamp(-448, 448).to(FP8)
+    want_v[new_slots] = (v_new.float() / vs[None, :, None]).clamp(-448, 448).to(FP8)
+    assert torch.equal(kc.cpu().float(), want_k.float())
+    assert torch.equal(_by_slot(vc.cpu()).float(), want_v.float())
+    q = torch.randn(sum(ext), hq, d, generator=gen).to(dtype)
+    starts = torch.tensor([0, *ext]).cumsum(0).int()
+    out = extend_attention(
+        q.to(DEV), kc, vc, pages.to(DEV), starts.to(DEV), torch.tensor(seq, dtype=torch.int32).to(DEV),
+        max(ext), ps, d**-0.5, scales,
+    )  # fmt: skip
+    kref, vref = want_k.float() * ks[None, :, None], want_v.float() * vs[None, :, None]
+    for b in range(len(seq)):
+        rows = slice(int(starts[b]), int(starts[b + 1]))
+        ref = _dense_attention(q[rows], kref, vref, pages[b], ps, seq[b], torch.arange(cached[b], seq[b]))
+        assert _rel(out[rows], ref) < TOL[dtype], b
+
+
+def test_an_fp8_cache_needs_its_scales() -> None:
+    from minisgl.kernels.triton.attention import store_kv
+
+    kc = torch.zeros(8, 2, 16, dtype=FP8, device=DEV)
+    k = torch.zeros(1, 2, 16, device=DEV)
+    slots = torch.zeros(1, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="scale"):
+        store_kv(k, k, kc, kc.clone(), slots)
+    with pytest.raises(ValueError, match="scale"):
+        store_kv(k, k, kc, kc.clone(), slots, (torch.ones(3, device=DEV), torch.ones(3, device=DEV)))

@@ -1,0 +1,513 @@
+"""Mixtures of experts (Qwen3-MoE, Mixtral, Qwen2-MoE with its shared expert) on tiny random
+checkpoints written by transformers (float32): logits and greedy tokens against transformers through
+every backend, routing ties, the experts' kernels against a float64 reference (the C kernel, and the
+Triton kernels in the interpreter on ragged and skewed routing), two ranks against one, GGUF files
+with stacked experts, and the offline LLM's prefix cache, overlap scheduling and grammars."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from minisgl import kernels
+from minisgl.backends import bind_ops, create_ops
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.distributed import DistributedInfo
+from minisgl.engine import Engine, EngineOptions
+from minisgl.kernels.triton import interpreting, triton_available
+from minisgl.models import LlamaForCausalLM, ModelConfig, ModelConfigError, load_model
+from test_models import hf_logits
+from test_models_support import run_prompts, save_byte_tokenizer, save_tiny_hf_model
+
+CASES = {
+    # layer 0 sparse, layer 1 dense (mlp_only_layers); the top-k weights renormalized
+    "qwen3-moe": (
+        "Qwen3MoeForCausalLM",
+        False,
+        dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=32, norm_topk_prob=True)
+        | dict(mlp_only_layers=[1]),
+    ),
+    "qwen3-moe-tied-unnormed": (
+        "Qwen3MoeForCausalLM",
+        True,
+        dict(num_experts=4, num_experts_per_tok=3, moe_intermediate_size=24, norm_topk_prob=False),
+    ),
+    "mixtral": ("MixtralForCausalLM", False, dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16)),
+    # layer 0 dense, layer 1 sparse (decoder_sparse_step=2), with a shared expert
+    "qwen2-moe-shared": (
+        "Qwen2MoeForCausalLM",
+        False,
+        dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=2)
+        | dict(shared_expert_intermediate_size=48),
+    ),
+}
+PROMPTS = [[3, 17, 99, 5, 8], list(range(10, 47)), [120, 7, 7, 7, 64, 33, 2, 90, 11]]
+# The CUDA ops backend on CPU tensors in Triton's interpreter (without a GPU; test_moe_gpu.py runs it
+# compiled), with the torch attention: the Triton attention is test_engine_backends.py's, and slow here
+INTERPRETED = triton_available() and interpreting()
+BACKENDS = [("torch", "torch"), ("cpu", "cpu")] + ([("cuda", "torch")] if INTERPRETED else [])
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # where the Triton kernels' own tests run
+
+
+def save_tiny_moe(case: str, out: Path, **extra: object) -> Path:
+    arch, tie, kw = CASES[case]
+    return save_tiny_hf_model(arch, out, tie, **(kw | extra))
+
+
+@pytest.fixture(scope="module")
+def moe_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return {case: save_tiny_moe(case, tmp_path_factory.mktemp(case)) for case in CASES}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Config and shapes
+
+
+def test_config_fields_as_transformers_reads_them(moe_dirs: dict[str, Path]) -> None:
+    q3 = ModelConfig.from_dir(moe_dirs["qwen3-moe"])
+    assert q3.family == "qwen3_moe" and q3.qk_norm and not q3.attention_bias
+    assert q3.moe is not None and (q3.moe.num_experts, q3.moe.top_k, q3.moe.intermediate_size) == (8, 2, 32)
+    assert q3.moe.norm_topk_prob and [q3.moe.is_sparse(i) for i in range(2)] == [True, False]
+    mix = ModelConfig.from_dir(moe_dirs["mixtral"])
+    assert mix.family == "mixtral" and not mix.qk_norm and mix.moe is not None
+    assert (mix.moe.num_experts, mix.moe.intermediate_size, mix.moe.norm_topk_prob) == (4, 96, True)
+    q2 = ModelConfig.from_dir(moe_dirs["qwen2-moe-shared"])
+    assert q2.attention_bias and q2.moe is not None and q2.moe.shared_intermediate_size == 48
+    assert [q2.moe.is_sparse(i) for i in range(2)] == [False, True] and not q2.moe.norm_topk_prob
+    raw = json.loads((moe_dirs["qwen3-moe"] / "config.json").read_text())
+    raw.pop("num_local_experts")
+    released = ModelConfig.from_hf_dict(raw | {"num_experts": 8})  # released checkpoints' spelling
+    assert released.moe == q3.moe
+    with pytest.raises(ModelConfigError, match="num_experts_per_tok 9"):
+        ModelConfig.from_hf_dict(raw | {"num_experts": 8, "num_experts_per_tok": 9})
+    with pytest.raises(ModelConfigError, match="missing field 'moe_intermediate_size'"):
+        ModelConfig.from_hf_dict({k: v for k, v in raw.items() if k != "moe_intermediate_size"})
+
+
+def test_each_rank_holds_its_slice_of_every_expert(moe_dirs: dict[str, Path]) -> None:
+    full, cfg = load_model(moe_dirs["mixtral"], torch.float32, "cpu", progress=False)
+    part, _ = load_model(
+        moe_dirs["mixtral"], torch.float32, "cpu", tp_info=DistributedInfo(1, 2), progress=False
+    )
+    f, p = full.model.layers[0].mlp, part.model.layers[0].mlp
+    inter = cfg.moe.intermediate_size // 2
+    assert p.w13.shape == (4, 2 * inter, cfg.hidden_size) and p.w2.shape == (4, cfg.hidden_size, inter)
+    assert torch.equal(p.router, f.router)  # replicated
+    assert torch.equal(p.w13[:, :inter], f.w13[:, inter : 2 * inter])  # gate rows of the second half
+    assert torch.equal(p.w13[:, inter:], f.w13[:, 3 * inter :])  # up rows likewise
+    assert torch.equal(p.w2, f.w2[:, :, inter:])
+    hf = load_file(str(moe_dirs["mixtral"] / "model.safetensors"))
+    assert torch.equal(f.w13[2, :96], hf["model.layers.0.block_sparse_moe.experts.2.w1.weight"])
+    assert torch.equal(f.w13[2, 96:], hf["model.layers.0.block_sparse_moe.experts.2.w3.weight"])
+    raw = json.loads((moe_dirs["mixtral"] / "config.json").read_text()) | {"intermediate_size": 90}
+    with pytest.raises(
+        ValueError, match="experts' intermediate size 90 is not divisible by tensor-parallel size 4"
+    ):
+        LlamaForCausalLM(ModelConfig.from_hf_dict(raw), DistributedInfo(0, 4), torch.float32, "meta")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Against transformers
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_prefill_logits_match_transformers(moe_dirs: dict[str, Path], case: str) -> None:
+    """Every prompt position's logits through the reference ops and the CPU backend."""
+    model, _ = load_model(moe_dirs[case], torch.float32, "cpu", progress=False)
+    ref = hf_logits(moe_dirs[case], PROMPTS)
+    for ops in ("torch", "cpu"):
+        bind_ops(model, create_ops(ops, "cpu"))
+        for got, want in zip(run_prompts(model, PROMPTS), ref, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+            assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def hf_greedy(model_dir: Path, prompts: list[list[int]], n: int) -> tuple[list[list[int]], list[list[float]]]:
+    """transformers' greedy tokens and each one's log probability (from the decode steps' logits)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    toks, lps = [], []
+    with torch.inference_mode():
+        for ids in prompts:
+            out = hf.generate(
+                torch.tensor([ids]), do_sample=False, max_new_tokens=n, pad_token_id=0,
+                output_scores=True, return_dict_in_generate=True,
+            )  # fmt: skip
+            new = out.sequences[0, len(ids) :].tolist()
+            toks.append(new)
+            lps.append(
+                [float(F.log_softmax(s[0].float(), -1)[t]) for s, t in zip(out.scores, new, strict=True)]
+            )
+    return toks, lps
+
+
+def engine_greedy(
+    model_dir: Path,
+    ops: str,
+    attention: str,
+    prompts: list[list[int]],
+    n: int,
+    device: str = "cpu",
+    graphs: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[list[list[int]], list[list[float]]]:
+    """The engine's greedy tokens and their log probabilities: chunked prefill, then batched decode
+    (from CUDA graphs of up to `graphs` rows)."""
+    model, cfg = load_model(model_dir, dtype, device, progress=False)
+    opts = EngineOptions(
+        device=device,
+        page_size=4,
+        num_pages=64,
+        max_running_requests=8,
+        ops_backend=ops,
+        attention_backend=attention,
+        cuda_graph_max_bs=graphs,
+        dtype=dtype,
+    )
+    engine = Engine(model, cfg, opts)
+    assert (engine.graphs is not None) == (graphs > 0)
+    reqs = [
+        Req(uid=i, token_ids=list(p), sampling_params=SamplingParams(max_tokens=n, logprobs=1))
+        for i, p in enumerate(prompts)
+    ]
+    lps: dict[int, list[float]] = {r.uid: [] for r in reqs}
+    for r in reqs:
+        r.table_row = engine.page_table.alloc_row(r.uid)
+        assert engine.page_table.reserve(r.table_row, r.prompt_len + n)
+
+    def step(batch: Batch, done: list[Req]) -> None:
+        out = engine.launch(batch)
+        toks, (sampled, _) = out.tolist(), out.logprobs()
+        for r, e in zip(batch.reqs, batch.extend_lens, strict=True):
+            r.cached_len += e
+        for r, t in zip(done, toks, strict=True):
+            r.token_ids.append(t)
+            lps[r.uid] += sampled[r.uid].logprobs
+
+    while any(r.output_len == 0 for r in reqs):  # prefill in chunks of 6
+        todo = [r for r in reqs if r.output_len == 0]
+        ext = [min(6, r.remaining_len) for r in todo]
+        step(
+            Batch(todo, ext, "prefill"),
+            [r for r, e in zip(todo, ext, strict=True) if r.cached_len + e == r.seq_len],
+        )
+    while any(r.output_len < n for r in reqs):
+        step(Batch(reqs, [1] * len(reqs), "decode"), reqs)
+    return [r.output_ids[:n] for r in reqs], [lps[r.uid][:n] for r in reqs]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_greedy_decode_matches_transformers(moe_dirs: dict[str, Path], case: str) -> None:
+    """Greedy tokens identical to transformers' and every step's log probability within float32
+    tolerance, through the CPU backend; on Mixtral also through the torch reference and (Triton's
+    interpreter) the CUDA backend."""
+    n = 6
+    want_toks, want_lps = hf_greedy(moe_dirs[case], PROMPTS, n)
+    backends = BACKENDS if case == "mixtral" else BACKENDS[1:2]  # the CPU's; all of them on one case
+    for ops, attention in backends:
+        toks, lps = engine_greedy(moe_dirs[case], ops, attention, PROMPTS, n)
+        assert toks == want_toks, ops
+        for got, want in zip(lps, want_lps, strict=True):
+            np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=ops)
+
+
+def test_routing_ties_are_broken_as_transformers_breaks_them(tmp_path: Path) -> None:
+    """Experts 0 and 1 (and 2 and 3) have the same router row, so every token's probabilities tie
+    exactly, but different weights: a different choice of the tied experts changes the output."""
+    d = save_tiny_moe("qwen3-moe-tied-unnormed", tmp_path, num_experts_per_tok=1)
+    tensors = load_file(str(d / "model.safetensors"))
+    for i in range(2):
+        router = tensors[f"model.layers.{i}.mlp.gate.weight"]
+        router[1], router[3] = router[0], router[2]
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    model, _ = load_model(d, torch.float32, "cpu", progress=False)
+    x = torch.randn(20, model.config.hidden_size)
+    probs = torch.softmax(F.linear(x, model.model.layers[0].mlp.router), -1)
+    assert torch.equal(probs[:, 0], probs[:, 1]) and torch.equal(probs[:, 2], probs[:, 3])
+    ref = hf_logits(d, PROMPTS)
+    for ops in ("torch", "cpu") + (("cuda",) if INTERPRETED else ()):
+        bind_ops(model, create_ops(ops, "cpu"))
+        for got, want in zip(run_prompts(model, PROMPTS), ref, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The experts' kernels against a float64 reference
+
+
+def experts_f64(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """sum_k weights[t, k] * w2[e] @ (silu(gate_e x) * up_e x), e = ids[t, k], in float64."""
+    x, w13, w2, weights = x.double(), w13.double(), w2.double(), weights.double()
+    inter = w2.shape[2]
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for k in range(ids.shape[1]):
+            e = int(ids[t, k])
+            gu = w13[e] @ x[t]
+            out[t] += weights[t, k] * (w2[e] @ (F.silu(gu[:inter]) * gu[inter:]))
+    return out
+
+
+def routing(case: str, t: int, e: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """(T, K) distinct experts per token: random, all tokens on the same K experts (the others get
+    none), or one expert taking every token's first slot."""
+    if case == "random":
+        return torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
+    if case == "same":
+        return torch.arange(e - k, e).repeat(t, 1)  # experts 0 .. e-k-1 get no token
+    rest = torch.stack([torch.randperm(e - 1, generator=gen)[: k - 1] + 1 for _ in range(t)])
+    return torch.cat([torch.zeros(t, 1, dtype=torch.int64), rest], 1)  # expert 0 takes every token
+
+
+SHAPES = [  # tokens, hidden, experts, intermediate, top-k (ragged: none a multiple of a block)
+    (1, 40, 8, 24, 2),
+    (3, 72, 4, 40, 1),
+    (17, 48, 8, 24, 3),
+    (40, 40, 6, 16, 2),
+]
+
+
+def _inputs(t: int, h: int, e: int, i: int, k: int, case: str, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, h, generator=gen)
+    w13 = torch.randn(e, 2 * i, h, generator=gen) / h**0.5
+    w2 = torch.randn(e, h, i, generator=gen) / i**0.5
+    weights = torch.rand(t, k, generator=gen)
+    return x, w13, w2, weights, routing(case, t, e, k, gen)
+
+
+@pytest.mark.parametrize("case", ["random", "same", "one-hot"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_cpu_kernel_matches_the_reference(shape: tuple[int, ...], case: str) -> None:
+    x, w13, w2, weights, ids = _inputs(*shape, case, seed=1)
+    got = kernels.moe(x, w13, w2, weights, ids)
+    want = experts_f64(x, w13, w2, weights, ids)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    # batch-invariant: a token's output is bitwise the same alone
+    for r in (0, shape[0] - 1):
+        assert torch.equal(kernels.moe(x[r : r + 1], w13, w2, weights[r : r + 1], ids[r : r + 1])[0], got[r])
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+@pytest.mark.parametrize("case", ["random", "same", "one-hot"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_triton_moe_matches_the_reference(shape: tuple[int, ...], case: str) -> None:
+    """Under the interpreter: the device-side sort and padding, both grouped GEMMs, the routing
+    weights (and their renormalization) in the epilogue, with 16- and 32-row tiles."""
+    from minisgl.kernels.triton.moe import MoeConfig, fused_moe
+
+    x, w13, w2, weights, ids = _inputs(*shape, case, seed=2)
+    on = [t.to(DEV) for t in (x, w13, w2, weights, ids)]
+    for cfg in (None, MoeConfig(32, 32, 32, 4, 1)):
+        for renormalize in (False, True):
+            w = weights / weights.sum(-1, keepdim=True) if renormalize else weights
+            got = fused_moe(*on, renormalize, cfg).cpu()
+            torch.testing.assert_close(got.double(), experts_f64(x, w13, w2, w, ids), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+def test_align_pairs_sorts_and_pads_on_the_device() -> None:
+    from minisgl.kernels.triton.moe import align_pairs
+
+    gen = torch.Generator().manual_seed(3)
+    for p, e, bm in ((1, 8, 16), (7, 4, 4), (300, 16, 16), (64, 3, 32)):
+        ids = torch.randint(0, e, (p,), generator=gen)
+        ids[: p // 2] = e - 1  # skewed: half the pairs on the last expert
+        sorted_ids, block_expert, total = (t.cpu() for t in align_pairs(ids.to(DEV), e, bm))
+        counts = torch.bincount(ids, minlength=e)
+        assert int(total) == int(((counts + bm - 1) // bm * bm).sum())
+        assert sorted_ids.shape[0] == p + min(p, e) * (bm - 1)  # the grid's worst case
+        used = sorted_ids[: int(total)]
+        assert sorted(used[used < p].tolist()) == list(range(p))  # every pair once
+        assert torch.all(sorted_ids[int(total) :] == p)  # padding past the used rows
+        for b in range(int(total) // bm):
+            rows = used[b * bm : (b + 1) * bm]
+            real = rows[rows < p].long()
+            assert len(real) > 0 and torch.all(ids[real] == block_expert[b])  # one expert per block
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tensor parallelism
+
+
+@pytest.mark.timeout(240)
+def test_two_ranks_match_one(moe_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """The reference ops on two gloo ranks: each rank's logits equal one rank's."""
+    from test_models_tp import check_ranks_match_one, run_ranks
+
+    dirs = [moe_dirs[c] for c in ("qwen3-moe", "mixtral", "qwen2-moe-shared")]
+    check_ranks_match_one(dirs, run_ranks(dirs, tmp_path, 2, "gloo", "cpu"), 2)
+
+
+@pytest.mark.timeout(300)
+def test_llm_tp2_gives_the_tokens_of_tp1(moe_dirs: dict[str, Path]) -> None:
+    from minisgl import LLM
+
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    want = [o["token_ids"] for o in LLM(str(moe_dirs["qwen3-moe"]), device="cpu").generate(PROMPTS, params)]
+    with LLM(str(moe_dirs["qwen3-moe"]), device="cpu", tp=2) as llm:
+        assert [o["token_ids"] for o in llm.generate(PROMPTS, params)] == want
+
+
+# ---------------------------------------------------------------------------------------------------
+# The offline LLM: prefix cache, overlap scheduling, a grammar
+
+
+def test_llm_prefix_cache_overlap_and_grammar(tmp_path: Path) -> None:
+    from minisgl import LLM
+    from minisgl.grammar import json_schema_grammar
+
+    d = save_tiny_moe("qwen3-moe", tmp_path, vocab_size=300, eos_token_id=256, bos_token_id=257)
+    save_byte_tokenizer(d, 300)
+    prompts = [list(range(40, 80)), list(range(40, 70)) + [5, 6]]  # a shared prefix of 30 tokens
+    want, _ = hf_greedy(d, prompts, 10)
+    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    for overlap in (False, True):
+        llm = LLM(str(d), device="cpu", overlap_schedule=overlap, page_size=4)
+        assert llm.overlap is overlap
+        first = llm.generate(prompts, greedy)
+        again = llm.generate(prompts, greedy)  # now from the prefix cache
+        assert [o["token_ids"] for o in first] == [o["token_ids"] for o in again] == want
+        assert all(o["cached_tokens"] >= 28 for o in again)
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    held = SamplingParams(temperature=0, max_tokens=40, grammar=json_schema_grammar(schema))
+    out = llm.generate([[40, 41, 42]], held)[0]
+    assert out["finish_reason"] == "stop", out
+    assert isinstance(json.loads(out["text"])["n"], int)
+
+
+# ---------------------------------------------------------------------------------------------------
+# GGUF files with stacked experts (llama.cpp's layout), written by the gguf package
+
+
+def _gguf_name(hf: str, arch: str) -> tuple[str, int | None]:
+    """(GGUF name, expert index or None) of a Hugging Face tensor name, as llama.cpp converts it."""
+    from test_gguf import GGUF_NAMES
+
+    globals_ = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    if hf in globals_ or hf == "lm_head.weight":
+        return globals_.get(hf, "output.weight"), None
+    _, _, layer, rest = hf.split(".", 3)
+    moe = {
+        "mlp.gate": "ffn_gate_inp",
+        "block_sparse_moe.gate": "ffn_gate_inp",
+        "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+        "mlp.shared_expert.up_proj": "ffn_up_shexp",
+        "mlp.shared_expert.down_proj": "ffn_down_shexp",
+        "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    }
+    part, kind = rest.rsplit(".", 1)
+    if ".experts." in part:
+        _, e, proj = part.rsplit(".", 2)
+        stacked = {
+            "gate_proj": "gate",
+            "w1": "gate",
+            "up_proj": "up",
+            "w3": "up",
+            "down_proj": "down",
+            "w2": "down",
+        }
+        return f"blk.{layer}.ffn_{stacked[proj]}_exps.{kind}", int(e)
+    return f"blk.{layer}.{moe.get(part) or GGUF_NAMES[part]}.{kind}", None
+
+
+def write_moe_gguf(hf_dir: Path, out: Path, arch: str, qtype: str = "F32") -> None:
+    """A GGUF of a tiny MoE checkpoint: experts stacked per layer (in `qtype`), the rest F32, Llama's
+    q/k rows permuted as llama.cpp permutes them; the byte-level tokenizer of test_gguf."""
+    import gguf
+
+    from test_gguf import gguf_writer, llamacpp_permute
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    hf = load_file(str(hf_dir / "model.safetensors"))
+    w = gguf_writer(out, arch, cfg)
+    w.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    if "moe_intermediate_size" in cfg:
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    if cfg.get("shared_expert_intermediate_size"):
+        w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    experts: dict[str, dict[int, np.ndarray]] = {}
+    for name, t in hf.items():
+        gname, e = _gguf_name(name, arch)
+        a = t.numpy().astype(np.float32)
+        if e is not None:
+            experts.setdefault(gname, {})[e] = a
+            continue
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = cfg["num_attention_heads"] if "q_proj" in name else cfg["num_key_value_heads"]
+            a = llamacpp_permute(a, heads)
+        w.add_tensor(gname, np.ascontiguousarray(a.reshape(-1) if gname.endswith("inp_shexp.weight") else a))
+    qt = gguf.GGMLQuantizationType[qtype]
+    for gname, per_expert in experts.items():
+        stacked = np.stack([per_expert[e] for e in range(len(per_expert))])  # (E, rows, cols)
+        if qt == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(gname, stacked)
+        else:
+            w.add_tensor(gname, gguf.quants.quantize(stacked, qt), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+GGUF_CASES = {"qwen3-moe": "qwen3moe", "mixtral": "llama", "qwen2-moe-shared": "qwen2moe"}
+
+
+@pytest.mark.parametrize("case", list(GGUF_CASES))
+def test_gguf_moe_gives_the_same_model(case: str, tmp_path: Path) -> None:
+    import minisgl.checkpoint.gguf_convert as gc
+
+    hf_dir = save_tiny_moe(case, tmp_path / "hf", vocab_size=259)
+    write_moe_gguf(hf_dir, tmp_path / "m.gguf", GGUF_CASES[case])
+    out = gc.convert_gguf_cached(tmp_path / "m.gguf", tmp_path / "cache", progress=False)
+    cfg, want_cfg = ModelConfig.from_dir(out), ModelConfig.from_dir(hf_dir)
+    for c in (cfg, want_cfg):
+        assert c.moe is not None
+    assert (cfg.architecture, cfg.attention_bias) == (want_cfg.architecture, want_cfg.attention_bias)
+    assert [cfg.moe.is_sparse(i) for i in range(2)] == [want_cfg.moe.is_sparse(i) for i in range(2)]
+    fields = ("num_experts", "top_k", "intermediate_size", "norm_topk_prob", "shared_intermediate_size")
+    assert [getattr(cfg.moe, f) for f in fields] == [getattr(want_cfg.moe, f) for f in fields]
+    want = run_prompts(load_model(hf_dir, torch.float32, "cpu", progress=False)[0], PROMPTS)
+    got = run_prompts(load_model(out, torch.float32, "cpu", progress=False)[0], PROMPTS)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+
+
+def test_gguf_quantized_experts_are_dequantized_per_expert(tmp_path: Path) -> None:
+    import gguf
+
+    import minisgl.checkpoint.gguf_convert as gc
+
+    hf_dir = save_tiny_moe("qwen3-moe", tmp_path / "hf", vocab_size=259)
+    write_moe_gguf(hf_dir, tmp_path / "m.gguf", "qwen3moe", qtype="Q8_0")
+    from minisgl.checkpoint.gguf_weights import hf_state_dict
+
+    out = gc.convert_gguf_cached(tmp_path / "m.gguf", tmp_path / "cache", progress=False)
+    got = hf_state_dict(out, json.loads((out / "config.json").read_text()))
+    hf = load_file(str(hf_dir / "model.safetensors"))
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    for e in (0, 5):
+        name = f"model.layers.0.mlp.experts.{e}.down_proj.weight"
+        want = gguf.quants.dequantize(gguf.quants.quantize(hf[name].numpy(), q8), q8)
+        assert np.array_equal(got[name].numpy(), want) and not np.array_equal(want, hf[name].numpy())
+    want_logits = hf_logits(hf_dir, PROMPTS[:1])[0]
+    for native in (False, True):  # native: the dense matrices in their Q8_0 blocks, the experts float
+        model = load_model(out, torch.float32, "cpu", progress=False, native=native)[0]
+        (logits,) = run_prompts(model, PROMPTS[:1])
+        torch.testing.assert_close(logits, want_logits, atol=0.05, rtol=0.05)
