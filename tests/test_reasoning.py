@@ -114,6 +114,23 @@ def test_the_format_and_where_an_answer_starts(think_tok: Any) -> None:
         think_tok.chat_template = QWEN3_TEMPLATE
 
 
+def test_the_workers_tokenizer(tmp_path: Path) -> None:
+    """The tokenizer workers' own FastTokenizer (no transformers classes): the same format, marker
+    ids and verdicts, and a request's own chat template."""
+    from minisgl.tokenizer.fast import FastTokenizer
+
+    save_think_tokenizer(tmp_path, QWEN3_TEMPLATE)
+    tok = FastTokenizer.from_dir(tmp_path)
+    fmt = ReasoningFormat.of(tok, "auto")  # type: ignore[arg-type]
+    assert fmt is not None and (fmt.name, fmt.start_id, fmt.end_id) == ("qwen3", 260, 261)
+    chat = [{"role": "user", "content": "hi"}]
+    text = tok.apply_chat_template(chat, add_generation_prompt=True, chat_template=R1_TEMPLATE)
+    assert isinstance(text, str) and text.endswith("assistant\n<think>\n")
+    assert fmt.mode(tok, tok.encode(text, add_special_tokens=False)) == "inside"  # type: ignore[arg-type]
+    off = tok.apply_chat_template(chat, add_generation_prompt=True, enable_thinking=False)
+    assert fmt.mode(tok, tok.encode(str(off), add_special_tokens=False)) == "off"  # type: ignore[arg-type]
+
+
 def test_a_model_without_think_tokens_has_no_format(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 

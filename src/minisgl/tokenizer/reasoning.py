@@ -77,6 +77,13 @@ class ReasoningFormat:
 
 def _marker_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, int] | None:
     """The ids of `<think>` and `</think>` if each is one token of the vocabulary."""
-    vocab = tokenizer.get_vocab()
-    start, end = vocab.get(THINK_START), vocab.get(THINK_END)
-    return None if start is None or end is None else (int(start), int(end))
+    start, end = _token_id(tokenizer, THINK_START), _token_id(tokenizer, THINK_END)
+    return None if start is None or end is None else (start, end)
+
+
+def _token_id(tokenizer: PreTrainedTokenizerBase, text: str) -> int | None:
+    backend = getattr(
+        tokenizer, "backend_tokenizer", None
+    )  # a fast tokenizer (the workers' FastTokenizer too)
+    token = backend.token_to_id(text) if backend is not None else tokenizer.get_vocab().get(text)
+    return None if token is None else int(token)
