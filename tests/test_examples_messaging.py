@@ -30,7 +30,8 @@ def run_example(name: str, ipc_dir: Path, timeout: int) -> str:
 def test_ch12_message(ipc_dir: Path) -> None:
     out = run_example("ch12_message.py", ipc_dir, 100)
     assert "'__type__': 'UserMsg', 'uid': 7" in out
-    assert "394 bytes after msgpack; to_bytes() gives the same bytes: True" in out
+    # 450: SamplingParams carries the reasoning token ids and return_token_ids since issue 25 (394 before)
+    assert "450 bytes after msgpack; to_bytes() gives the same bytes: True" in out
     assert "decoded back: 7 tensor([9707,   11, 1879], dtype=torch.int32)" in out
     assert "a 2-D tensor round trip: [[0, 1, 2], [3, 4, 5]]" in out
     assert "rejected: backend message: unknown backend message type 'Evil'" in out
