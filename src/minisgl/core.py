@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -54,6 +54,14 @@ class SamplingParams:
     # Embeddings: the request is its prompt's prefill only, answered with the pooled final hidden
     # state (the engine's pooling) instead of tokens; nothing is sampled, max_tokens is not used.
     embed: bool = False
+    # Reasoning models (set by the tokenizer for chat prompts): the output's reasoning ends with
+    # token `reasoning_end_id` (-1: the output has no reasoning), and the grammar applies only after
+    # it. `reasoning_start_id` >= 0: the reasoning is optional, present iff the output's first token
+    # is that one; -1 with an end id: the prompt opened the reasoning, the output starts inside it.
+    reasoning_start_id: int = -1
+    reasoning_end_id: int = -1
+    # The answer carries the token ids (the prompt's, and each new token's), not only their text.
+    return_token_ids: bool = False
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError naming the first bad field; a client's mistake, never a crash."""
@@ -74,6 +82,10 @@ class SamplingParams:
             k = getattr(self, name)
             if k is not None and not 0 <= k <= MAX_LOGPROBS:
                 raise ValueError(f"{name} must be in 0..{MAX_LOGPROBS}, got {k}")
+        for name in ("reasoning_start_id", "reasoning_end_id"):
+            t = getattr(self, name)
+            if t < -1 or (vocab_size is not None and t >= vocab_size):
+                raise ValueError(f"{name} must be -1 or a token id, got {t}")
         if vocab_size is not None:
             bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
             if bad:
@@ -118,6 +130,23 @@ class SamplingParams:
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
 
+def reasoning_end(output_ids: Sequence[int], start_id: int, end_id: int, scanned: int = 0) -> int | None:
+    """Where the reasoning of an output ends (see SamplingParams.reasoning_*): the index after its
+    end token, 0 if the output has none, None while it is still open. `scanned`: output tokens
+    already known to hold no end token (a caller that looks again as the output grows)."""
+    if end_id < 0:
+        return 0
+    if start_id >= 0:
+        if not output_ids:
+            return None
+        if output_ids[0] != start_id:
+            return 0
+    for i in range(max(scanned, 1 if start_id >= 0 else 0), len(output_ids)):
+        if output_ids[i] == end_id:
+            return i + 1
+    return None
+
+
 @dataclass
 class TokenLogprobs:
     """Per position: the token, its log probability, and the top alternatives (most likely first)."""
@@ -152,7 +181,9 @@ def check_request(token_ids: list[int], params: SamplingParams, vocab_size: int,
         raise RequestRejected("the prompt is empty")
     bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
     if bad:
-        raise RequestRejected(f"token ids out of the vocabulary (size {vocab_size}): {bad[:5]}")
+        raise RequestRejected(
+            f"token id {bad[0]} is out of vocabulary (size {vocab_size}; bad ids: {bad[:5]})"
+        )
     try:
         params.validate(vocab_size)
     except (ValueError, TypeError) as e:
@@ -166,10 +197,17 @@ def check_request(token_ids: list[int], params: SamplingParams, vocab_size: int,
         return
     total = len(token_ids) + params.max_tokens
     if total > max_seq_len:
-        raise RequestRejected(
-            f"the prompt ({len(token_ids)} tokens) plus max_tokens ({params.max_tokens}) is {total} tokens: "
-            f"it exceeds the context length of {max_seq_len} tokens"
-        )
+        raise RequestRejected(context_error(max_seq_len, total, len(token_ids), params.max_tokens))
+
+
+def context_error(max_seq_len: int, total: int | str, prompt: int | str, completion: int | str) -> str:
+    """OpenAI's wording of a request longer than the context (clients such as LiteLLM and LangChain
+    recognise it by "maximum context length")."""
+    return (
+        f"This model's maximum context length is {max_seq_len} tokens. However, you requested {total} "
+        f"tokens ({prompt} in the messages, {completion} in the completion). Please reduce the length of "
+        "the messages or completion."
+    )
 
 
 # --------------------------------------------------------------------------------------------------

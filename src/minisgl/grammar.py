@@ -18,7 +18,7 @@ ends the request ("stop") once the grammar is complete, or with an error when th
 tensor-parallel rank runs the same matchers on the same tokens, so all compute the same masks
 without communicating.
 
-Like `core`, this module imports nothing else of minisgl (llguidance is imported when first needed).
+This module imports only `core` of minisgl (llguidance is imported when first needed).
 """
 
 from __future__ import annotations
@@ -30,11 +30,14 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from minisgl.core import reasoning_end
 
 if TYPE_CHECKING:  # torch, in the functions that take tensors: the API server checks grammars without it
     import torch
     from llguidance import LLMatcher, LLParserLimits, LLTokenizer
+    from llguidance._lib import JsonCompileOptions
 
 # Any JSON object: `response_format: {"type": "json_object"}`.
 JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
@@ -130,16 +133,20 @@ def _subschemas(node: dict[str, Any], depth: int, where: str) -> list[tuple[obje
     return out
 
 
-def json_schema_grammar(schema: dict[str, Any] | bool, check: bool = True) -> str:
+def json_schema_grammar(
+    schema: dict[str, Any] | bool, check: bool = True, whitespace: str | None = JSON_WHITESPACE
+) -> str:
     """llguidance's grammar text for a JSON schema. `check`: compile it once to be sure it is valid
     (GrammarError if not; this can take seconds for a large schema). The server passes False: its
-    scheduler compiles the grammar off the hot paths and refuses it there."""
+    scheduler compiles the grammar off the hot paths and refuses it there. `whitespace`: the regex
+    of the whitespace allowed between JSON tokens (None: none at all)."""
     from llguidance import LLMatcher
 
+    options: JsonCompileOptions = (
+        {"whitespace_flexible": False} if whitespace is None else {"whitespace_pattern": whitespace}
+    )
     try:
-        grammar = LLMatcher.grammar_from_json_schema(
-            json.dumps(schema), defaults={"whitespace_pattern": JSON_WHITESPACE}
-        )
+        grammar = LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=options)
     except (ValueError, TypeError) as e:
         raise GrammarError(short_error(str(e))) from None
     if check:
@@ -155,6 +162,18 @@ def lark_grammar(lark: str, check: bool = True) -> str:
     if check:
         check_grammar(grammar)
     return grammar
+
+
+def text_grammar(kind: Literal["regex", "choice", "grammar"], text: str | list[str]) -> str:
+    """llguidance's grammar text for a regex (Rust syntax), a list of choices (the output is one of
+    them, exactly), or a context-free grammar in Lark or GBNF syntax (llama.cpp's, which vLLM's
+    xgrammar and SGLang's `ebnf` take). Cheap and unchecked: the scheduler compiles it."""
+    from llguidance import grammar_from
+
+    try:
+        return grammar_from(kind, text)  # type: ignore[arg-type]  # "choice" takes the list as is
+    except ValueError as e:
+        raise GrammarError(short_error(str(e))) from None
 
 
 def check_grammar(grammar: str) -> None:
@@ -189,23 +208,48 @@ def short_error(text: str) -> str:
 
 
 class Grammar:
-    """One request's matcher: which tokens may come next, fed the request's output as it grows."""
+    """One request's matcher: which tokens may come next, fed the request's output as it grows.
 
-    def __init__(self, matcher: LLMatcher) -> None:
+    A reasoning model's output (`reasoning`: the request's reasoning start and end token ids, see
+    SamplingParams) thinks freely first: the grammar begins after the reasoning's end token, so
+    the matcher is fed, and masks the logits, only from there on. Where the reasoning is optional,
+    the first token may be the grammar's or the reasoning's start token (`extra_token`)."""
+
+    def __init__(self, matcher: LLMatcher, reasoning: tuple[int, int] = (-1, -1)) -> None:
         self.matcher = matcher
         self.consumed = 0  # output tokens fed to the matcher so far
+        self.start_id, self.end_id = reasoning
+        self.start = 0 if self.end_id < 0 else -1  # output index the grammar begins at (-1: not yet)
+        self._scanned = 0  # output tokens looked at for the reasoning's end
 
     def advance(self, output_ids: Sequence[int]) -> None:
         """Feed the tokens of `output_ids` not fed yet (a token the mask allowed is always accepted;
         one it did not, e.g. a forced EOS, puts the matcher in its error state, which stops it)."""
+        if self.start < 0:
+            end = reasoning_end(output_ids, self.start_id, self.end_id, self._scanned)
+            self._scanned = len(output_ids)
+            if end is None:
+                return
+            self.start = self.consumed = end
         for token in output_ids[self.consumed :]:
             self.matcher.consume_token(token)
         self.consumed = max(self.consumed, len(output_ids))
 
     @property
+    def constrains(self) -> bool:
+        """Whether the next token is held to the grammar (not while the output reasons)."""
+        return self.start >= 0 or self.extra_token >= 0
+
+    @property
+    def extra_token(self) -> int:
+        """A token allowed next besides the grammar's (-1: none): an optional reasoning's start,
+        at the output's first token."""
+        return self.start_id if self.start < 0 and self.start_id >= 0 and self._scanned == 0 else -1
+
+    @property
     def is_done(self) -> bool:
         """The grammar is complete (only EOS may follow) or broken: the request ends."""
-        return self.matcher.is_stopped() or self.matcher.is_error()
+        return self.start >= 0 and (self.matcher.is_stopped() or self.matcher.is_error())
 
     @property
     def error(self) -> str:
@@ -270,13 +314,13 @@ class GrammarCompiler:
         return future
 
     @staticmethod
-    def matcher(future: Future[LLMatcher]) -> Grammar:
+    def matcher(future: Future[LLMatcher], reasoning: tuple[int, int] = (-1, -1)) -> Grammar:
         """A fresh matcher from a done compile; GrammarError if the grammar did not compile."""
-        return Grammar(future.result().deep_copy())
+        return Grammar(future.result().deep_copy(), reasoning)
 
-    def compile(self, grammar: str) -> Grammar:
+    def compile(self, grammar: str, reasoning: tuple[int, int] = (-1, -1)) -> Grammar:
         """A fresh matcher for `grammar`, waiting for its compile; GrammarError if it does not compile."""
-        return self.matcher(self.submit(grammar))
+        return self.matcher(self.submit(grammar), reasoning)
 
     def _compile(self, grammar: str) -> LLMatcher:
         """On a worker: the compiled matcher, checked by computing its first bitmask."""
@@ -298,11 +342,20 @@ class GrammarCompiler:
         mask = allocate_token_bitmask(len(grammars), self.vocab_size)
         for i, g in enumerate(grammars):
             fill_next_token_bitmask(g.matcher, mask, i)
+            if g.extra_token >= 0:
+                allow_token(mask, i, g.extra_token)
         return mask
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def allow_token(mask: torch.Tensor, row: int, token: int) -> None:
+    """Set, in place, token `token`'s bit in row `row` of a (G, W) int32 bitmask."""
+    word, bit = divmod(token, 32)
+    value = int(mask[row, word]) | (1 << bit)
+    mask[row, word] = value - (1 << 32) if value >= 1 << 31 else value  # as an int32
 
 
 def apply_bitmask(logits: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None) -> None:

@@ -398,7 +398,15 @@ async def test_health_models_and_metrics_routes_alone(alone) -> None:
     assert await health.models(state) == {
         "object": "list",
         "data": [
-            {"id": "smol", "object": "model", "created": 7, "owned_by": "minisgl", "max_model_len": 2048}
+            {
+                "id": "smol",
+                "object": "model",
+                "created": 7,
+                "owned_by": "minisgl",
+                "root": "smol",
+                "parent": None,
+                "max_model_len": 2048,
+            }
         ],
     }
     r = await health.health(state)

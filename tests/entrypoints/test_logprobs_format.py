@@ -67,6 +67,12 @@ def test_completions_echo_the_prompt_first_with_a_null_first_entry() -> None:
     assert out == {
         "tokens": ["The", " capital", " Paris", "!"],
         "token_logprobs": [None, -7.0, -2.5, -9999.0],
-        "top_logprobs": [None, {" first": -1.0}, {" the": -0.25, " Paris": -2.5}, {}],
+        # each token's alternatives include the token itself (vLLM's: logprobs 0 still shows it)
+        "top_logprobs": [
+            None,
+            {" capital": -7.0, " first": -1.0},
+            {" Paris": -2.5, " the": -0.25},
+            {"!": -9999.0},
+        ],
         "text_offset": [0, 3, 11, 17],
     }

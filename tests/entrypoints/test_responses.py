@@ -316,8 +316,6 @@ def test_builder_without_a_last_chunk_fails_and_keeps_what_it_had() -> None:
 
 
 REFUSED = [
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"store": True}, "store"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"background": True}, "background"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),

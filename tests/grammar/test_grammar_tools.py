@@ -251,12 +251,21 @@ def test_named_stream_sends_the_name_then_the_arguments() -> None:
     assert reason == "length"
 
 
-def test_required_stream_sends_the_calls_at_the_end() -> None:
+def test_required_stream_sends_each_call_as_it_is_written() -> None:
     text = json.dumps([{"name": "f", "parameters": {"a": 1}}, {"name": "g", "parameters": {}}])
-    deltas, reason = _stream(ToolOutput("required"), [text[:10], text[10:]])
+    out = ToolOutput("required")
+    deltas, reason = _stream(out, [text[i : i + 5] for i in range(0, len(text), 5)])
     assert reason == "tool_calls" and all("content" not in d for d in deltas)
-    [calls] = [d["tool_calls"] for d in deltas]
-    assert [(c["index"], c["function"]["name"]) for c in calls] == [(0, "f"), (1, "g")]
+    calls = [c for d in deltas for c in d["tool_calls"]]
+    heads = [c for c in calls if "id" in c]
+    assert [(c["index"], c["function"]["name"]) for c in heads] == [(0, "f"), (1, "g")]
+    args = ["".join(c["function"]["arguments"] for c in calls if c["index"] == i) for i in (0, 1)]
+    assert args == ['{"a": 1}', "{}"] and len([c for c in calls if c["index"] == 0]) > 2
+    assert [(c.name, c.id) for c in out.calls] == [(h["function"]["name"], h["id"]) for h in heads]
+    # cut short: what was streamed of the calls is all there is, and no call is made
+    cut = ToolOutput("required")
+    deltas, reason = _stream(cut, [text[:34]], "length")  # the head and part of the arguments
+    assert reason == "length" and not cut.calls and all("content" not in d for d in deltas)
 
 
 def test_one_compile_serves_every_request_with_that_grammar(compiler, tokenizer) -> None:

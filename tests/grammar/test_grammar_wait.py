@@ -37,7 +37,7 @@ class FakeCompiler:
         return future
 
     @staticmethod
-    def matcher(future: Future) -> str:
+    def matcher(future: Future, reasoning: tuple[int, int] = (-1, -1)) -> str:
         return future.result()
 
 

@@ -1,10 +1,10 @@
 """Messages of every class, with values at msgpack's format boundaries, for the golden-bytes test.
 
-tests/data/codec_golden.json holds the bytes that the codec before issue 13 (two code generators,
+tests/message/data/codec_golden.json holds the bytes that the codec before issue 13 (two code generators,
 main at commit 8779c94) wrote for each of them; `test_codec.py` checks that today's codec writes the
 same. It was made by running this file against that commit's package:
 
-    python tests/codec_corpus.py > tests/data/codec_golden.json
+    python tests/message/codec_corpus.py > tests/message/data/codec_golden.json
 
 Since then SamplingParams gained `grammar` and TokenizeMsg `tools` (structured output and tools):
 the 107 entries that carry them were rewritten by the same command on today's package, where
@@ -12,9 +12,10 @@ the 107 entries that carry them were rewritten by the same command on today's pa
 Issue 24 took the per-token messages' rare fields off a plain token's bytes (DetokenizeMsg and
 UserReply leave out what holds its default, the rare fields grouped in an optional `extra`): the 80
 entries that carry one of the two were rewritten the same way, and two entries were added. Issue 25
-gave SamplingParams `embed` (an embedding request; the per-token messages' new `embedding` extra
-stays off their bytes): the 107 entries that carry SamplingParams were rewritten the same way, each
-7 bytes longer ("embed": false), and no other entry changed.
+gave SamplingParams `embed` (an embedding request), the reasoning token ids and return_token_ids,
+and TokenizeMsg the request's chat template and template variables: the 107 entries that carry
+SamplingParams were rewritten the same way, and no other entry changed (the per-token messages'
+new rare fields, `embedding` among them, stay off their bytes at their defaults).
 """
 
 from __future__ import annotations

@@ -30,9 +30,8 @@ def run_example(name: str, ipc_dir: Path, timeout: int) -> str:
 def test_ch12_message(ipc_dir: Path) -> None:
     out = run_example("ch12_message.py", ipc_dir, 100)
     assert "'__type__': 'UserMsg', 'uid': 7" in out
-    assert (
-        "401 bytes after msgpack; to_bytes() gives the same bytes: True" in out
-    )  # (394 before SamplingParams.embed)
+    # SamplingParams grew with issue 25 (embed, the reasoning token ids, return_token_ids): 394 before
+    assert "457 bytes after msgpack; to_bytes() gives the same bytes: True" in out
     assert "decoded back: 7 tensor([9707,   11, 1879], dtype=torch.int32)" in out
     assert "a 2-D tensor round trip: [[0, 1, 2], [3, 4, 5]]" in out
     assert "rejected: backend message: unknown backend message type 'Evil'" in out

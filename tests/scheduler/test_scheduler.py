@@ -117,9 +117,9 @@ def test_rejections_reply_with_the_reason_and_never_crash() -> None:
     errors = {m.uid: m.message for m in s.outbox if isinstance(m, ErrorMsg)}
     assert set(errors) == {1, 2, 3, 4, 5, 6}
     assert "empty" in errors[1]
-    assert "out of the vocabulary" in errors[2] and str(VOCAB) in errors[2]
+    assert "out of vocabulary" in errors[2] and str(VOCAB) in errors[2]
     assert "max_tokens" in errors[3]
-    assert "context length of 128" in errors[4] and "129" in errors[4]
+    assert "maximum context length is 128 tokens" in errors[4] and "129" in errors[4]
     assert "temperature" in errors[5]
     assert "integer" in errors[6]
     s.submit(7, list(range(100)), max_tokens=28)  # exactly 128: accepted

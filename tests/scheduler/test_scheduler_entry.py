@@ -86,7 +86,7 @@ def test_scheduler_process_serves_rejects_aborts_and_exits(
         got = _replies(pull, {1, 2, 3})
         assert [m.next_token for m in got if m.uid == 1 and isinstance(m, DetokenizeMsg)].__len__() == 5
         err = [m for m in got if isinstance(m, ErrorMsg)]
-        assert [m.uid for m in err] == [2] and "context length of 64" in err[0].message
+        assert [m.uid for m in err] == [2] and "maximum context length is 64 tokens" in err[0].message
         last3 = [m for m in got if m.uid == 3][-1]
         assert isinstance(last3, DetokenizeMsg) and last3.finish_reason == "abort"
         push.put(ExitMsg())

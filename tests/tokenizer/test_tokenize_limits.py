@@ -69,11 +69,14 @@ def test_n_choices_tokenize_once_and_fan_out(tokenizer) -> None:
 def test_a_megabyte_prompt_is_refused_without_being_tokenized(tokenizer) -> None:
     m, counting = manager(tokenizer)
     huge = "Lorem ipsum dolor sit amet. " * 40_000  # 1.1 MB, about 250,000 tokens
-    for params, reason in (
-        (SamplingParams(max_tokens=FILL_CONTEXT), "fills"),
-        (SamplingParams(max_tokens=16), "exceeds"),
+    for params, completion in (
+        (SamplingParams(max_tokens=FILL_CONTEXT), 1),
+        (SamplingParams(max_tokens=16), 16),
     ):
-        with pytest.raises(RequestRejected, match=f"at least .* tokens.*{reason} the context of 8192"):
+        expected = (
+            f"maximum context length is 8192 tokens. However, you requested at least .* {completion} in"
+        )
+        with pytest.raises(RequestRejected, match=expected):
             m.prepare(TokenizeMsg(uid=1, text=huge, sampling_params=params, n=64))
     chat = [{"role": "user", "content": huge}]
     with pytest.raises(RequestRejected, match="at least"):

@@ -275,19 +275,21 @@ class Engine:
     def _grammar_masks(
         self, reqs: list[Req], pending: StepOutput | None
     ) -> tuple[list[int], torch.Tensor] | None:
-        """(rows, their bitmasks (G, W) int32 on the CPU) for the rows with a grammar; None if none.
-        A request's matcher is first fed its output so far, including its pending token (overlap
-        scheduling: read once the step before is done)."""
-        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
-        if not rows:
-            return None
-        grammars = []
-        for i in rows:
-            r = reqs[i]
-            assert r.grammar is not None
+        """(rows, their bitmasks (G, W) int32 on the CPU) for the rows a grammar holds now; None if
+        none. A request's matcher is first fed its output so far, including its pending token
+        (overlap scheduling: read once the step before is done); a reasoning model's output is held
+        only once its reasoning ended (Grammar.constrains)."""
+        rows, grammars = [], []
+        for i, r in enumerate(reqs):
+            if r.grammar is None:
+                continue
             unseen = [pending.pending_token(r)] if r.pending and pending is not None else []
             r.grammar.advance(r.output_ids + unseen)
-            grammars.append(r.grammar)
+            if r.grammar.constrains:
+                rows.append(i)
+                grammars.append(r.grammar)
+        if not rows:
+            return None
         return rows, self.grammars.fill_masks(grammars)
 
     def _masked(

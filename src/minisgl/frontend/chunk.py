@@ -33,6 +33,8 @@ class Chunk:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob] | None = None
     error: RequestError | None = None  # why, when finish_reason is "error" (after some output)
+    reasoning: str = ""  # a reasoning model's chat answer: where it starts (UserReplyExtra.reasoning)
+    token_ids: list[int] = field(default_factory=list)  # with return_token_ids: this chunk's tokens
 
 
 class LogprobBuffer:

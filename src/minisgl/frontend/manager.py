@@ -46,6 +46,9 @@ class PromptOptions:
     continue_final_message: bool = False
     echo: bool = False
     tools: str = ""  # JSON list of the tools the chat template renders ("" for none)
+    include_stop_str: bool = False  # a matched stop string stays at the end of the text
+    chat_template: str = ""  # the request's own chat template ("": the model's)
+    template_kwargs: str = ""  # JSON object of more template variables ("" for none)
 
 
 class FrontendManager:
@@ -105,7 +108,9 @@ class FrontendManager:
         for _ in range(n - 1):
             next(self._uids)
         replica = self.router.pick(n)
-        streams = [RequestStream(self, first + i, stops, replica, opts.echo) for i in range(n)]
+        streams = [
+            RequestStream(self, first + i, stops, replica, opts.echo, opts.include_stop_str) for i in range(n)
+        ]
         for s in streams:
             self.streams[s.uid] = s
             if self.request_timeout is not None:
@@ -117,6 +122,8 @@ class FrontendManager:
         msg.add_generation_prompt = opts.add_generation_prompt
         msg.continue_final_message = opts.continue_final_message
         msg.tools = opts.tools
+        msg.chat_template = opts.chat_template
+        msg.template_kwargs = opts.template_kwargs
         self._post(msg)
         return streams
 

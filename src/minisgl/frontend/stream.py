@@ -35,16 +35,26 @@ class RequestStream:
     """One request (one choice) in flight: its replies as they arrive, and its stop strings."""
 
     def __init__(
-        self, manager: FrontendManager, uid: int, stops: list[str], replica: int = 0, echo: bool = False
+        self,
+        manager: FrontendManager,
+        uid: int,
+        stops: list[str],
+        replica: int = 0,
+        echo: bool = False,
+        include_stop: bool = False,
     ) -> None:
         self.manager = manager
         self.uid = uid
         self.replica = replica  # the data-parallel replica that serves it
-        self.matcher = StopMatcher(stops)
+        self.matcher = StopMatcher(stops, include_stop)
         self.echo = echo  # the first chunk starts with the prompt's text
         self.prompt_text = ""
         self.stop_token_id = -1
         self.embedding = b""  # an embedding request's answer: the pooled state, float32 bytes
+        self.reasoning = ""  # a reasoning model's chat answer: where it starts ("inside", ...)
+        self.reasoning_tokens = 0
+        self.prompt_token_ids: list[int] = []  # with return_token_ids (from the acknowledgement)
+        self._token_ids: list[int] = []  # ... and the new tokens' since the last chunk
         self._logprobs = LogprobBuffer()
         self.usage = StreamUsage(manager.metrics, lambda: manager.mark_running(uid))
         self.finish_reason: str | None = None
@@ -89,6 +99,8 @@ class RequestStream:
         first = self._replies[0]
         if first.finished and first.finish_reason == "error":
             self._take()  # records the error, closes the stream and raises RequestError
+        if first.extra is not None and first.prompt_tokens:  # what the acknowledgement tells first
+            self._take_ack(first.extra)
 
     async def started(self) -> None:
         """Wait until the request has output or has ended; raise RequestError if it was refused
@@ -116,7 +128,7 @@ class RequestStream:
             self.usage.count_tokens(r.completion_tokens)
             text.append(r.incremental_output)
             if r.extra is not None:
-                self._take_extra(r.extra, r.finished)
+                self._take_extra(r.extra, r.finished, bool(r.prompt_tokens))
             if r.finished:
                 self.finish_reason = r.finish_reason or "stop"
                 if self.finish_reason == "error":  # after some output: the choice ends with it
@@ -132,15 +144,27 @@ class RequestStream:
         status = 400 if grammar or not (r.completion_tokens or self.completion_tokens) else 500
         return RequestError(why, status, self.grammar_field if grammar else None)
 
-    def _take_extra(self, x: UserReplyExtra, finished: bool) -> None:
+    def _take_extra(self, x: UserReplyExtra, finished: bool, ack: bool) -> None:
         """A reply's rare fields: the echo's prompt text, the prefix-cache usage, logprobs, an
         embedding, and on the last reply the stop token id."""
-        self.prompt_text = self.prompt_text or x.prompt_text
+        if ack:
+            self._take_ack(x)
+        else:
+            self._token_ids += x.token_ids
         self.embedding = self.embedding or x.embedding
+        if x.reasoning is not None:
+            self.reasoning_tokens = max(self.reasoning_tokens, x.reasoning.tokens)
         self.usage.count_cached(x.cached_tokens)
         self._logprobs.add(x)
         if finished:
             self.stop_token_id = x.stop_token_id
+
+    def _take_ack(self, x: UserReplyExtra) -> None:
+        """The tokenizer's acknowledgement: the echo's text, where a reasoning answer starts, the
+        prompt's ids (return_token_ids)."""
+        self.prompt_text = self.prompt_text or x.prompt_text
+        self.reasoning = self.reasoning or (x.reasoning.mode if x.reasoning is not None else "")
+        self.prompt_token_ids = self.prompt_token_ids or x.token_ids
 
     async def next_chunk(self) -> Chunk:
         """The text that arrived since the last call (waits for some), with stop strings applied."""
@@ -158,10 +182,12 @@ class RequestStream:
             if res.matched is not None:
                 self.manager.abort(self.uid)  # the scheduler stops generating and frees the pages
             self._finish(self.finish_reason or "stop")
-        if self.echo and self.prompt_text:
+        if self.echo and self.prompt_text and (self.completion_tokens or self.finished):
+            # with the first output: its prompt logprobs come with the first token
             text, self.echo = self.prompt_text + text, False
         stop_reason = res.matched if res.matched is not None else self._stop_token()
         logprobs, prompt_logprobs = self._logprobs.take()
+        token_ids, self._token_ids = self._token_ids, []
         return Chunk(
             text,
             self.finish_reason,
@@ -172,6 +198,8 @@ class RequestStream:
             logprobs,
             prompt_logprobs,
             self.error if self.finish_reason == "error" else None,
+            self.reasoning,
+            token_ids,
         )
 
     def _stop_token(self) -> int | None:
@@ -180,7 +208,13 @@ class RequestStream:
     async def chunks(self) -> AsyncIterator[Chunk]:
         while not self.finished:
             chunk = await self.next_chunk()
-            if chunk.text or chunk.finish_reason is not None or chunk.logprobs or chunk.prompt_logprobs:
+            if (
+                chunk.text
+                or chunk.finish_reason is not None
+                or chunk.logprobs
+                or chunk.prompt_logprobs
+                or chunk.token_ids
+            ):
                 yield chunk
 
     async def _late_ack(self) -> None:
@@ -190,6 +224,8 @@ class RequestStream:
             return
         for r in self._replies:
             self.usage.count_prompt(r.prompt_tokens)
+            if r.extra is not None and r.prompt_tokens:
+                self._take_ack(r.extra)
         self._replies = []
 
     def _finish(self, reason: str) -> None:

@@ -110,6 +110,18 @@ class ServerArgs:
         choices=("auto", "hermes", "llama3_json"),
     )
     task: str | None = engine_flag(MODEL, metavar="TASK")
+    reasoning_parser: str = flag(
+        "auto",
+        "the format of a reasoning model's thinking, which goes to reasoning_content (auto: from the "
+        "chat template and the tokenizer's <think> tokens; none: the thinking stays in the content)",
+        MODEL,
+        choices=("auto", "qwen3", "deepseek_r1", "none"),
+    )
+    trust_request_chat_template: bool = flag(
+        False,
+        "let requests bring their own chat_template (a Jinja program run by the tokenizer worker)",
+        MODEL,
+    )
     quantization: str | None = engine_flag(MODEL, metavar="METHOD")
     kv_cache_dtype: str | None = engine_flag(MODEL, metavar="DTYPE")
     dummy_weights: bool | None = engine_flag(MODEL)

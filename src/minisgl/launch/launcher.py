@@ -131,6 +131,7 @@ class Launcher:
                 backend_addr=backends[0],
                 frontend_addr=self.addrs.zmq_frontend_addr,
                 index=index,
+                reasoning_parser=self.args.reasoning_parser,
                 more_backend_addrs=tuple(backends[1:]),
                 more_detokenizer_addrs=tuple(detok[1:]),
             )
@@ -236,6 +237,8 @@ class Launcher:
             tokenize_timeout=self.args.tokenize_timeout,
             tools=ToolFormat.of(self.model_dir, self.args.tool_call_parser),
             pooling=read_pooling(self.model_dir, strict=False),
+            trust_request_chat_template=self.args.trust_request_chat_template,
+            root=str(self.model_dir),
         )
         max_connections = self.args.max_connections
         log_accept_errors(asyncio.get_running_loop())

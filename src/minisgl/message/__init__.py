@@ -2,7 +2,7 @@
 
 from .backend import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, ExitMsg, UserMsg
 from .codec import MessageDecodeError
-from .frontend import BaseFrontendMsg, BatchFrontendMsg, LoadReply, UserReply, UserReplyExtra
+from .frontend import BaseFrontendMsg, BatchFrontendMsg, LoadReply, ReplyReasoning, UserReply, UserReplyExtra
 from .tokenizer import (
     AbortMsg,
     BaseTokenizerMsg,
@@ -33,5 +33,6 @@ __all__ = [
     "TokenizeMsg",
     "UserMsg",
     "UserReply",
+    "ReplyReasoning",
     "UserReplyExtra",
 ]

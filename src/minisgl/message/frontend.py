@@ -19,6 +19,17 @@ class BatchFrontendMsg(BaseFrontendMsg):
 
 
 @dataclass
+class ReplyReasoning:
+    """A reasoning model's chat answer: `mode` in the acknowledgement, where the answer starts
+    ("inside" its reasoning, reasoning "optional", or "off"); `tokens` on the last reply, how many of
+    its tokens were reasoning."""
+
+    omit_defaults: ClassVar[bool] = True
+    mode: str = ""
+    tokens: int = 0
+
+
+@dataclass
 class UserReplyExtra:
     """The rare fields of a UserReply, sent (as its `extra`) only with a reply that has one.
     cached_tokens: prompt tokens served from the prefix cache; stop_token_id: the stop token id (not
@@ -42,6 +53,13 @@ class UserReplyExtra:
     prompt_lp_top_values: list[list[float]] = field(default_factory=list)
     # An embedding request's answer: the pooled hidden state, float32 bytes (DetokenizeExtra's).
     embedding: bytes = b""
+    # Reasoning models: where the answer starts (acknowledgement), how many tokens were reasoning
+    # (last reply). One nested record for both: 15 fields at most keep this record a fixmap on the
+    # wire (msgspec sizes the header by the fields declared, not by those sent).
+    reasoning: ReplyReasoning | None = None
+    # With sampling_params.return_token_ids: in the acknowledgement the prompt's ids, in a reply
+    # its token's. (One field for both, for the same reason.)
+    token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -38,6 +38,10 @@ class TokenizeMsg(BaseTokenizerMsg):
     # Tool calling: the tools for the chat template (a JSON list, "" for none). A chat message's
     # values are strings: an assistant's "tool_calls" is their JSON text.
     tools: str = ""
+    # The request's own chat template ("": the model's) and the variables it passes to the template
+    # (a JSON object, "" for none: chat_template_kwargs, documents, reasoning_effort).
+    chat_template: str = ""
+    template_kwargs: str = ""
 
 
 @dataclass
@@ -62,6 +66,9 @@ class DetokenizeExtra:
     # An embedding request's answer (its only message, next_token -1): the pooled final hidden state
     # as the bytes of a float32 array (H,), native byte order; not yet normalised.
     embedding: bytes = b""
+    # On the last token of a reasoning model's chat answer: how many were its reasoning.
+    reasoning_tokens: int = 0
+    return_token: bool = False  # the reply carries the token's id (sampling_params.return_token_ids)
 
 
 @dataclass

@@ -83,7 +83,8 @@ class GrammarWait:
             if state == _COMPILING:
                 still.append(w)
             elif state == _DONE:
-                w.req.grammar = self.compiler.matcher(w.future)
+                p = w.req.sampling_params
+                w.req.grammar = self.compiler.matcher(w.future, (p.reasoning_start_id, p.reasoning_end_id))
                 ready.append(w.req)
             else:
                 refused.append((w.req, f"{GRAMMAR_REFUSED}: {self._why(w)}"))

@@ -62,6 +62,7 @@ from minisgl.core import (
     SamplingParams,
     TokenLogprobs,
     check_request,
+    reasoning_end,
 )
 from minisgl.engine import EngineProtocol, StepOutput, create_engine
 from minisgl.engine.step import StepLogprobLists
@@ -533,12 +534,20 @@ def _extra(req: Req, token: int, reason: str, logprobs: TokenLogprobs | None) ->
     """The rare fields of the reply with `req`'s new `token`; None for a plain token (most of them):
     the prefix-cache usage and the prompt logprobs come with the first token, the stop token id with
     the last, the token's logprobs if asked for."""
+    params = req.sampling_params
     first = req.output_len == 1
-    stop_token = reason == "stop" and token in req.sampling_params.stop_token_ids
-    wants_prompt_lp = first and req.sampling_params.prompt_logprobs is not None
-    if not (logprobs is not None or stop_token or wants_prompt_lp or (first and req.cached_prompt_len > 0)):
+    stop_token = reason == "stop" and token in params.stop_token_ids
+    wants_prompt_lp = first and params.prompt_logprobs is not None
+    reasons = bool(reason) and params.reasoning_end_id >= 0
+    rare = logprobs is not None or stop_token or wants_prompt_lp or reasons or params.return_token_ids
+    if not (rare or (first and req.cached_prompt_len > 0)):
         return None
-    extra = DetokenizeExtra(cached_tokens=max(req.cached_prompt_len, 0) if first else 0)
+    extra = DetokenizeExtra(
+        cached_tokens=max(req.cached_prompt_len, 0) if first else 0, return_token=params.return_token_ids
+    )
+    if reasons:
+        end = reasoning_end(req.output_ids, params.reasoning_start_id, params.reasoning_end_id)
+        extra.reasoning_tokens = req.output_len if end is None else end
     if stop_token:
         extra.stop_token_id = token
     if logprobs is not None:

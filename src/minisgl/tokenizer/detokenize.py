@@ -23,7 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from minisgl.message import DetokenizeExtra, DetokenizeMsg, ErrorMsg, UserReply, UserReplyExtra
+from minisgl.message import (
+    DetokenizeExtra,
+    DetokenizeMsg,
+    ErrorMsg,
+    ReplyReasoning,
+    UserReply,
+    UserReplyExtra,
+)
 from minisgl.utils.hf import decode_text
 
 from .token_bytes import token_bytes_fn
@@ -134,8 +141,13 @@ class DetokenizeManager:
         """The rare fields of a token's message -> those of its reply (token ids -> their bytes)."""
         tb = self.token_bytes
         out = UserReplyExtra(
-            cached_tokens=x.cached_tokens, stop_token_id=x.stop_token_id, embedding=x.embedding
+            cached_tokens=x.cached_tokens,
+            stop_token_id=x.stop_token_id,
+            embedding=x.embedding,
+            reasoning=ReplyReasoning(tokens=x.reasoning_tokens) if x.reasoning_tokens else None,
         )
+        if x.return_token and token >= 0:
+            out.token_ids = [token]
         if x.logprob is not None and token >= 0:
             out.lp_tokens = [tb(token)]
             out.lp_values = [x.logprob]

@@ -75,13 +75,15 @@ class FastTokenizer:
         tokenize: bool = False,
         add_generation_prompt: bool = False,
         continue_final_message: bool = False,
+        chat_template: str | None = None,
         **kwargs: Any,
     ) -> str | list[int]:
-        """transformers' rendering of one conversation (its renderer, its template variables)."""
+        """transformers' rendering of one conversation (its renderer, its template variables), with
+        the tokenizer's chat template or `chat_template`."""
         from transformers.tokenization_utils_base import _normalize_chat_messages
         from transformers.utils.chat_template_utils import render_jinja_template
 
-        template = self.chat_template
+        template = chat_template or self.chat_template
         if isinstance(template, dict):  # named templates
             template = template.get("tool_use" if tools is not None and "tool_use" in template else "default")
         if not template:

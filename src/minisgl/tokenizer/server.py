@@ -45,6 +45,7 @@ from minisgl.message import (
     ErrorMsg,
     LoadMsg,
     LoadReply,
+    ReplyReasoning,
     TokenizeMsg,
     UserReply,
     UserReplyExtra,
@@ -55,6 +56,7 @@ from minisgl.utils.logger import init_logger
 from minisgl.utils.signals import raise_exit
 
 from .detokenize import DetokenizeManager
+from .reasoning import ReasoningFormat
 from .tokenize import MAX_CHOICES, ModelLimits, RequestRejected, TokenizeManager
 
 if TYPE_CHECKING:
@@ -81,6 +83,7 @@ class TokenizerWorkerConfig:
     frontend_addr: str  # -> API server (PULL binds there)
     index: int = 0
     max_batch: int = 256
+    reasoning_parser: str = "auto"  # --reasoning-parser (see reasoning.py)
     # --dp: replicas 1..M-1's rank-0 input and reply pipes (backend_addr / detokenizer_addr are
     # replica 0's); tcp:// ones (a replica on another machine) are bound here rather than connected.
     more_backend_addrs: tuple[str, ...] = ()
@@ -121,7 +124,11 @@ class TokenizerWorker:
         from minisgl.utils.mp import PEER_SEND_TIMEOUT_S as timeout
 
         self.config = config
-        self.tokenize = TokenizeManager(tokenizer, limits) if config.tokenizes else None
+        self.tokenize = (
+            TokenizeManager(tokenizer, limits, ReasoningFormat.of(tokenizer, config.reasoning_parser))
+            if config.tokenizes
+            else None
+        )
         self.detokenize = DetokenizeManager(tokenizer) if config.detokenizes else None
         self.pulls = []
         if config.tokenizes:
@@ -225,21 +232,28 @@ class TokenizerWorker:
         if not 0 <= msg.replica < len(to_backend):
             return self._reject(msg, f"no replica {msg.replica} (there are {len(to_backend)})")
         try:
-            user_msgs = self.tokenize.prepare(msg)
+            user_msgs, reasoning = self.tokenize.prepare_chat(msg)
         except RequestRejected as e:
             return self._reject(msg, str(e))
         except Exception as e:  # a bug or a tokenizer failure must not take the worker down
             logger.exception("%s: cannot tokenize request %d", self.config.name, msg.uid)
             return self._reject(msg, f"cannot tokenize the prompt: {type(e).__name__}: {e}")
         to_backend[msg.replica].extend(user_msgs)
-        echo = self.tokenize.echo_text(msg, user_msgs[0].input_ids.tolist()) if msg.echo else ""
+        ids = user_msgs[0].input_ids.tolist() if msg.echo or msg.sampling_params.return_token_ids else []
+        echo = self.tokenize.echo_text(msg, ids) if msg.echo else ""
+        prompt_ids = ids if msg.sampling_params.return_token_ids else []
+        extra = (
+            UserReplyExtra(
+                prompt_text=echo,
+                reasoning=ReplyReasoning(mode=reasoning) if reasoning else None,
+                token_ids=prompt_ids,
+            )
+            if echo or reasoning or prompt_ids
+            else None
+        )
         return [
             UserReply(
-                uid=m.uid,
-                incremental_output="",
-                finished=False,
-                prompt_tokens=len(m.input_ids),
-                extra=UserReplyExtra(prompt_text=echo) if echo else None,
+                uid=m.uid, incremental_output="", finished=False, prompt_tokens=len(m.input_ids), extra=extra
             )
             for m in user_msgs
         ]

@@ -3,7 +3,8 @@
 The text of one request arrives in pieces (one per detokenized token or batch of tokens), so a stop
 string may straddle two pieces. `StopMatcher.feed` returns only text that can no longer be part of a
 stop string: it holds back the longest suffix that is still the beginning of some stop string, and on
-a match it returns the text before the match and reports it. The stop string itself is never shown.
+a match it returns the text before the match and reports it. The stop string itself is not shown,
+unless the request asked for it (`include`: vLLM's include_stop_str_in_output).
 
 Of several stop strings the one that *ends* first wins (ties: the longer one), which is the one a
 token-by-token check would see first; this makes the result depend only on the text, never on how it
@@ -27,8 +28,9 @@ class StopResult:
 class StopMatcher:
     """Incremental matcher for one request's stop strings (empty strings are ignored)."""
 
-    def __init__(self, stops: Iterable[str]) -> None:
+    def __init__(self, stops: Iterable[str], include: bool = False) -> None:
         self.stops: list[str] = sorted({s for s in stops if s}, key=len)
+        self.include = include  # a match ends the text rather than being cut from it
         self._pending = ""
         self.done = False
 
@@ -47,7 +49,7 @@ class StopMatcher:
             pos, stop = hit
             self._pending = ""
             self.done = True
-            return StopResult(buf[:pos], stop)
+            return StopResult(buf[: pos + len(stop)] if self.include else buf[:pos], stop)
         keep = self._partial_suffix_len(buf)
         self._pending = buf[len(buf) - keep :] if keep else ""
         return StopResult(buf[: len(buf) - keep])

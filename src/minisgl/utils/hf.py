@@ -40,15 +40,22 @@ def render_chat(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     tools: list[dict[str, Any]] | None = None,
+    template: str | None = None,
+    variables: dict[str, Any] | None = None,
 ) -> str:
-    """`messages` rendered with the model's chat template as text, ending with the assistant prompt
-    (unless `add_generation_prompt` is False), or with the last message left open for the model to
-    continue (`continue_final_message`); `tools` (OpenAI's tool specs) for templates that take them."""
-    if not getattr(tokenizer, "chat_template", None):
+    """`messages` rendered with the model's chat template (or `template`) as text, ending with the
+    assistant prompt (unless `add_generation_prompt` is False), or with the last message left open
+    for the model to continue (`continue_final_message`); `tools` (OpenAI's tool specs) for templates
+    that take them; `variables` more names the template sees (e.g. enable_thinking)."""
+    if not template and not getattr(tokenizer, "chat_template", None):
         raise ValueError("this tokenizer has no chat template")
-    extra: dict[str, Any] = {"continue_final_message": True} if continue_final_message else {}
+    extra: dict[str, Any] = dict(variables or {})
+    if continue_final_message:
+        extra["continue_final_message"] = True
     if tools:
         extra["tools"] = tools
+    if template:
+        extra["chat_template"] = template
     text = tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
     )

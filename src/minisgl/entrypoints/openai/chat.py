@@ -3,12 +3,14 @@ answer as a message or streamed deltas, tool calls parsed out of the text."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from minisgl.entrypoints.openai.errors import APIError
+from minisgl.entrypoints.openai.extensions.reasoning import ReasoningSplit
 from minisgl.entrypoints.openai.logprobs_format import ChatLogprobs
 from minisgl.entrypoints.openai.protocol import ChatCompletionRequest
 from minisgl.entrypoints.openai.serving import (
@@ -30,32 +32,110 @@ from minisgl.frontend.stream import RequestStream
 router = APIRouter()
 
 
-def _chat_role(i: int) -> JSONObject:
-    """The first chunk of chat choice `i`: the assistant's role, no text yet."""
+def _chat_role(i: int, echo: str) -> JSONObject:
+    """The first chunk of chat choice `i`: the assistant's role, and the echo (if asked for)."""
     return {
         "index": i,
-        "delta": {"role": "assistant", "content": ""},
+        "delta": {"role": "assistant", "content": echo},
         "logprobs": None,
         "finish_reason": None,
     }
 
 
+@dataclass
+class ChoiceOutput:
+    """One choice's text as the answer shows it: a reasoning model's reasoning split off (unless
+    separate_reasoning is false), then tool calls parsed from the content (when tools are in effect)."""
+
+    tools: ToolOutput | None
+    legacy: bool  # the request used `functions`: the answer has `function_call`
+    split: ReasoningSplit | None  # None: the reasoning (if any) stays in the content
+    include: bool = True  # include_reasoning: the reasoning is returned
+    stream_reasoning: bool = True  # streamed as it comes, else in one piece when it ends
+    _held: str = ""  # reasoning not streamed yet (stream_reasoning false)
+
+    def delta(self, chunk: Chunk) -> tuple[JSONObject, str | None]:
+        """A streamed chunk's delta and finish reason."""
+        finish = chunk.finish_reason
+        r, c = self._split(chunk.text, chunk.reasoning, finish is not None)
+        d: JSONObject = {}
+        r = self._stream_reasoning(r, finish is not None)
+        if r and self.include:
+            d["reasoning_content"] = d["reasoning"] = r
+        if self.tools is None:
+            return d | {"content": c}, finish  # "" rather than no content: clients concatenate
+        parts = self.tools.feed(c)
+        if finish is not None:
+            more, finish = self.tools.finish(finish)
+            parts += more
+        d |= _merged_delta(parts, self.legacy)
+        if "tool_calls" not in d and "function_call" not in d:
+            d.setdefault("content", "")
+        return d, _legacy_reason(finish, self.legacy)
+
+    def message(self, c: Choice) -> tuple[JSONObject, str]:
+        """A non-streamed choice's message and finish reason."""
+        mode = next((ch.reasoning for ch in c.chunks if ch.reasoning), "")
+        _, content = self._split(c.text, mode, True)
+        finish = c.finish_reason
+        message: JSONObject = {"role": "assistant", "content": content}
+        if self.tools is not None:
+            self.tools.feed(content)
+            _, finish = self.tools.finish(c.finish_reason)
+            message["content"] = self.tools.content or None
+            if self.tools.calls and self.legacy:
+                message["function_call"] = self.tools.calls[0].message()["function"]
+            elif self.tools.calls:
+                message["tool_calls"] = [call.message() for call in self.tools.calls]
+        if self.split is not None and mode and self.include:
+            message["reasoning_content"] = message["reasoning"] = self.split.reasoning or None
+        return message, _legacy_reason(finish, self.legacy) or finish
+
+    def _split(self, text: str, mode: str, final: bool) -> tuple[str, str]:
+        if self.split is None:
+            return "", text
+        r, c = self.split.feed(text, mode)
+        if final:
+            r2, c2 = self.split.finish()
+            r, c = r + r2, c + c2
+        return r, c
+
+    def _stream_reasoning(self, r: str, final: bool) -> str:
+        if self.stream_reasoning:
+            return r
+        self._held += r
+        if final or (self.split is not None and self.split.content):
+            r, self._held = self._held, ""
+            return r
+        return ""
+
+
+def choice_outputs(state: ServerState, body: ChatCompletionRequest, n: int) -> list[ChoiceOutput]:
+    """What turns each choice's text into the answer's message (see ChoiceOutput)."""
+    tools = tool_outputs(state, body, n)
+    return [
+        ChoiceOutput(
+            tools[i] if tools else None,
+            body.legacy_functions,
+            ReasoningSplit() if body.separate_reasoning else None,
+            body.include_reasoning,
+            body.stream_reasoning,
+        )
+        for i in range(n)
+    ]
+
+
 def _chat_delta(
-    logprobs: list[ChatLogprobs] | None, tools: list[ToolOutput] | None, legacy: bool
+    logprobs: list[ChatLogprobs] | None, outputs: list[ChoiceOutput], token_ids: bool
 ) -> Callable[[int, Chunk], JSONObject]:
     def delta(i: int, chunk: Chunk) -> JSONObject:
-        d: JSONObject = {"content": chunk.text} if chunk.text else {}
-        finish = chunk.finish_reason
-        if tools is not None:
-            parts = tools[i].feed(chunk.text)
-            if finish is not None:
-                more, finish = tools[i].finish(finish)
-                parts += more
-            d, finish = _merged_delta(parts, legacy), _legacy_reason(finish, legacy)
+        d, finish = outputs[i].delta(chunk)
         lp = logprobs[i].of(chunk.logprobs) if logprobs else None
         out = {"index": i, "delta": d, "logprobs": lp, "finish_reason": finish}
+        if token_ids:
+            out["token_ids"] = chunk.token_ids
         if chunk.finish_reason is not None:
-            out["stop_reason"] = chunk.stop_reason
+            out["stop_reason"] = out["matched_stop"] = chunk.stop_reason
         return out
 
     return delta
@@ -86,28 +166,29 @@ def _legacy_reason(finish: str | None, legacy: bool) -> str | None:
     return "function_call" if legacy and finish == "tool_calls" else finish
 
 
-def _chat_message(c: Choice, tools: ToolOutput | None, legacy: bool) -> tuple[JSONObject, str]:
-    """A non-streamed choice's message (content and tool calls) and finish reason."""
-    if tools is None:
-        return {"role": "assistant", "content": c.text}, c.finish_reason
-    tools.feed(c.text)
-    _, finish = tools.finish(c.finish_reason)
-    message: JSONObject = {"role": "assistant", "content": tools.content or None}
-    if tools.calls and legacy:
-        message["function_call"] = tools.calls[0].message()["function"]
-    elif tools.calls:
-        message["tool_calls"] = [call.message() for call in tools.calls]
-    return message, _legacy_reason(finish, legacy) or finish
-
-
 async def open_chat(
     state: ServerState, request: Request, body: ChatCompletionRequest, field: str | None = None
 ) -> list[RequestStream]:
     """The streams of a chat request (its `n` choices): the conversation and the tools in effect
     rendered by the chat template, sampled with the request's parameters."""
     mode = body.tool_mode
+    if body.chat_template is not None and not state.trust_request_chat_template:
+        raise APIError(
+            400,
+            "chat_template is not supported: this server runs only its model's chat template (start it "
+            "with --trust-request-chat-template to allow a request's own)",
+            "invalid_request_error",
+            "chat_template",
+        )
     messages, tools_json = state.tools.prompt(body.conversation(), body.tool_dicts if mode != "none" else [])
-    options = PromptOptions(body.add_generation_prompt, body.continue_final_message, tools=tools_json)
+    options = PromptOptions(
+        body.generation_prompt,
+        body.continue_final_message,
+        tools=tools_json,
+        include_stop_str=body.include_stop_str,
+        chat_template=body.chat_template or "",
+        template_kwargs=body.template_kwargs(),
+    )
     params = body.sampling_params()
     return await open_all(
         state,
@@ -135,19 +216,23 @@ def tool_outputs(state: ServerState, body: ChatCompletionRequest, n: int) -> lis
 async def chat(body: ChatCompletionRequest, request: Request, state: State) -> Response:
     check_ready(state, body.model)
     streams = await open_chat(state, request, body)
-    rid, name = f"chatcmpl-{uuid.uuid4().hex}", body.model or state.model_name
+    rid, name = f"chatcmpl-{body.id_suffix}", body.model or state.model_name
     logprobs = [ChatLogprobs() for _ in streams] if body.token_logprobs is not None else None
-    tools = tool_outputs(state, body, len(streams))
-    legacy = body.legacy_functions
+    outputs = choice_outputs(state, body, len(streams))
+    echo = body.echo_text
+    ids = bool(body.return_token_ids)  # vLLM's token_ids of the choices
+    prompt_ids = {"prompt_token_ids": streams[0].prompt_token_ids} if body.returns_prompt_ids else None
     if body.stream:
         events = chunk_events(body, rid, "chat.completion.chunk", name)
-        roles = [_chat_role(i) for i in range(len(streams))]
-        content = events.body(streams, body.n, _chat_delta(logprobs, tools, legacy), head=roles)
+        roles = [_chat_role(i, echo) for i in range(len(streams))]
+        content = events.body(streams, body.n, _chat_delta(logprobs, outputs, ids), roles, prompt_ids)
         return StreamResponse(content, lambda: release_all(state.manager, streams))
     done = await finish_all(request, state.manager, streams)
     choices: list[JSONObject] = []
     for i, c in enumerate(done):
-        message, finish = _chat_message(c, tools[i] if tools else None, legacy)
+        message, finish = outputs[i].message(c)
+        if echo:
+            message["content"] = echo + (message["content"] or "")
         choices.append(
             {
                 "index": i,
@@ -155,6 +240,10 @@ async def chat(body: ChatCompletionRequest, request: Request, state: State) -> R
                 "logprobs": logprobs[i].of([e for ch in c.chunks for e in ch.logprobs]) if logprobs else None,
                 "finish_reason": finish,
                 "stop_reason": c.stop_reason,
+                "matched_stop": c.stop_reason,  # SGLang's name
             }
         )
-    return completion_response(rid, "chat.completion", name, choices, request_usage(streams, body.n))
+        if ids:
+            choices[-1]["token_ids"] = [t for ch in c.chunks for t in ch.token_ids]
+    usage = request_usage(streams, body.n)
+    return completion_response(rid, "chat.completion", name, choices, usage, prompt_ids)

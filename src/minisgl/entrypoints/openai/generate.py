@@ -31,7 +31,10 @@ async def generate(body: GenerateRequest, request: Request, state: State) -> Res
     """The chapters' native endpoint. Streams `data: {"text": ..., "finish_reason": ...}` events
     then `data: [DONE]`; with "stream": false answers one JSON object."""
     check_ready(state, None)
-    streams = await open_all(state, request, [body.prompt], body.sampling_params(), body.stop_list, 1)
+    params = body.sampling_params()
+    streams = await open_all(
+        state, request, [body.prompt], params, body.stop_list, 1, None, body.grammar_field, body.stream
+    )
     [stream] = streams
     if body.stream:
         return StreamResponse(_generate_events(stream), lambda: state.manager.release(stream))

@@ -28,6 +28,8 @@ def _model_card(state: ServerState) -> JSONObject:
         "object": "model",
         "created": state.created,
         "owned_by": "minisgl",
+        "root": state.root or state.model_name,  # what the model was loaded from (vLLM's field)
+        "parent": None,
         "max_model_len": state.max_seq_len,
     }
 

@@ -2,7 +2,8 @@
 
 Chat: `{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}`.
 Completions: `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`, the echoed prompt's
-tokens first (the first with null logprob and null alternatives). A token's text is its bytes
+tokens first (the first with null logprob and null alternatives); a completion's alternatives
+include the sampled token (as vLLM's do: `logprobs: 0` still shows it). A token's text is its bytes
 decoded as UTF-8 (a token holding part of a character shows U+FFFD; `bytes` is exact); a
 `text_offset` is where the token starts in the choice's text, counted in those texts' characters,
 so streamed chunks go on from where the previous one ended. A log probability below -9999 (the
@@ -57,7 +58,11 @@ class CompletionLogprobs:
             text = _text(e.token)
             out["tokens"].append(text)
             out["token_logprobs"].append(None if e.logprob is None else _value(e.logprob))
-            top = None if e.logprob is None else {_text(t): _value(lp) for t, lp in e.top}
+            top = (
+                None
+                if e.logprob is None
+                else {_text(e.token): _value(e.logprob)} | {_text(t): _value(lp) for t, lp in e.top}
+            )
             out["top_logprobs"].append(top)
             out["text_offset"].append(self.offset)
             self.offset += len(text)

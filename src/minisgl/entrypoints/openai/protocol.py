@@ -18,8 +18,10 @@ fields that would change the output but are not implemented are refused by name,
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Annotated, Any, Literal
+import uuid
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -35,8 +37,10 @@ from pydantic import (
 
 from minisgl.core import MAX_LOGPROBS, SamplingParams
 from minisgl.entrypoints.openai import tools as tool_calls
+from minisgl.entrypoints.openai.extensions.peer_fields import check_peer_fields
+from minisgl.entrypoints.openai.extensions.structured import StructuredFields
 from minisgl.grammar import JSON_OBJECT_SCHEMA, GrammarError, check_schema, json_schema_grammar
-from minisgl.tokenizer.tokenize import FILL_CONTEXT, MAX_CHOICES
+from minisgl.tokenizer.tokenize import FILL_CONTEXT, MAX_CHOICES, TEMPLATE_ARGUMENTS
 
 _INT32 = 2**31 - 1  # bounds keep every number encodable (msgpack) and meaningful downstream
 _SEED = 2**63 - 1 - MAX_CHOICES  # seed + choice index stays an int64
@@ -108,7 +112,6 @@ _NOT_IMPLEMENTED_OFF: dict[str, tuple[object, ...]] = {
     "audio": (None,),
     "modalities": (None, ["text"]),
     "prediction": (None,),
-    "reasoning_effort": (None,),
     "verbosity": (None,),
     "web_search_options": (None,),
     "moderation": (None,),
@@ -275,9 +278,11 @@ class ChatMessage(_Body):
         return "".join(p.text for p in self.content)
 
 
-class SamplingRequest(_Request):
-    """Fields shared by both OpenAI endpoints."""
+class SamplingRequest(_Request, StructuredFields):
+    """Fields shared by both OpenAI endpoints (and vLLM's and SGLang's that both have: the
+    structured-output ones in structured.py, the rest classified in peer_fields.py)."""
 
+    endpoint: ClassVar[str] = ""  # "chat" or "completions": where an extra field's "off" may differ
     model: str | None = None
     max_tokens: Annotated[StrictInt, Field(ge=1, le=_INT32)] | None = None
     max_completion_tokens: Annotated[StrictInt, Field(ge=1, le=_INT32)] | None = None
@@ -297,6 +302,15 @@ class SamplingRequest(_Request):
     logit_bias: dict[str, Annotated[StrictFloat, Field(ge=-_MAX_BIAS, le=_MAX_BIAS)]] | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0, le=_INT32)] = 0
     response_format: ResponseFormat | None = None
+    # vLLM's (SGLang's no_stop_trim): a matched stop string ends the output rather than being cut.
+    include_stop_str_in_output: bool = False
+    no_stop_trim: bool = False
+    best_of: Annotated[StrictInt, Field(ge=1)] | None = None  # OpenAI's (completions) and vLLM's (chat)
+    # vLLM's request_id (SGLang's rid): the answer's id is made from it.
+    request_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    rid: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    # vLLM's and SGLang's: the answer has the token ids too (choices' token_ids, prompt_token_ids).
+    return_token_ids: bool | None = None
     # These take any JSON value, and refuse it below unless absent or "off".
     moderation: Any = None
     store: Any = None
@@ -304,6 +318,21 @@ class SamplingRequest(_Request):
     _off = field_validator(
         *[f for f in _NOT_IMPLEMENTED_OFF if f not in _COMPLETION_ONLY], check_fields=False
     )(_refuse_unless_off)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _peer_fields(cls, data: object) -> object:
+        """vLLM's and SGLang's fields this server refuses: a 400 naming the first one asked for."""
+        if isinstance(data, dict):
+            check_peer_fields(data, cls.endpoint, [*cls.model_fields, *_NO_EFFECT])
+        return data
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> SamplingRequest:
+        c = self.constraint
+        if c is not None and self.response_format is not None and self.response_format.grammar:
+            raise ValueError(f"give response_format or {c.field}, not both")
+        return self
 
     @field_validator("top_k")
     @classmethod
@@ -326,6 +355,8 @@ class SamplingRequest(_Request):
     def _stream_options(self) -> SamplingRequest:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream: true")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of is not supported unless it equals n")
         return self
 
     @property
@@ -359,17 +390,36 @@ class SamplingRequest(_Request):
             logprobs=self.token_logprobs,
             prompt_logprobs=self.prompt_logprobs,
             grammar=self.output_grammar,
+            return_token_ids=self.returns_prompt_ids,
         )
 
     @property
     def output_grammar(self) -> str | None:
-        """The grammar sampling keeps to (response_format's; chat: or the forced tool choice's)."""
+        """The grammar sampling keeps to (response_format's or a structured-output field's; chat:
+        or the forced tool choice's)."""
+        if self.constraint is not None:
+            return self.constraint.grammar
         return self.response_format.grammar if self.response_format is not None else None
 
     @property
     def grammar_field(self) -> str:
         """The request field the output grammar comes from (named when the scheduler refuses it)."""
-        return "response_format"
+        return self.constraint.field if self.constraint is not None else "response_format"
+
+    @property
+    def returns_prompt_ids(self) -> bool:
+        """The answer has the prompt's token ids (and, with return_token_ids, the output's)."""
+        return bool(self.return_token_ids)
+
+    @property
+    def include_stop_str(self) -> bool:
+        """A matched stop string stays at the end of the output."""
+        return self.include_stop_str_in_output or self.no_stop_trim
+
+    @property
+    def id_suffix(self) -> str:
+        """What the answer's id is made of: the client's request_id (or rid), else random."""
+        return self.request_id or self.rid or uuid.uuid4().hex
 
     @property
     def token_logprobs(self) -> int | None:
@@ -382,11 +432,14 @@ class SamplingRequest(_Request):
 
 
 class ChatCompletionRequest(SamplingRequest):
+    endpoint: ClassVar[str] = "chat"
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     logprobs: bool | None = False
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    echo: bool = False  # vLLM's: the answer starts with the final message it continues
+    return_prompt_token_ids: bool = False  # SGLang's: the answer has the prompt's token ids
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     functions: list[FunctionSpec] | None = None  # the legacy form of tools
@@ -394,16 +447,33 @@ class ChatCompletionRequest(SamplingRequest):
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
-    reasoning_effort: Any = None
     verbosity: Any = None
     web_search_options: Any = None
+    # The chat template: the request's own (with --trust-request-chat-template) and more variables
+    # (vLLM's chat_template_kwargs and documents; reasoning_effort goes to templates that take one).
+    chat_template: Annotated[str, Field(min_length=1)] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, str]] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    # A reasoning model's reasoning: returned (vLLM's include_reasoning), split from the content at
+    # all (SGLang's separate_reasoning), streamed as it comes or in one piece (stream_reasoning).
+    include_reasoning: bool = True
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
 
     @model_validator(mode="after")
     def _chat_options(self) -> ChatCompletionRequest:
+        reserved = sorted((TEMPLATE_ARGUMENTS | {"documents"}) & set(self.chat_template_kwargs or {}))
+        if reserved:
+            raise ValueError(f"chat_template_kwargs: {reserved[0]!r} is not a template variable")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
-        if self.continue_final_message and self.add_generation_prompt:
-            raise ValueError("continue_final_message needs add_generation_prompt: false")
+        if (
+            self.continue_final_message
+            and self.add_generation_prompt
+            and "add_generation_prompt" in self.model_fields_set
+        ):
+            raise ValueError("continue_final_message cannot be combined with add_generation_prompt: true")
         self._check_tools()
         self._check_tool_results()
         return self
@@ -432,9 +502,11 @@ class ChatCompletionRequest(SamplingRequest):
             raise ValueError(f"{field} needs {'functions' if field == 'function_call' else 'tools'}")
         mode, forced = self.tool_mode, self.forced_function
         if forced is not None and forced not in names:
-            raise ValueError(f"{field}: no function named {forced!r} in the tools")
+            raise ValueError(f"{field}: function {forced!r} not found in tools list")
         if self.response_format is not None and self.response_format.grammar and mode != "none":
             raise ValueError("response_format json_object / json_schema cannot be combined with tools")
+        if self.constraint is not None and mode != "none":
+            raise ValueError(f"{self.constraint.field} cannot be combined with tools")
         try:
             if mode == "required":
                 self._tool_grammar = tool_calls.required_grammar(self.tool_dicts)
@@ -500,8 +572,34 @@ class ChatCompletionRequest(SamplingRequest):
     def token_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    @property
+    def returns_prompt_ids(self) -> bool:
+        return bool(self.return_token_ids or self.return_prompt_token_ids)
+
+    @property
+    def generation_prompt(self) -> bool:
+        """Whether the prompt ends with the assistant's turn opened: add_generation_prompt, which
+        continue_final_message turns off unless it was given (vLLM wants it false, SGLang not)."""
+        return self.add_generation_prompt and not self.continue_final_message
+
+    @property
+    def echo_text(self) -> str:
+        """What the answer starts with: with echo, the final message when the answer continues it
+        (an assistant's, with continue_final_message), as vLLM does; else ""."""
+        last = self.messages[-1]
+        return last.text() if self.echo and self.continue_final_message and last.role == "assistant" else ""
+
     def conversation(self) -> list[dict[str, Any]]:
         return [m.as_dict() for m in self.messages]
+
+    def template_kwargs(self) -> str:
+        """The variables the chat template gets besides the messages and tools, as JSON ("" none)."""
+        out = dict(self.chat_template_kwargs or {})
+        if self.documents is not None:
+            out["documents"] = self.documents
+        if self.reasoning_effort is not None:
+            out["reasoning_effort"] = self.reasoning_effort
+        return json.dumps(out, ensure_ascii=False) if out else ""
 
 
 TokenId = Annotated[StrictInt, Field(ge=-_INT32, le=_INT32)]  # the tokenizer checks the vocabulary
@@ -509,10 +607,10 @@ Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
 
 
 class CompletionRequest(SamplingRequest):
+    endpoint: ClassVar[str] = "completions"
     prompt: Prompt
     echo: bool = False
     logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    best_of: Annotated[StrictInt, Field(ge=1)] | None = None
     suffix: Any = None
     tools: Any = None  # chat only
     tool_choice: Any = None
@@ -520,12 +618,6 @@ class CompletionRequest(SamplingRequest):
     function_call: Any = None
 
     _suffix_off = field_validator(*_COMPLETION_ONLY)(_refuse_unless_off)
-
-    @model_validator(mode="after")
-    def _best_of(self) -> CompletionRequest:
-        if self.best_of is not None and self.best_of != self.n:
-            raise ValueError("best_of is not supported unless it equals n")
-        return self
 
     @property
     def token_logprobs(self) -> int | None:
@@ -552,8 +644,9 @@ class CompletionRequest(SamplingRequest):
         return list(p)  # type: ignore[arg-type]
 
 
-class GenerateRequest(_Request):
-    """The chapters' native endpoint: a prompt, a token budget, and streamed text."""
+class GenerateRequest(_Request, StructuredFields):
+    """The chapters' native endpoint: a prompt, a token budget, and streamed text (and SGLang's
+    regex / json_schema / ebnf, or vLLM's guided_* fields, held to by a grammar)."""
 
     prompt: str | list[TokenId]
     max_tokens: Annotated[StrictInt, Field(ge=1, le=_INT32)] = 128
@@ -564,6 +657,16 @@ class GenerateRequest(_Request):
     stop: str | list[str] | None = None
     stream: bool = True
 
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, data: object) -> object:
+        if isinstance(data, dict) and "sampling_params" in data:  # SGLang's /generate nests them
+            raise ValueError(
+                "sampling_params is not supported: /generate takes its fields at the top level (max_tokens, "
+                "temperature, top_k, top_p, stop, ignore_eos, and regex, json_schema or ebnf)"
+            )
+        return data
+
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(
             temperature=self.temperature,
@@ -571,7 +674,12 @@ class GenerateRequest(_Request):
             top_p=self.top_p,
             ignore_eos=self.ignore_eos,
             max_tokens=self.max_tokens,
+            grammar=self.constraint.grammar if self.constraint is not None else None,
         )
+
+    @property
+    def grammar_field(self) -> str | None:
+        return self.constraint.field if self.constraint is not None else None
 
     @property
     def stop_list(self) -> list[str]:

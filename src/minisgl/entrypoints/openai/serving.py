@@ -175,18 +175,27 @@ def request_usage(streams: list[RequestStream], n: int) -> JSONObject:
     prompt = sum(s.prompt_tokens for s in streams[::n])  # each prompt counted once, not per choice
     cached = sum(s.cached_tokens for s in streams[::n])
     completion = sum(s.completion_tokens for s in streams)
-    return {
+    usage: JSONObject = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+    if any(s.reasoning for s in streams):  # a reasoning model's chat answer
+        usage["completion_tokens_details"] = {"reasoning_tokens": sum(s.reasoning_tokens for s in streams)}
+    return usage
 
 
 def completion_response(
-    rid: str, obj: str, model: str, choices: list[JSONObject], usage: JSONObject
+    rid: str,
+    obj: str,
+    model: str,
+    choices: list[JSONObject],
+    usage: JSONObject,
+    more: JSONObject | None = None,
 ) -> JSONResponse:
-    """The non-streaming body shared by chat completions and completions."""
+    """The non-streaming body shared by chat completions and completions (`more`: fields after
+    OpenAI's, e.g. vLLM's prompt_token_ids)."""
     return JSONResponse(
         {
             "id": rid,
@@ -195,5 +204,6 @@ def completion_response(
             "model": model,
             "choices": choices,
             "usage": usage,
+            **(more or {}),
         }
     )

@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from minisgl.entrypoints.openai.errors import APIError
+from minisgl.entrypoints.openai.responses.store import ResponseStore
 from minisgl.entrypoints.openai.tools import ToolFormat
 from minisgl.frontend.manager import FrontendManager
 from minisgl.models.pooling import PoolingConfig
@@ -29,10 +30,13 @@ class ServerState:
     model_name: str
     model_aliases: set[str] = field(default_factory=set)
     max_seq_len: int = 0
+    root: str = ""  # what the model was loaded from (a directory, a file)
     max_request_bytes: int | None = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413; None: no cap
     tokenize_timeout: float = DEFAULT_TOKENIZE_TIMEOUT_S  # seconds to wait for the tokenizer's verdict
     tools: ToolFormat = field(default_factory=ToolFormat)  # how tools are rendered and parsed
     pooling: PoolingConfig = field(default_factory=PoolingConfig)  # the model's embeddings (/v1/embeddings)
+    trust_request_chat_template: bool = False  # requests may bring their own chat_template
+    responses: ResponseStore = field(default_factory=ResponseStore)  # the Responses API's kept responses
     status: str = "starting"  # starting | serving | stopping | unhealthy
     detail: str = ""
     stalled: str = ""  # while serving: the scheduler ranks that stopped making progress (watchdog.py)

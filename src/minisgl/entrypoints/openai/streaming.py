@@ -60,13 +60,16 @@ class _ChunkEvents:
     continuous_usage: bool = False  # usage (that choice's so far) in every chunk
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def event(self, choices: list[JSONObject], usage: JSONObject | None = None) -> bytes:
+    def event(
+        self, choices: list[JSONObject], usage: JSONObject | None = None, more: JSONObject | None = None
+    ) -> bytes:
         obj: JSONObject = {
             "id": self.rid,
             "object": self.object,
             "created": self.created,
             "model": self.model,
             "choices": choices,
+            **(more or {}),
         }
         if self.include_usage:
             obj["usage"] = usage
@@ -78,11 +81,14 @@ class _ChunkEvents:
         n: int,
         choice: Callable[[int, Chunk], JSONObject],
         head: list[JSONObject] | None = None,
+        head_more: JSONObject | None = None,
     ) -> AsyncIterator[bytes]:
-        """The `head` choices (one event each), then one event per chunk as it comes (an error
-        ends them), the usage once every choice finished, and [DONE]."""
+        """The `head` choices (one event each, the first with `head_more`'s fields), then one event
+        per chunk as it comes (an error ends them), the usage once every choice finished, and [DONE]."""
         for i, c in enumerate(head or []):
-            yield self.event([c], self._running_usage(streams[i].prompt_tokens, 0))
+            yield self.event(
+                [c], self._running_usage(streams[i].prompt_tokens, 0), head_more if i == 0 else None
+            )
         async for i, item in merged_chunks(streams):
             if isinstance(item, Exception):
                 yield error_event(item)

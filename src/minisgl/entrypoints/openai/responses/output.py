@@ -6,7 +6,9 @@ chat path's `ToolOutput` tells text from calls). Each step returns the events th
 client gets (numbered by `sequence_number`); a non-streaming request ignores them and sends the
 final `response()`. Items are written one at a time: an item is done before the next is added.
 
-Event order: response.created, response.in_progress; per message output_item.added,
+Event order: response.created, response.in_progress; for a reasoning model's reasoning (a
+`reasoning` item with one `reasoning_text` part) output_item.added, content_part.added,
+reasoning_text.delta..., reasoning_text.done, content_part.done, output_item.done; per message output_item.added,
 content_part.added, output_text.delta..., output_text.done, content_part.done, output_item.done;
 per call output_item.added, function_call_arguments.delta..., function_call_arguments.done,
 output_item.done; then response.completed, response.incomplete (status "incomplete": the token
@@ -22,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from minisgl.entrypoints.openai.extensions.reasoning import ReasoningSplit
 from minisgl.entrypoints.openai.logprobs_format import ChatLogprobs
 from minisgl.entrypoints.openai.tools import ToolOutput
 from minisgl.frontend.chunk import Chunk, TokenLogprob
@@ -34,12 +37,12 @@ def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def response_usage(prompt: int, completion: int, cached: int) -> JSONObject:
+def response_usage(prompt: int, completion: int, cached: int, reasoning: int = 0) -> JSONObject:
     return {
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": cached},
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": prompt + completion,
     }
 
@@ -56,6 +59,7 @@ class ResponseBuilder:
     settings: JSONObject  # the request's settings, repeated in the response object
     tools: ToolOutput | None = None  # None: the output is all text
     logprobs: bool = False
+    split: ReasoningSplit | None = None  # a reasoning model's reasoning -> a reasoning item
     id: str = field(default_factory=lambda: _id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
     output: list[JSONObject] = field(default_factory=list)
@@ -82,7 +86,7 @@ class ResponseBuilder:
         """The last events: the open item done (an empty message if nothing was written), then
         response.completed, .incomplete or .failed (after an error event if the output failed)."""
         events = [] if self._finish_reason is not None else self._apply(self._finish("abort"), [])
-        if not self.output:
+        if not any(item["type"] != "reasoning" for item in self.output):
             events += self._open_message()
         events += self._close("incomplete" if self._finish_reason in ("length", "error") else "completed")
         self.status, self.usage = _status(self._finish_reason or "abort"), usage
@@ -124,6 +128,8 @@ class ResponseBuilder:
     def _apply(self, parts: list[JSONObject], logprobs: list[TokenLogprob]) -> list[JSONObject]:
         events: list[JSONObject] = []
         for part in parts:
+            if "reasoning" in part:
+                events += self._reasoning(part["reasoning"])
             if "content" in part:
                 events += self._text(part["content"], logprobs)
             for call in part.get("tool_calls", []):
@@ -131,13 +137,20 @@ class ResponseBuilder:
         return events
 
     def _parts(self, chunk: Chunk) -> list[JSONObject]:
-        """The chunk as chat deltas: {"content"} and {"tool_calls"}."""
+        """The chunk as chat deltas: {"reasoning"}, {"content"} and {"tool_calls"}."""
+        text, reasoning = chunk.text, ""
+        if self.split is not None:
+            reasoning, text = self.split.feed(chunk.text, chunk.reasoning)
+            if chunk.finish_reason is not None:
+                more_reasoning, more_text = self.split.finish()
+                reasoning, text = reasoning + more_reasoning, text + more_text
+        parts: list[JSONObject] = [{"reasoning": reasoning}] if reasoning else []
         if self.tools is None:
-            parts = [{"content": chunk.text}] if chunk.text or chunk.logprobs else []
+            parts += [{"content": text}] if text or chunk.logprobs else []
             if chunk.finish_reason is not None:
                 self._finish_reason = chunk.finish_reason
             return parts
-        parts = self.tools.feed(chunk.text)
+        parts += self.tools.feed(text)
         if chunk.finish_reason is not None:
             parts += self._finish(chunk.finish_reason)
         return parts
@@ -157,6 +170,28 @@ class ResponseBuilder:
         if self.logprobs:
             part["logprobs"] += lp
         return events + [self._event("response.output_text.delta", **self._where(), delta=delta, logprobs=lp)]
+
+    def _reasoning(self, delta: str) -> list[JSONObject]:
+        """More of the reasoning item (opened first if it is not the open item)."""
+        events: list[JSONObject] = []
+        if self._open is None or self._open["type"] != "reasoning":
+            events += self._close()
+            item: JSONObject = {
+                "id": _id("rs"),
+                "type": "reasoning",
+                "summary": [],
+                "status": "in_progress",
+                "content": [],
+            }
+            events += self._add(item)
+            part: JSONObject = {"type": "reasoning_text", "text": ""}
+            item["content"].append(part)
+            events.append(
+                self._event("response.content_part.added", **self._where(), part=copy.deepcopy(part))
+            )
+        assert self._open is not None
+        self._open["content"][0]["text"] += delta
+        return events + [self._event("response.reasoning_text.delta", **self._where(), delta=delta)]
 
     def _open_message(self) -> list[JSONObject]:
         events = self._close()
@@ -208,7 +243,12 @@ class ResponseBuilder:
         index = len(self.output) - 1
         item["status"] = status
         events: list[JSONObject] = []
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            part = item["content"][0]
+            where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            events.append(self._event("response.reasoning_text.done", **where, text=part["text"]))
+            events.append(self._event("response.content_part.done", **where, part=copy.deepcopy(part)))
+        elif item["type"] == "message":
             part = item["content"][0]
             where = {"item_id": item["id"], "output_index": index, "content_index": 0}
             lp = part.get("logprobs", [])

@@ -4,8 +4,8 @@ completion request: the input items become chat messages, the flat function tool
 prompt, the sampling parameters, the tool grammars and the parsing of calls are then the chat path's
 (`ChatCompletionRequest`); an error that chat's checks find is reported in the Responses' names.
 
-Nothing is stored, so what needs stored state (`previous_response_id`, `store: true`,
-`conversation`, `background: true`, `prompt`, item references) is refused by name, as are built-in
+Responses are kept in memory (`store`, `previous_response_id`: store.py); what needs more state
+(`conversation`, `background: true`, `prompt`, item references) is refused by name, as are built-in
 tools, `reasoning`, and images, files or audio in the input. Fields that cannot change the output
 (`user`, `metadata`, `service_tier`, ..., and `max_tool_calls`, which counts built-in tool calls)
 are accepted without effect.
@@ -47,10 +47,8 @@ _OFF: dict[str, tuple[object, ...]] = {
     "conversation": (None,),
     "image": (None,),
     "moderation": (None,),
-    "previous_response_id": (None,),
     "prompt": (None,),
     "reasoning": (None,),
-    "store": (None, False),
     "truncation": (None, "disabled"),
 }
 LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the one `include` value this server has
@@ -125,7 +123,7 @@ def _item(i: int, raw: object) -> InputItem:
     if model is None:
         raise ValueError(
             f"item {i} has type {kind!r}, which this server does not support "
-            f"(it takes {', '.join(_ITEMS)}; nothing is stored, so item references cannot be resolved)"
+            f"(it takes {', '.join(_ITEMS)}; item references are not resolved)"
         )
     try:
         return model.model_validate(raw)
@@ -167,7 +165,7 @@ def _check_call_outputs(items: list[InputItem]) -> None:
         elif isinstance(item, FunctionCallOutputItem) and item.call_id not in calls:
             raise ValueError(
                 f"input[{i}].call_id: {item.call_id[:64]!r} is not the call_id of an earlier "
-                "function_call item (nothing is stored: the calls must be in the input)"
+                "function_call item (in the input, or in the response of previous_response_id)"
             )
 
 
@@ -275,11 +273,13 @@ class ResponsesRequest(_Request):
     conversation: Any = None
     image: Any = None
     moderation: Any = None
-    previous_response_id: Any = None
     prompt: Any = None
     reasoning: Any = None
-    store: Any = None
     truncation: Any = None
+    # Kept state (store.py): this response is kept unless store is false (OpenAI's default: kept);
+    # previous_response_id continues the conversation of a kept one.
+    store: bool | None = None
+    previous_response_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
 
     _off = field_validator(*_OFF)(refuse_unless_off(_OFF))
     _items: list[InputItem] = PrivateAttr(default_factory=list)
@@ -319,22 +319,37 @@ class ResponsesRequest(_Request):
         self._items = (
             [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
         )
-        if not self._items and not self.instructions:
+        if not self._items and not self.instructions and self.previous_response_id is None:
             raise ValueError("input: the input is empty")
-        _check_call_outputs(self._items)
-        try:
-            self._chat = ChatCompletionRequest.model_validate(self._chat_body())
-        except ValidationError as e:
-            raise ValueError(_error_text(e, _responses_path)) from None
-        if self.logprobs and self._chat.tool_mode != "none":
-            raise ValueError(f"top_logprobs and include {LOGPROBS_INCLUDE!r} cannot be combined with tools")
+        if self.previous_response_id is None:  # else the route builds it, with the kept items
+            self._chat = self._chat_of(self._items)
         return self
 
-    def _chat_body(self) -> JSONObject:
+    def chat_after(self, history: list[JSONObject]) -> ChatCompletionRequest:
+        """The chat request of this one continuing `history` (a kept response's items); ValueError
+        in the Responses' words if they do not make a valid request together."""
+        self._chat = self._chat_of([_item(i, x) for i, x in enumerate(history)] + self._items)
+        return self._chat
+
+    def input_items(self) -> list[JSONObject]:
+        """This request's input as items (what a kept response's conversation holds of it)."""
+        return [item.model_dump(exclude_none=True) for item in self._items]
+
+    def _chat_of(self, items: list[InputItem]) -> ChatCompletionRequest:
+        _check_call_outputs(items)
+        try:
+            chat = ChatCompletionRequest.model_validate(self._chat_body(items))
+        except ValidationError as e:
+            raise ValueError(_error_text(e, _responses_path)) from None
+        if self.logprobs and chat.tool_mode != "none":
+            raise ValueError(f"top_logprobs and include {LOGPROBS_INCLUDE!r} cannot be combined with tools")
+        return chat
+
+    def _chat_body(self, items: list[InputItem]) -> JSONObject:
         choice = self.tool_choice
         body: JSONObject = {
             "model": self.model,
-            "messages": chat_messages(self.instructions, self._items),
+            "messages": chat_messages(self.instructions, items),
             "max_completion_tokens": self.max_output_tokens,
             "stream": bool(self.stream),
             "temperature": self.temperature,
@@ -351,8 +366,13 @@ class ResponsesRequest(_Request):
 
     @property
     def chat(self) -> ChatCompletionRequest:
-        assert self._chat is not None  # set by validation
+        assert self._chat is not None  # set by validation, or by chat_after
         return self._chat
+
+    @property
+    def stores(self) -> bool:
+        """The response is kept (OpenAI's default)."""
+        return self.store is not False
 
     @property
     def grammar_field(self) -> str:
@@ -385,9 +405,9 @@ class ResponsesRequest(_Request):
             "truncation": "disabled",
             "user": self.user,
             "background": False,
-            "previous_response_id": None,
+            "previous_response_id": self.previous_response_id,
             "reasoning": None,
-            "store": False,
+            "store": self.stores,
         }
 
 
