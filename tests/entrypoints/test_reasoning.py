@@ -233,7 +233,11 @@ class ScriptedWorkers(FakeWorkers):
 
     async def run(self, m: TokenizeMsg, uid: int) -> None:
         mode, text = m.text[-1]["content"].split("|", 1)  # type: ignore[index]
-        self.out.put_nowait(UserReply(uid, "", False, prompt_tokens=4, extra=UserReplyExtra(reasoning=mode)))
+        self.out.put_nowait(
+            UserReply(
+                uid, "", False, prompt_tokens=4, extra=UserReplyExtra(reasoning=ReplyReasoning(mode=mode))
+            )
+        )
         pieces = [text[i : i + 3] for i in range(0, len(text), 3)]
         for k, piece in enumerate(pieces, 1):
             await asyncio.sleep(0)

@@ -224,7 +224,7 @@ def test_server_embeddings_of_several_inputs(server: ServerProcess, client) -> N
         ({"input": "x", "dimensions": 64}, 400, "not trained for shorter ones"),
         ({"input": "x", "dimensions": 0}, 400, "dimensions"),
         ({"input": "x", "model": "other"}, 404, "does not exist"),
-        ({"input": [10**6]}, 400, "out of the vocabulary"),
+        ({"input": [10**6]}, 400, "is out of vocabulary"),
         ({"input": "word " * 400}, 400, "context"),
         ({"input": ["x"] * 2049}, 400, "at most 2048 inputs"),
     ],
