@@ -53,7 +53,7 @@ from minisgl.message import (
     UserReply,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "message"))
 import chapter_serializer as generic_codec  # noqa: E402  (the chapters' serializer lives with the tests)
 from chapter_serializer import (  # noqa: E402
     CHAPTER_CLASSES,
