@@ -127,9 +127,8 @@ class CudaOps(TorchOps):
     def linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
         if isinstance(weight, Fp8Weight):
             return self._fp8_linear(x, weight, bias, None)
-        config = gemv_config(x, weight) if isinstance(weight, torch.Tensor) else None
-        if config is None or not isinstance(weight, torch.Tensor):
-            return super().linear(x, weight, bias)
+        if not isinstance(weight, torch.Tensor) or (config := gemv_config(x, weight)) is None:
+            return super().linear(x, weight, bias)  # cuBLAS; a GGUF block weight: the reference
         return gemv(x, weight, bias, config=config)
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -109,7 +109,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
     config = _hf_config(meta, arch, reader, gguf_path)
     table = []
     for t in reader.tensors:
-        if hf_names(t.name, config) is None:
+        if gguf_to_hf_name(t.name) is None and moe_names(t.name, config) is None:
             raise GGUFConversionError(f"{gguf_path}: unexpected tensor {t.name!r} for a {arch} model")
         shape = [int(x) for x in reversed(t.shape)]  # ggml lists dims innermost first
         table.append(
@@ -202,15 +202,12 @@ def _generation_config(config: dict[str, Any]) -> dict[str, Any]:
     return {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
 
 
-def hf_names(name: str, config: dict[str, Any]) -> list[str] | None:
-    """The Hugging Face names of GGUF tensor `name` in a model of the derived `config`: one name, or
-    for a stacked expert tensor each expert's in order; None: not a tensor of such a model."""
+def moe_names(name: str, config: dict[str, Any]) -> list[str] | None:
+    """The Hugging Face names of GGUF tensor `name` when it is a mixture of experts' tensor in a
+    model of the derived `config` (a stacked one: each expert's, in order); None for every other
+    tensor (whose name `gguf_to_hf_name` gives)."""
     experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
-    moe = moe_tensor_names(name, config["architectures"][0], experts) if experts else None
-    if moe is not None:
-        return moe
-    hf = gguf_to_hf_name(name)
-    return None if hf is None else [hf]
+    return moe_tensor_names(name, config["architectures"][0], experts) if experts else None
 
 
 def gguf_to_hf_name(name: str) -> str | None:

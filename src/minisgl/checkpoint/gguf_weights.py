@@ -33,7 +33,7 @@ from torch import nn
 from minisgl.kernels.quant import dequant_rows, quant_available
 from minisgl.quant import GGMLType, QuantizedWeight, QuantPart, dequantize
 
-from .gguf_convert import TENSOR_TABLE, GGUFConversionError, gguf_to_hf_name, hf_names
+from .gguf_convert import TENSOR_TABLE, GGUFConversionError, gguf_to_hf_name, moe_names
 from .weights import WeightLoadError, WeightSlot, load_whole
 
 # Architectures whose GGUF files have llama.cpp's permuted attn_q / attn_k rows (its rope is
@@ -115,13 +115,13 @@ def load_gguf(
     seen: set[str] = set()
     matrices: dict[int, list[tuple[WeightSlot, QuantPart]]] = defaultdict(list)
     for t in gguf.tensors:
-        names = hf_names(t.name, config)
-        if names is None:
-            raise WeightLoadError(f"{path}: unexpected tensor {t.name!r} for a {family} model")
-        if gguf_to_hf_name(t.name) is None:  # a mixture of experts' tensor: float, one per expert
-            seen.update(_load_moe_tensor(gguf, t, names, slots, ignore))
+        experts = moe_names(t.name, config)
+        if experts is not None:  # a mixture of experts' tensor: float, one per expert
+            seen.update(_load_moe_tensor(gguf, t, experts, slots, ignore))
             continue
-        name = names[0]
+        name = gguf_to_hf_name(t.name)
+        if name is None:
+            raise WeightLoadError(f"{path}: unexpected tensor {t.name!r} for a {family} model")
         if name in ignore:
             continue
         if name not in slots:
@@ -278,13 +278,13 @@ def hf_state_dict(model_dir: Path, config: dict) -> dict[str, torch.Tensor]:
         heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
     out: dict[str, torch.Tensor] = {}
     for t in gguf.tensors:
-        names = hf_names(t.name, config)
-        if names is None:
-            raise WeightLoadError(f"{gguf.path}: unexpected tensor {t.name!r}")
-        name = gguf_to_hf_name(t.name)
-        if name is None:  # a mixture of experts' tensor: one per expert, as transformers names them
-            out.update(zip(names, _moe_parts(_dequantized(gguf, t, None)), strict=True))
+        experts = moe_names(t.name, config)
+        if experts is not None:  # a mixture of experts' tensor: one per expert, as transformers names them
+            out.update(zip(experts, _moe_parts(_dequantized(gguf, t, None)), strict=True))
             continue
+        name = gguf_to_hf_name(t.name)
+        if name is None:
+            raise WeightLoadError(f"{gguf.path}: unexpected tensor {t.name!r}")
         n_heads = heads.get(name.split(".")[-2]) if name.endswith(".weight") else None
         out[name] = _dequantized(gguf, t, n_heads)
     return out
