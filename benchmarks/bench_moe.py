@@ -1,14 +1,16 @@
 """The routed experts of one MoE layer (the backend's `moe` op) at a few token counts.
 
-GPU (bf16): torch routing, then the fused Triton MoE, replayed from a CUDA graph as a decode step runs
-it: time per call, the expert weights the call reads (the distinct experts its tokens reach) and the
-bandwidth that makes, against a device copy's measured in the same run. `--sweep` times every launch
-shape of SWEEP for the two grouped GEMMs instead of `moe_config`'s choice (the best one is marked).
+GPU (bf16): the backend's op (the router's logits, the routing kernel, the fused Triton MoE) replayed
+from a CUDA graph as a decode step runs it, beside the path it replaced (torch's softmax and topk,
+the grouped GEMMs at every size, the k-sum): time per call, the expert weights the call reads (the
+distinct experts its tokens reach) and the bandwidth that makes, against a device copy's measured in
+the same run. `--sweep` times every launch shape of SWEEP for the two grouped GEMMs, and of
+PAIR_SWEEP for the decode path up to 8 tokens, instead of the defaults (the best one is marked).
 
 CPU (`--device cpu`, float32): the CPU backend's op (one C call) against the reference ops' loop over
 experts (transformers' way), alternating, min and median of `--repeats` each, and their ratio.
 
-    python benchmarks/bench_moe.py [--model-config qwen3-30b-a3b] [--tp 1] [--tokens 1,8,64,256,1024] [--sweep]
+    python benchmarks/bench_moe.py [--model-config qwen3-30b-a3b] [--tp 1] [--tokens 1,2,4,8,64,256,1024] [--sweep]
     python benchmarks/bench_moe.py --device cpu [--tokens 1,4,16,64] [--repeats 5]
 """
 
@@ -28,6 +30,11 @@ SWEEP = [
     (16, 32, 128, 4, 4), (16, 64, 128, 4, 3), (16, 64, 256, 4, 3), (16, 128, 128, 4, 3), (16, 64, 64, 4, 4),
     (32, 64, 128, 4, 3), (32, 128, 64, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (64, 128, 64, 4, 4),
     (128, 128, 64, 8, 3),
+]  # fmt: skip
+# the decode path: (block_n, block_k, num_warps, num_stages, down_block_n, down_block_k)
+PAIR_SWEEP = [
+    (16, 256, 4, 4, 16, 256), (16, 512, 4, 3, 16, 256), (32, 256, 4, 4, 16, 256), (16, 128, 4, 6, 16, 128),
+    (32, 512, 4, 3, 32, 256), (16, 256, 2, 4, 16, 256), (64, 256, 4, 3, 32, 128), (16, 1024, 8, 2, 16, 512),
 ]  # fmt: skip
 
 
@@ -84,7 +91,7 @@ def main() -> None:
     ap.add_argument("--model-config", default="qwen3-30b-a3b")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument(
-        "--tokens", default=None, help="token counts (default: 1,8,64,256,1024; on the CPU 1,4,16,64)"
+        "--tokens", default=None, help="token counts (default: 1,2,4,8,64,256,1024; on the CPU 1,4,16,64)"
     )
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -94,7 +101,7 @@ def main() -> None:
     if ns.device == "cpu":
         ns.tokens = ns.tokens or "1,4,16,64"
         return cpu(ns, h, e, i, k)
-    ns.tokens = ns.tokens or "1,8,64,256,1024"
+    ns.tokens = ns.tokens or "1,2,4,8,64,256,1024"
     gpu(ns, h, e, i, k)
 
 
@@ -103,7 +110,7 @@ def gpu(ns: argparse.Namespace, h: int, e: int, i: int, k: int) -> None:
     from triton.testing import do_bench_cudagraph
 
     from minisgl.benchmark.offline import copy_bandwidth
-    from minisgl.kernels.triton.moe import MoeConfig, fused_moe, moe_config
+    from minisgl.kernels.triton.moe import MoeConfig, PairConfig, fused_moe, moe_config, pair_path
 
     dev, dtype = "cuda", torch.bfloat16
     bandwidth = copy_bandwidth(dev)
@@ -114,25 +121,40 @@ def gpu(ns: argparse.Namespace, h: int, e: int, i: int, k: int) -> None:
     ops = create_ops("cuda", dev)
     router, w13, w2 = layer_weights(h, e, i, dev, dtype)
     expert_bytes = (w13[0].numel() + w2[0].numel()) * w13.element_size()
+    ref = create_ops("torch", dev)
     for t in (int(s) for s in ns.tokens.split(",")):
         x = torch.randn(t, h, device=dev, dtype=dtype)
         weights, ids = ops.route(x, router, k, renormalize=False)
         read = int(ids.unique().numel()) * expert_bytes + router.numel() * router.element_size()
-        runs = {"moe op (routing + fused MoE)": lambda x=x: ops.moe(x, router, w13, w2, k, True)}
+
+        old = moe_config(t * k, dtype)
+        runs = {
+            "moe op (logits + routing kernel + MoE)": lambda x=x: ops.moe(x, router, w13, w2, k, True),
+            "replaced: torch routing + grouped": lambda x=x, c=old: fused_moe(
+                x, w13, w2, *ref.route(x, router, k, renormalize=False), True, c
+            ),
+        }
         if ns.sweep:
-            runs = {
+            runs |= {
                 str(c): lambda x=x, c=c, w=weights, d=ids: fused_moe(x, w13, w2, w, d, True, MoeConfig(*c))
                 for c in SWEEP
             }
+            if t <= 8:
+                runs |= {
+                    f"pairs {c}": lambda x=x, c=c, w=weights, d=ids: fused_moe(
+                        x, w13, w2, w, d, True, PairConfig(*c)
+                    )
+                    for c in PAIR_SWEEP
+                }
         times = {name: do_bench_cudagraph(fn) * 1e3 for name, fn in runs.items()}  # us
         best = min(times, key=times.get)
-        chosen = moe_config(t * k, dtype)
-        print(f"--- {t} tokens: {read / 1e6:.1f} MB of expert weights read (moe_config: {chosen})")
+        chosen = PairConfig() if pair_path(t, k, e) else moe_config(t * k, dtype)
+        print(f"--- {t} tokens: {read / 1e6:.1f} MB of expert weights read (default: {chosen})")
         for name, us in times.items():
             gbs = read / us / 1e3
             mark = "  <- best" if ns.sweep and name == best else ""
             print(
-                f"  {name:34s} {us:8.1f} us  {gbs:7.0f} GB/s = {100 * gbs * 1e9 / bandwidth:3.0f}% of copy{mark}"
+                f"  {name:40s} {us:8.1f} us  {gbs:7.0f} GB/s = {100 * gbs * 1e9 / bandwidth:3.0f}% of copy{mark}"
             )
 
 

@@ -12,6 +12,13 @@
 The caller sums each token's K rows. Grids are sized for the worst case (P + min(P, E) (BLOCK_M - 1)
 padded rows) and programs past `total` return at once, so nothing waits on the host: the launches
 run inside CUDA graphs.
+
+A decode batch of a few tokens, whose pairs mostly reach distinct experts, takes two launches
+instead (`pair_path`): no sort, each program streams BLOCK_N rows of one pair's expert (x riding in
+a 16-row tensor-core tile, as minisgl's GEMV does). `_pair_gate_up_kernel`: a program per (pair,
+BLOCK_N columns of I), SiLU(gate) x up its epilogue. `_pair_down_kernel`: a program per (token,
+BLOCK_N columns of H) walks the token's K pairs in one loop, scales each expert's rounded product
+by its routing weight and sums them (and adds the residual), so no k-sum kernel follows.
 """
 
 from __future__ import annotations
@@ -202,6 +209,159 @@ def _down_kernel(
     tl.store(o_ptrs, y.to(Out.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
 
 
+@dataclass(frozen=True)
+class PairConfig:
+    """Launch shape of the decode path: BLOCK_N weight rows per program, BLOCK_K columns per step
+    (over H in gate/up, over I in down)."""
+
+    block_n: int = 16
+    block_k: int = 256
+    num_warps: int = 4
+    num_stages: int = 4
+    down_block_n: int = 16
+    down_block_k: int = 256
+
+
+def pair_path(tokens: int, top_k: int, experts: int) -> bool:
+    """Whether the decode path takes a batch: one token always (its K experts are distinct); more while
+    their pairs are few beside the experts (T K <= E / 4), so that few experts are streamed twice."""
+    return tokens == 1 or tokens * top_k * 4 <= experts
+
+
+@triton.jit
+def _pair_gate_up_kernel(
+    X,  # (T, H)
+    W13,  # (E, 2I, H): rows [gate | up] of each expert
+    Act,  # (P, I) out, row = pair
+    Ids,  # (P,) each pair's expert
+    top_k,
+    n,  # I
+    k,  # H
+    stride_xm,
+    stride_we,
+    stride_wn,
+    stride_am,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    pair = tl.program_id(0).to(tl.int64)
+    expert = tl.load(Ids + pair).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < n
+    first = (tl.arange(0, 16) == 0)[:, None]  # x rides in row 0 of a 16-row tile; the rest are 0
+    x_row = X + (pair // top_k) * stride_xm + tl.zeros([16, 1], tl.int64)  # (16, 1)
+    g_rows = W13 + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn  # (BLOCK_N, 1)
+    u_rows = g_rows + n * stride_wn
+    acc_g = tl.zeros([16, BLOCK_N], tl.float32)
+    acc_u = tl.zeros([16, BLOCK_N], tl.float32)
+    for k0 in range(0, k, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < k
+        x = tl.load(x_row + offs_k[None, :], mask=first & k_mask[None, :], other=0.0)
+        w_mask = n_mask[:, None] & k_mask[None, :]
+        acc_g += _dot_t(x, tl.load(g_rows + offs_k[None, :], mask=w_mask, other=0.0), IEEE)
+        acc_u += _dot_t(x, tl.load(u_rows + offs_k[None, :], mask=w_mask, other=0.0), IEEE)
+    g, u = tl.sum(acc_g, 0), tl.sum(acc_u, 0)  # (BLOCK_N,) row 0 (the other rows add zeros)
+    act = g / (1.0 + tl.exp(-g)) * u  # silu(gate) * up, rounded once
+    tl.store(Act + pair * stride_am + offs_n, act.to(Act.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
+def _pair_down_kernel(
+    Act,  # (P, I), row = pair
+    W2,  # (E, H, I)
+    Out,  # (T, H) out (may be Res)
+    Weights,  # (P,) float32 routing weights
+    Ids,  # (P,)
+    Res,  # (T, H) the residual (ADD_RES), else unused
+    n,  # H
+    k,  # I
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_om,
+    stride_rm,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,  # TOP_K rounded up to a power of two
+    RENORMALIZE: tl.constexpr,
+    ADD_RES: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < n
+    first = (tl.arange(0, 16) == 0)[:, None]
+    zero_rows = tl.zeros([16, 1], tl.int64)
+    total = 1.0
+    if RENORMALIZE:  # the sum of the token's K weights, in slot order
+        slots = tl.arange(0, K_PAD)
+        total = tl.sum(tl.load(Weights + token * TOP_K + slots, mask=slots < TOP_K, other=0.0), 0)
+    steps = tl.cdiv(k, BLOCK_K)
+    y = tl.zeros([BLOCK_N], tl.float32)  # sum over the K pairs, in slot order
+    acc = tl.zeros([16, BLOCK_N], tl.float32)
+    for it in range(0, TOP_K * steps):  # one loop over (pair, K step): one pipeline, no restarts
+        j = it // steps
+        k0 = (it - j * steps) * BLOCK_K
+        pair = token * TOP_K + j
+        expert = tl.load(Ids + pair).to(tl.int64)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < k
+        a = tl.load(
+            Act + pair * stride_am + zero_rows + offs_k[None, :], mask=first & k_mask[None, :], other=0.0
+        )
+        w_rows = W2 + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        acc += _dot_t(a, w, IEEE)
+        last = k0 + BLOCK_K >= k  # this pair's product is complete
+        weight = tl.load(Weights + pair) / total
+        prod = tl.sum(acc, 0).to(Out.dtype.element_ty).to(tl.float32) * weight  # rounded, then scaled
+        y = tl.where(last, y + prod.to(Out.dtype.element_ty).to(tl.float32), y)
+        acc = tl.where(last, 0.0, acc)
+    out = y.to(Out.dtype.element_ty)
+    if ADD_RES:
+        res = tl.load(Res + token * stride_rm + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        out = (res + out.to(tl.float32)).to(Out.dtype.element_ty)
+    tl.store(Out + token * stride_om + offs_n, out, mask=n_mask)
+
+
+def _pair_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    renormalize: bool,
+    cfg: PairConfig,
+    residual: torch.Tensor | None,
+) -> torch.Tensor:
+    """The decode path: gate/up per pair, then down with the k-sum (and the residual add) per token."""
+    t, h = x.shape
+    inter, top_k = w2.shape[2], ids.shape[1]
+    p = t * top_k
+    ieee = x.dtype == torch.float32
+    most = 64 if ieee else 1 << 30  # float32 tiles are twice as large: shorter steps
+    block_k = min(cfg.block_k, most, max(16, triton.next_power_of_2(h)))
+    down_k = min(cfg.down_block_k, most, max(16, triton.next_power_of_2(inter)))
+    launch = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    flat_ids = ids.reshape(-1)
+    act = x.new_empty(p, inter)
+    _pair_gate_up_kernel[(p, triton.cdiv(inter, cfg.block_n))](
+        x, w13, act, flat_ids, top_k, inter, h, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
+        BLOCK_N=cfg.block_n, BLOCK_K=block_k, IEEE=ieee, **launch,
+    )  # fmt: skip
+    out = x.new_empty(t, h) if residual is None else residual
+    _pair_down_kernel[(t, triton.cdiv(h, cfg.down_block_n))](
+        act, w2, out, weights.reshape(-1).float().contiguous(), flat_ids, out, h, inter,
+        act.stride(0), w2.stride(0), w2.stride(1), out.stride(0), out.stride(0),
+        TOP_K=top_k, K_PAD=max(2, triton.next_power_of_2(top_k)), RENORMALIZE=renormalize, ADD_RES=residual is not None,
+        BLOCK_N=cfg.down_block_n, BLOCK_K=down_k, IEEE=ieee, **launch,
+    )  # fmt: skip
+    return out
+
+
 def align_pairs(
     ids: torch.Tensor, num_experts: int, block_m: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -230,11 +390,14 @@ def fused_moe(
     weights: torch.Tensor,
     ids: torch.Tensor,
     renormalize: bool,
-    config: MoeConfig | None = None,
+    config: MoeConfig | PairConfig | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x (T, H), w13 (E, 2I, H) [gate | up] rows, w2 (E, H, I), each token's K experts ids (T, K)
     with float32 weights (T, K) (divided by their sum here when `renormalize`) -> (T, H) = sum over
-    them of weight * w2[e] @ (silu(gate_e x) * up_e x). Unit stride along H and I."""
+    them of weight * w2[e] @ (silu(gate_e x) * up_e x). Unit stride along H and I. With `residual`
+    (T, H) contiguous, the result is added into it in place and it is returned. `config`: a launch
+    shape of the grouped GEMMs or of the decode path (default: `pair_path` picks the path)."""
     t, h = x.shape
     e, two_i, _ = w13.shape
     inter, top_k = two_i // 2, ids.shape[1]
@@ -249,9 +412,14 @@ def fused_moe(
         )
     if x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
         raise ValueError("fused_moe: x, w13 and w2 need unit stride in their last dimension")
+    if residual is not None and (residual.shape != (t, h) or not residual.is_contiguous()):
+        raise ValueError(f"fused_moe: residual {tuple(residual.shape)} for an output ({t}, {h})")
     p = t * top_k
     if p == 0:
-        return x.new_zeros(t, h)
+        return x.new_zeros(t, h) if residual is None else residual
+    if isinstance(config, PairConfig) or (config is None and pair_path(t, top_k, e)):
+        cfg_pairs = config if isinstance(config, PairConfig) else PairConfig()
+        return _pair_moe(x, w13, w2, weights, ids, renormalize, cfg_pairs, residual)
     cfg = config or moe_config(p, x.dtype)
     sorted_ids, block_expert, total = align_pairs(ids.reshape(-1), e, cfg.block_m)
     ieee = x.dtype == torch.float32
@@ -270,4 +438,5 @@ def fused_moe(
         TOP_K=top_k, RENORMALIZE=renormalize,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, IEEE=ieee, **launch,
     )  # fmt: skip
-    return out.view(t, top_k, h).sum(dim=1)
+    y = out.view(t, top_k, h).sum(dim=1)  # (T, H)
+    return y if residual is None else residual.add_(y)
