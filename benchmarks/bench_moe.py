@@ -1,11 +1,10 @@
 """The routed experts of one MoE layer (the backend's `moe` op) at a few token counts.
 
-GPU (bf16): the backend's op (the router's logits, the routing kernel, the fused Triton MoE) replayed
-from a CUDA graph as a decode step runs it, beside the path it replaced (torch's softmax and topk,
-the grouped GEMMs at every size, the k-sum): time per call, the expert weights the call reads (the
-distinct experts its tokens reach) and the bandwidth that makes, against a device copy's measured in
-the same run. `--sweep` times every launch shape of SWEEP for the two grouped GEMMs, and of
-PAIR_SWEEP for the decode path up to 8 tokens, instead of the defaults (the best one is marked).
+GPU (bf16): the backend's op (the router's logits, the routing, the fused Triton MoE) replayed from a
+CUDA graph as a decode step runs it, beside torch's routing (softmax, topk) before the same experts,
+and the experts alone: time per call, the expert weights the call reads (the distinct experts its
+tokens reach) and the bandwidth that makes, against a device copy's measured in the same run.
+`--sweep` also times every launch shape of SWEEP for the two grouped GEMMs (the best one is marked).
 
 CPU (`--device cpu`, float32): the CPU backend's op (one C call) against the reference ops' loop over
 experts (transformers' way), alternating, min and median of `--repeats` each, and their ratio.
@@ -30,11 +29,6 @@ SWEEP = [
     (16, 32, 128, 4, 4), (16, 64, 128, 4, 3), (16, 64, 256, 4, 3), (16, 128, 128, 4, 3), (16, 64, 64, 4, 4),
     (32, 64, 128, 4, 3), (32, 128, 64, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (64, 128, 64, 4, 4),
     (128, 128, 64, 8, 3),
-]  # fmt: skip
-# the decode path: (block_n, block_k, num_warps, num_stages, down_block_n, down_block_k)
-PAIR_SWEEP = [
-    (16, 256, 4, 4, 16, 256), (16, 512, 4, 3, 16, 256), (32, 256, 4, 4, 16, 256), (16, 128, 4, 6, 16, 128),
-    (32, 512, 4, 3, 32, 256), (16, 256, 2, 4, 16, 256), (64, 256, 4, 3, 32, 128), (16, 1024, 8, 2, 16, 512),
 ]  # fmt: skip
 
 
@@ -110,7 +104,7 @@ def gpu(ns: argparse.Namespace, h: int, e: int, i: int, k: int) -> None:
     from triton.testing import do_bench_cudagraph
 
     from minisgl.benchmark.offline import copy_bandwidth
-    from minisgl.kernels.triton.moe import MoeConfig, PairConfig, fused_moe, moe_config, pair_path
+    from minisgl.kernels.triton.moe import MoeConfig, fused_moe, moe_config
 
     dev, dtype = "cuda", torch.bfloat16
     bandwidth = copy_bandwidth(dev)
@@ -127,11 +121,13 @@ def gpu(ns: argparse.Namespace, h: int, e: int, i: int, k: int) -> None:
         weights, ids = ops.route(x, router, k, renormalize=False)
         read = int(ids.unique().numel()) * expert_bytes + router.numel() * router.element_size()
 
-        old = moe_config(t * k, dtype)
         runs = {
-            "moe op (logits + routing kernel + MoE)": lambda x=x: ops.moe(x, router, w13, w2, k, True),
-            "replaced: torch routing + grouped": lambda x=x, c=old: fused_moe(
-                x, w13, w2, *ref.route(x, router, k, renormalize=False), True, c
+            "moe op (router logits, routing, experts)": lambda x=x: ops.moe(x, router, w13, w2, k, True),
+            "torch's softmax + topk, then the experts": lambda x=x: fused_moe(
+                x, w13, w2, *ref.route(x, router, k, renormalize=False), True
+            ),
+            "the experts alone (routing given)": lambda x=x, w=weights, d=ids: fused_moe(
+                x, w13, w2, w, d, True
             ),
         }
         if ns.sweep:
@@ -139,17 +135,10 @@ def gpu(ns: argparse.Namespace, h: int, e: int, i: int, k: int) -> None:
                 str(c): lambda x=x, c=c, w=weights, d=ids: fused_moe(x, w13, w2, w, d, True, MoeConfig(*c))
                 for c in SWEEP
             }
-            if t <= 8:
-                runs |= {
-                    f"pairs {c}": lambda x=x, c=c, w=weights, d=ids: fused_moe(
-                        x, w13, w2, w, d, True, PairConfig(*c)
-                    )
-                    for c in PAIR_SWEEP
-                }
         times = {name: do_bench_cudagraph(fn) * 1e3 for name, fn in runs.items()}  # us
-        best = min(times, key=times.get)
-        chosen = PairConfig() if pair_path(t, k, e) else moe_config(t * k, dtype)
-        print(f"--- {t} tokens: {read / 1e6:.1f} MB of expert weights read (default: {chosen})")
+        best = min((name for name in times if name.startswith("(")), key=times.get, default=None)  # of SWEEP
+        chosen = moe_config(t * k, dtype)
+        print(f"--- {t} tokens: {read / 1e6:.1f} MB of expert weights read (moe_config: {chosen})")
         for name, us in times.items():
             gbs = read / us / 1e3
             mark = "  <- best" if ns.sweep and name == best else ""

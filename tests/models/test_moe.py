@@ -233,6 +233,13 @@ def recording(ops: TorchOps, log: Routes) -> TorchOps:
             log.append((F.linear(x, router).float().cpu(), ids.cpu()))
             return weights, ids
 
+        def routed_experts(  # the CUDA backend's fast path routes inside its kernels
+            self, x: torch.Tensor, router: torch.Tensor, *args: object
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            out, ids = super().routed_experts(x, router, *args)
+            log.append((F.linear(x, router).float().cpu(), ids.cpu()))
+            return out, ids
+
     return Recording()
 
 
@@ -360,27 +367,45 @@ def test_cpu_kernel_matches_the_reference(shape: tuple[int, ...], case: str) -> 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_triton_moe_matches_the_reference(shape: tuple[int, ...], case: str) -> None:
     """Under the interpreter: the device-side sort and padding, both grouped GEMMs, the routing
-    weights (and their renormalization) in the epilogue, with 16- and 32-row tiles; the decode
-    path (per pair, the k-sum and the residual add in the down kernel) on up to 4 of the tokens."""
-    from minisgl.kernels.triton.moe import MoeConfig, PairConfig, fused_moe
+    weights (and their renormalization) and the k-sum (and a residual add) in the down kernel's
+    epilogue, with 16- and 32-row tiles."""
+    from minisgl.kernels.triton.moe import MoeConfig, fused_moe
 
     x, w13, w2, weights, ids = _inputs(*shape, case, seed=2)
     on = [t.to(DEV) for t in (x, w13, w2, weights, ids)]
+    res = torch.randn(x.shape, generator=torch.Generator().manual_seed(5))
     for cfg in (None, MoeConfig(32, 32, 32, 4, 1)):
         for renormalize in (False, True):
             w = weights / weights.sum(-1, keepdim=True) if renormalize else weights
+            want = experts_f64(x, w13, w2, w, ids)
             got = fused_moe(*on, renormalize, cfg).cpu()
-            torch.testing.assert_close(got.double(), experts_f64(x, w13, w2, w, ids), atol=2e-5, rtol=2e-5)
-    few = slice(0, min(4, shape[0]))  # the decode path's sizes (a program per pair is slow here)
-    res = torch.randn(x[few].shape, generator=torch.Generator().manual_seed(5))
-    renormalize = case != "same"
-    w = weights[few] / weights[few].sum(-1, keepdim=True) if renormalize else weights[few]
-    want = experts_f64(x[few], w13, w2, w, ids[few])
-    for residual in (None, res.clone().to(DEV)):
-        args = (x[few].to(DEV), on[1], on[2], weights[few].to(DEV), ids[few].to(DEV), renormalize)
-        got = fused_moe(*args, PairConfig(16, 32, 4, 1, 16, 16), residual).cpu()  # ragged K steps
-        added = want if residual is None else want + res.double()  # added in place
-        torch.testing.assert_close(got.double(), added, atol=2e-5, rtol=2e-5)
+            torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=2e-5)
+            added = fused_moe(*on, renormalize, cfg, residual=res.clone().to(DEV)).cpu()  # in place
+            torch.testing.assert_close(added.double(), want + res.double(), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+@pytest.mark.parametrize("tokens", [1, 5, 70])
+def test_routed_moe_routes_as_the_stable_rule(tokens: int) -> None:
+    """From router logits with exact ties: routed inside the alignment kernel (up to 64 tokens) or
+    by the routing kernel (more), the experts of a stable descending sort, the output of the
+    reference on that routing."""
+    from minisgl.kernels.triton.moe import routed_moe
+
+    h, e, i, k = 24, 8, 16, 3
+    x, w13, w2, _, _ = _inputs(tokens, h, e, i, k, "random", seed=7)
+    logits = torch.randn(tokens, e, generator=torch.Generator().manual_seed(8))
+    logits[:, 3] = logits[:, 1]  # a tie in every row
+    logits[0] = 0.5  # every expert tied
+    for renormalize in (False, True):
+        out, ids = routed_moe(x.to(DEV), logits.to(DEV), w13.to(DEV), w2.to(DEV), k, renormalize)
+        want_w, want_ids = stable_topk(torch.softmax(logits, -1), k)
+        if renormalize:
+            want_w = want_w / want_w.sum(-1, keepdim=True)
+        assert torch.equal(ids.cpu(), want_ids)
+        torch.testing.assert_close(
+            out.cpu().double(), experts_f64(x, w13, w2, want_w, want_ids), atol=2e-5, rtol=2e-5
+        )
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")

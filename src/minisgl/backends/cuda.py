@@ -21,7 +21,7 @@ import torch
 from minisgl.kernels.triton import elementwise as tk
 from minisgl.kernels.triton import fp8 as tf8
 from minisgl.kernels.triton.gemv import GemvConfig, gemv, gemv_fp8
-from minisgl.kernels.triton.moe import fused_moe
+from minisgl.kernels.triton.moe import routed_moe
 from minisgl.kernels.triton.moe_route import route_topk
 from minisgl.quant import QuantizedWeight
 
@@ -192,15 +192,27 @@ class CudaOps(TorchOps):
         renormalize: bool,
         residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The router's logits (the GEMV or cuBLAS), one routing kernel, the experts in the fused
-        Triton MoE (at decode sizes two launches, the k-sum and the residual add in the second);
-        no host sync."""
+        """The router's logits (the GEMV or cuBLAS), then the fused Triton MoE: at decode sizes the
+        routing runs inside its alignment kernel, the k-sum and the residual add inside its down
+        GEMM (`kernels.triton.moe`); no host sync."""
         if x.dim() != 2 or x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
             return super().moe(x, router, w13, w2, top_k, renormalize, residual)
         if residual is not None and not residual.is_contiguous():
             return residual.add_(self.moe(x, router, w13, w2, top_k, renormalize))
-        weights, ids = self.route(x, router, top_k, renormalize)
-        return fused_moe(x, w13, w2, weights, ids, False, residual=residual)
+        return self.routed_experts(x, router, w13, w2, top_k, renormalize, residual)[0]
+
+    def routed_experts(
+        self,
+        x: torch.Tensor,
+        router: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+        residual: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`moe`'s fast path -> (its output, the experts it chose (T, K)), x (T, H) contiguous."""
+        return routed_moe(x, self.linear(x, router, None), w13, w2, top_k, renormalize, residual)
 
     def route(
         self, x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool

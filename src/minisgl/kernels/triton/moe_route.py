@@ -15,20 +15,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _route_kernel(
-    Logits,  # (T, E), unit stride in E
-    Weights,  # (T, TOP_K) float32 out
-    Ids,  # (T, TOP_K) int64 out
+def topk_row(
+    Logits,
+    Weights,
+    Ids,
+    t,
     e,
-    stride_l,
     TOP_K: tl.constexpr,
     K_PAD: tl.constexpr,
     E_PAD: tl.constexpr,
     RENORMALIZE: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
+    """Token t: its E logits at Logits -> its top-k weights and expert ids stored at t * TOP_K."""
     experts = tl.arange(0, E_PAD)
-    logits = tl.load(Logits + t * stride_l + experts, mask=experts < e, other=-float("inf")).to(tl.float32)
+    logits = tl.load(Logits + experts, mask=experts < e, other=-float("inf")).to(tl.float32)
     z = tl.exp(logits - tl.max(logits, 0))  # padding: exp(-inf) = 0
     probs = z / tl.sum(z, 0)  # (E_PAD,)
     slots = tl.arange(0, K_PAD)
@@ -45,6 +45,22 @@ def _route_kernel(
     out = t * TOP_K + slots
     tl.store(Weights + out, chosen_p, mask=slots < TOP_K)
     tl.store(Ids + out, chosen_e, mask=slots < TOP_K)
+
+
+@triton.jit
+def _route_kernel(
+    Logits,  # (T, E), unit stride in E
+    Weights,  # (T, TOP_K) float32 out
+    Ids,  # (T, TOP_K) int64 out
+    e,
+    stride_l,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    topk_row(Logits + t * stride_l, Weights, Ids, t, e, TOP_K, K_PAD, E_PAD, RENORMALIZE)
 
 
 def route_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
