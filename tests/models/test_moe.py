@@ -385,9 +385,9 @@ def test_triton_moe_matches_the_reference(shape: tuple[int, ...], case: str) -> 
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
-@pytest.mark.parametrize("tokens", [1, 5, 70])
+@pytest.mark.parametrize("tokens", [1, 5, 20])
 def test_routed_moe_routes_as_the_stable_rule(tokens: int) -> None:
-    """From router logits with exact ties: routed inside the alignment kernel (up to 64 tokens) or
+    """From router logits with exact ties: routed inside the alignment kernel (up to 16 tokens) or
     by the routing kernel (more), the experts of a stable descending sort, the output of the
     reference on that routing."""
     from minisgl.kernels.triton.moe import routed_moe
@@ -409,7 +409,7 @@ def test_routed_moe_routes_as_the_stable_rule(tokens: int) -> None:
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
-@pytest.mark.parametrize(("t", "e", "k"), [(1, 8, 2), (5, 60, 4), (6, 128, 8), (3, 4, 3)])
+@pytest.mark.parametrize(("t", "e", "k"), [(1, 8, 2), (5, 60, 4), (6, 128, 8), (3, 4, 3), (40, 16, 4)])
 def test_route_topk_takes_the_lower_index_on_ties(t: int, e: int, k: int) -> None:
     """The routing kernel: softmax, top-k and renormalization, exactly tied probabilities (equal
     logits, a row all equal) taken in the order of a stable descending sort (lower index first)."""

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .moe_route import route_topk, topk_row
+from .moe_route import route_topk, topk_rows
 
 
 @dataclass(frozen=True)
@@ -86,13 +86,27 @@ def _align_kernel(
     CHUNK: tl.constexpr,
     BLOCKS_CHUNK: tl.constexpr,
     ROUTE: tl.constexpr,
+    ROUTE_T: tl.constexpr,  # ROUTE: the tokens, rounded up to a power of two
+    E_ROUTE: tl.constexpr,  # ROUTE: the experts, rounded up to a power of two
     TOP_K: tl.constexpr,
     K_PAD: tl.constexpr,
     RENORMALIZE: tl.constexpr,
 ):
-    if ROUTE:  # each token's top-k first (a decode batch: a few tokens)
-        for t in range(0, p // TOP_K):
-            topk_row(Logits + t * stride_l, Weights, Ids, t, num_experts, TOP_K, K_PAD, E_PAD, RENORMALIZE)
+    if ROUTE:  # the tokens' top-k first, all at once (a decode batch: ROUTE_IN_ALIGN tokens at most)
+        topk_rows(
+            Logits,
+            Weights,
+            Ids,
+            0,
+            p // TOP_K,
+            num_experts,
+            stride_l,
+            ROUTE_T,
+            TOP_K,
+            K_PAD,
+            E_ROUTE,
+            RENORMALIZE,
+        )
         tl.debug_barrier()  # the ids are written before they are counted
     experts = tl.arange(0, E_PAD)
     counts = tl.zeros([E_PAD], tl.int32)
@@ -266,7 +280,7 @@ def _zeroed_counters(numel: int, device: torch.device) -> torch.Tensor:
     return zeros[:numel]
 
 
-ROUTE_IN_ALIGN = 64  # at most this many tokens are routed inside the alignment's one program
+ROUTE_IN_ALIGN = 16  # at most this many tokens are routed inside the alignment's one program
 
 
 def align_pairs(
@@ -293,7 +307,8 @@ def align_pairs(
     _align_kernel[(1,)](
         ids, sorted_ids, block_expert, total, cursor, logits, weights, p, num_experts, max_padded, max_blocks,
         logits.stride(0), E_PAD=e_pad, BLOCK_M=block_m, CHUNK=256, BLOCKS_CHUNK=max(1, 4096 // e_pad),
-        ROUTE=route is not None, TOP_K=top_k, K_PAD=max(2, triton.next_power_of_2(top_k)),
+        ROUTE=route is not None, ROUTE_T=triton.next_power_of_2(p // top_k) if route is not None else 1,
+        E_ROUTE=triton.next_power_of_2(num_experts), TOP_K=top_k, K_PAD=max(2, triton.next_power_of_2(top_k)),
         RENORMALIZE=renormalize, num_warps=4,
     )  # fmt: skip
     return sorted_ids, block_expert, total

@@ -15,36 +15,44 @@ import triton.language as tl
 
 
 @triton.jit
-def topk_row(
-    Logits,
-    Weights,
-    Ids,
+def topk_rows(
+    Logits,  # (T, E), unit stride in E
+    Weights,  # (T, TOP_K) float32 out
+    Ids,  # (T, TOP_K) int64 out
+    t0,
     t,
     e,
+    stride_l,
+    BLOCK_T: tl.constexpr,
     TOP_K: tl.constexpr,
     K_PAD: tl.constexpr,
     E_PAD: tl.constexpr,
     RENORMALIZE: tl.constexpr,
 ):
-    """Token t: its E logits at Logits -> its top-k weights and expert ids stored at t * TOP_K."""
+    """Tokens t0 .. t0 + BLOCK_T - 1 (of t): their top-k weights and expert ids, all at once."""
+    rows = t0 + tl.arange(0, BLOCK_T)  # (BLOCK_T,)
+    row_mask = rows < t
     experts = tl.arange(0, E_PAD)
-    logits = tl.load(Logits + experts, mask=experts < e, other=-float("inf")).to(tl.float32)
-    z = tl.exp(logits - tl.max(logits, 0))  # padding: exp(-inf) = 0
-    probs = z / tl.sum(z, 0)  # (E_PAD,)
+    ptrs = Logits + rows[:, None].to(tl.int64) * stride_l + experts[None, :]
+    mask = row_mask[:, None] & (experts < e)[None, :]
+    logits = tl.load(ptrs, mask=mask, other=-float("inf")).to(tl.float32)  # (BLOCK_T, E_PAD)
+    z = tl.exp(logits - tl.max(logits, 1)[:, None])  # padding: exp(-inf) = 0 (a masked row: NaN, unused)
+    probs = z / tl.sum(z, 1)[:, None]
     slots = tl.arange(0, K_PAD)
-    chosen_p = tl.zeros([K_PAD], tl.float32)
-    chosen_e = tl.zeros([K_PAD], tl.int64)
+    chosen_p = tl.zeros([BLOCK_T, K_PAD], tl.float32)
+    chosen_e = tl.zeros([BLOCK_T, K_PAD], tl.int64)
     for j in tl.static_range(TOP_K):
-        best = tl.max(probs, 0)
-        idx = tl.min(tl.where(probs == best, experts, E_PAD), 0)  # ties: the lower index
-        chosen_p = tl.where(slots == j, best, chosen_p)
-        chosen_e = tl.where(slots == j, idx.to(tl.int64), chosen_e)
-        probs = tl.where(experts == idx, -1.0, probs)  # taken
+        best = tl.max(probs, 1)  # (BLOCK_T,)
+        idx = tl.min(tl.where(probs == best[:, None], experts[None, :], E_PAD), 1)  # ties: the lower index
+        chosen_p = tl.where(slots[None, :] == j, best[:, None], chosen_p)
+        chosen_e = tl.where(slots[None, :] == j, idx[:, None].to(tl.int64), chosen_e)
+        probs = tl.where(experts[None, :] == idx[:, None], -1.0, probs)  # taken
     if RENORMALIZE:
-        chosen_p = chosen_p / tl.sum(tl.where(slots < TOP_K, chosen_p, 0.0), 0)
-    out = t * TOP_K + slots
-    tl.store(Weights + out, chosen_p, mask=slots < TOP_K)
-    tl.store(Ids + out, chosen_e, mask=slots < TOP_K)
+        chosen_p = chosen_p / tl.sum(tl.where(slots[None, :] < TOP_K, chosen_p, 0.0), 1)[:, None]
+    out = rows[:, None].to(tl.int64) * TOP_K + slots[None, :]
+    out_mask = row_mask[:, None] & (slots < TOP_K)[None, :]
+    tl.store(Weights + out, chosen_p, mask=out_mask)
+    tl.store(Ids + out, chosen_e, mask=out_mask)
 
 
 @triton.jit
@@ -52,15 +60,17 @@ def _route_kernel(
     Logits,  # (T, E), unit stride in E
     Weights,  # (T, TOP_K) float32 out
     Ids,  # (T, TOP_K) int64 out
+    t,
     e,
     stride_l,
+    BLOCK_T: tl.constexpr,
     TOP_K: tl.constexpr,
     K_PAD: tl.constexpr,
     E_PAD: tl.constexpr,
     RENORMALIZE: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
-    topk_row(Logits + t * stride_l, Weights, Ids, t, e, TOP_K, K_PAD, E_PAD, RENORMALIZE)
+    t0 = tl.program_id(0) * BLOCK_T
+    topk_rows(Logits, Weights, Ids, t0, t, e, stride_l, BLOCK_T, TOP_K, K_PAD, E_PAD, RENORMALIZE)
 
 
 def route_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,8 +85,9 @@ def route_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[tor
     if t == 0:
         return weights, ids
     e_pad = triton.next_power_of_2(e)
-    _route_kernel[(t,)](
-        logits, weights, ids, e, logits.stride(0), TOP_K=top_k, K_PAD=max(2, triton.next_power_of_2(top_k)),
-        E_PAD=e_pad, RENORMALIZE=renormalize, num_warps=1 if e_pad <= 128 else 4,
+    block_t = max(1, min(16, 2048 // e_pad))  # tokens per program
+    _route_kernel[(triton.cdiv(t, block_t),)](
+        logits, weights, ids, t, e, logits.stride(0), BLOCK_T=block_t, TOP_K=top_k,
+        K_PAD=max(2, triton.next_power_of_2(top_k)), E_PAD=e_pad, RENORMALIZE=renormalize, num_warps=4,
     )  # fmt: skip
     return weights, ids
