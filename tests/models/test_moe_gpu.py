@@ -235,7 +235,9 @@ def test_greedy_with_cuda_graphs_matches_transformers(moe_dirs: dict[str, Path],
             assert abs(float(hf_lps[j, t]) - our_lps[j]) < 0.1, (j, keep)
             assert float(hf_lps[j].max() - hf_lps[j, t]) < 0.1, (j, keep)  # its argmax, or a bf16 near-tie
             checked += 1
-    print(f"{case}: leading positions routed as float32 {keep}; {checked} of {len(PROMPTS) * n} steps checked")
+    print(
+        f"{case}: leading positions routed as float32 {keep}; {checked} of {len(PROMPTS) * n} steps checked"
+    )
     assert checked >= n, keep
 
 
