@@ -238,8 +238,8 @@ def _down_kernel(
     y = acc.to(Part.dtype.element_ty).to(tl.float32) * weight[:, None]  # the product rounded, then scaled
     mask = valid[:, None] & n_mask[None, :]
     tl.store(Part + pairs[:, None].to(tl.int64) * n + offs_n[None, :], y.to(Part.dtype.element_ty), mask=mask)
-    # The k-sum: a token's pairs sit in K different blocks (its experts differ), so each row of this
-    # tile counts for its own token; the program that brings a count to K sums the token's rows.
+    # The k-sum: each row of this tile counts once for its token (rows of one token in one tile, were
+    # its experts not distinct, count apart); the program that brings a count to K sums its K rows.
     tl.debug_barrier()  # every thread's part is stored before the count moves (release below)
     counters = Counters + tokens.to(tl.int64) * tl.num_programs(1) + pid_n
     done = tl.atomic_add(counters, 1, mask=valid, sem="acq_rel")
