@@ -1,14 +1,15 @@
 """The routed experts of one MoE layer (the backend's `moe` op) at a few token counts.
 
-GPU (bf16): torch routing, then the fused Triton MoE, replayed from a CUDA graph as a decode step runs
-it: time per call, the expert weights the call reads (the distinct experts its tokens reach) and the
-bandwidth that makes, against a device copy's measured in the same run. `--sweep` times every launch
-shape of SWEEP for the two grouped GEMMs instead of `moe_config`'s choice (the best one is marked).
+GPU (bf16): the backend's op (the router's logits, the routing, the fused Triton MoE) replayed from a
+CUDA graph as a decode step runs it, beside torch's routing (softmax, topk) before the same experts,
+and the experts alone: time per call, the expert weights the call reads (the distinct experts its
+tokens reach) and the bandwidth that makes, against a device copy's measured in the same run.
+`--sweep` also times every launch shape of SWEEP for the two grouped GEMMs (the best one is marked).
 
 CPU (`--device cpu`, float32): the CPU backend's op (one C call) against the reference ops' loop over
 experts (transformers' way), alternating, min and median of `--repeats` each, and their ratio.
 
-    python benchmarks/bench_moe.py [--model-config qwen3-30b-a3b] [--tp 1] [--tokens 1,8,64,256,1024] [--sweep]
+    python benchmarks/bench_moe.py [--model-config qwen3-30b-a3b] [--tp 1] [--tokens 1,2,4,8,64,256,1024] [--sweep]
     python benchmarks/bench_moe.py --device cpu [--tokens 1,4,16,64] [--repeats 5]
 """
 
@@ -84,7 +85,7 @@ def main() -> None:
     ap.add_argument("--model-config", default="qwen3-30b-a3b")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument(
-        "--tokens", default=None, help="token counts (default: 1,8,64,256,1024; on the CPU 1,4,16,64)"
+        "--tokens", default=None, help="token counts (default: 1,2,4,8,64,256,1024; on the CPU 1,4,16,64)"
     )
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -94,7 +95,7 @@ def main() -> None:
     if ns.device == "cpu":
         ns.tokens = ns.tokens or "1,4,16,64"
         return cpu(ns, h, e, i, k)
-    ns.tokens = ns.tokens or "1,8,64,256,1024"
+    ns.tokens = ns.tokens or "1,2,4,8,64,256,1024"
     gpu(ns, h, e, i, k)
 
 
@@ -114,25 +115,35 @@ def gpu(ns: argparse.Namespace, h: int, e: int, i: int, k: int) -> None:
     ops = create_ops("cuda", dev)
     router, w13, w2 = layer_weights(h, e, i, dev, dtype)
     expert_bytes = (w13[0].numel() + w2[0].numel()) * w13.element_size()
+    ref = create_ops("torch", dev)
     for t in (int(s) for s in ns.tokens.split(",")):
         x = torch.randn(t, h, device=dev, dtype=dtype)
         weights, ids = ops.route(x, router, k, renormalize=False)
         read = int(ids.unique().numel()) * expert_bytes + router.numel() * router.element_size()
-        runs = {"moe op (routing + fused MoE)": lambda x=x: ops.moe(x, router, w13, w2, k, True)}
+
+        runs = {
+            "moe op (router logits, routing, experts)": lambda x=x: ops.moe(x, router, w13, w2, k, True),
+            "torch's softmax + topk, then the experts": lambda x=x: fused_moe(
+                x, w13, w2, *ref.route(x, router, k, renormalize=False), True
+            ),
+            "the experts alone (routing given)": lambda x=x, w=weights, d=ids: fused_moe(
+                x, w13, w2, w, d, True
+            ),
+        }
         if ns.sweep:
-            runs = {
+            runs |= {
                 str(c): lambda x=x, c=c, w=weights, d=ids: fused_moe(x, w13, w2, w, d, True, MoeConfig(*c))
                 for c in SWEEP
             }
         times = {name: do_bench_cudagraph(fn) * 1e3 for name, fn in runs.items()}  # us
-        best = min(times, key=times.get)
+        best = min((name for name in times if name.startswith("(")), key=times.get, default=None)  # of SWEEP
         chosen = moe_config(t * k, dtype)
         print(f"--- {t} tokens: {read / 1e6:.1f} MB of expert weights read (moe_config: {chosen})")
         for name, us in times.items():
             gbs = read / us / 1e3
             mark = "  <- best" if ns.sweep and name == best else ""
             print(
-                f"  {name:34s} {us:8.1f} us  {gbs:7.0f} GB/s = {100 * gbs * 1e9 / bandwidth:3.0f}% of copy{mark}"
+                f"  {name:40s} {us:8.1f} us  {gbs:7.0f} GB/s = {100 * gbs * 1e9 / bandwidth:3.0f}% of copy{mark}"
             )
 
 

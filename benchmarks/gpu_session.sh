@@ -2,7 +2,7 @@
 # One GPU-machine session: install the carried wheels, run the GPU tests, profile, benchmark.
 # Run from the project root on the device machine (logs under $OUT):
 #   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [gemv] [pprof] [wprof] [bs256] [serve] [tp] [dp] [moe] [moe-tp]
-#     [fp8tests] [fp8linear] [fp8attn] [fp8bench] [fp8workload] [fp8acc] [fp8prof]
+#     [fp8tests] [fp8linear] [fp8attn] [fp8bench] [fp8workload] [fp8acc] [fp8prof] [moetests] [moe1] [moewl]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -139,6 +139,25 @@ for step in $steps; do
       timeout 400 python3 -m minisgl bench offline --device cuda --model-config mixtral-8x7b --batch-sizes 1,64 --skip-hf \
         --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 1 --kv-cache-memory 16 2>&1 \
         | grep -v "it/s\]" | tail -16 | tee -a "$OUT/moe_bench.log" ;;
+    moetests)  # the MoE GPU tests, the Triton kernels' tests (compiled), the dense models against transformers
+      timeout 360 python3 -m pytest -q -s -p no:cacheprovider ${MOE_TESTS:-tests/models/test_moe_gpu.py tests/kernels/test_triton_kernels.py \
+        tests/models/test_models_gpu.py tests/models/test_moe.py} -k "${MOE_K:-not llm_tp2 and not gguf and not two_ranks and not cpu_kernel}" 2>&1 \
+        | tee "$OUT/moe_tests.log" | tail -40 ;;
+    moe1)  # issue 26 at batch 1 (Qwen3-30B-A3B shapes): the MoE op against the path it replaced and the
+      # launch shapes, decode at batch 1 against the floor, where a decode step goes
+      timeout 150 python3 benchmarks/bench_moe.py --model-config qwen3-30b-a3b --tokens ${MOE_TOKENS:-1,2,4,8,64} ${MOE_SWEEP---sweep} 2>&1 \
+        | tee "$OUT/moe_kernel.log"
+      timeout 240 python3 -m minisgl bench offline --device cuda --model-config qwen3-30b-a3b --batch-sizes 1 --skip-hf \
+        --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 2 --kv-cache-memory 8 --cuda-graph-max-bs 8 2>&1 \
+        | grep -v "it/s\]" | tail -14 | tee "$OUT/moe_bs1.log"
+      timeout 200 python3 benchmarks/profile_decode.py --model-config qwen3-30b-a3b --batch-size 1 --skip-eager 2>&1 \
+        | grep -v "^\s*$" | tail -55 | tee "$OUT/moe_profile.log"
+      [ -n "${MOE_SWEEP---sweep}" ] && timeout 120 python3 benchmarks/bench_linear.py --sweep --model-config qwen3-30b-a3b \
+        --rows 1 --only qkv,o 2>&1 | tee -a "$OUT/moe_kernel.log" ;;
+    moewl)  # issue 26's throughput workload (Qwen3-30B-A3B shapes, 256 requests, lengths uniform in [100, 1024])
+      timeout 400 python3 -m minisgl bench offline --device cuda --model-config qwen3-30b-a3b --num-prompts 256 --skip-hf \
+        --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 1 2>&1 \
+        | grep -v "it/s\]" | tail -12 | tee "$OUT/moe_workload.log" ;;
     moe-tp)  # on nvidia-h200-x2: the MoE NCCL test, then Qwen3-30B-A3B shapes at TP=2 (tokens of TP=1 on the
       # same random weights: transformers' greedy tokens in each run)
       timeout 120 python3 -m pytest -q -p no:cacheprovider tests/models/test_moe_gpu.py -k two_gpus 2>&1 | tail -3 | tee "$OUT/moe_tp.log"

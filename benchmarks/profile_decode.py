@@ -81,7 +81,7 @@ def main() -> None:
                 graph.replay()
             torch.cuda.synchronize()
         print("kernels of one graph replay (the last decode step's batch), GPU time over 10 replays:")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40))
         if ns.skip_eager:
             return
         graphs, llm.engine.graphs = llm.engine.graphs, None  # one eager step for the profile

@@ -246,6 +246,17 @@ def test_rope_qkv_matches_reference(dtype: torch.dtype, hq: int, hkv: int, d: in
         assert g.shape == w.shape and g.is_contiguous()
         assert _rel(g, w) < TOL[dtype]
     assert torch.equal(got[2], want[2])  # v is copied, not rotated
+    # Qwen3's per-head q/k RMSNorm first, in the same kernel (the reference norms qkv in place)
+    norms = (
+        (torch.rand(d, generator=gen) + 0.5).to(dtype).to(DEV),
+        (torch.rand(d, generator=gen) + 0.5).to(dtype).to(DEV),
+        1e-6,
+    )
+    got = rope_qkv(qkv, cos, sin, hq, hkv, d, norms)
+    want = REFERENCE_OPS.rope_qkv(qkv.clone(), cos, sin, hq, hkv, d, norms)
+    for g, w in zip(got, want, strict=True):
+        assert _rel(g, w) < TOL[dtype]
+    assert torch.equal(got[2], want[2])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

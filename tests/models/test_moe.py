@@ -18,7 +18,7 @@ from test_models import hf_logits
 from test_models_support import run_prompts, save_byte_tokenizer, save_tiny_hf_model
 
 from minisgl import kernels
-from minisgl.backends import bind_ops, create_ops
+from minisgl.backends import TorchOps, bind_ops, create_ops
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.distributed import DistributedInfo
 from minisgl.engine import Engine, EngineOptions
@@ -158,9 +158,12 @@ def engine_greedy(
     device: str = "cpu",
     graphs: int = 0,
     dtype: torch.dtype = torch.float32,
+    routes: list[torch.Tensor] | None = None,
 ) -> tuple[list[list[int]], list[list[float]]]:
     """The engine's greedy tokens and their log probabilities: chunked prefill, then batched decode
-    (from CUDA graphs of up to `graphs` rows)."""
+    (from CUDA graphs of up to `graphs` rows). routes (eager steps only): filled with each router
+    call's chosen experts (T, K), T the prompts and tokens laid end to end (a position no step
+    routed, the last token, holds -1)."""
     model, cfg = load_model(model_dir, dtype, device, progress=False)
     opts = EngineOptions(
         device=device,
@@ -174,6 +177,11 @@ def engine_greedy(
     )
     engine = Engine(model, cfg, opts)
     assert (engine.graphs is not None) == (graphs > 0)
+    log: Routes = []
+    if routes is not None:
+        assert graphs == 0, "a CUDA graph's routing cannot be logged"
+        engine.ops = recording(engine.ops, log)
+        bind_ops(model, engine.ops)
     reqs = [
         Req(uid=i, token_ids=list(p), sampling_params=SamplingParams(max_tokens=n, logprobs=1))
         for i, p in enumerate(prompts)
@@ -183,7 +191,12 @@ def engine_greedy(
         r.table_row = engine.page_table.alloc_row(r.uid)
         assert engine.page_table.reserve(r.table_row, r.prompt_len + n)
 
+    forwards: list[list[tuple[int, int, int]]] = []  # per forward: (request, first position, tokens)
+
     def step(batch: Batch, done: list[Req]) -> None:
+        forwards.append(
+            [(r.uid, r.cached_len, e) for r, e in zip(batch.reqs, batch.extend_lens, strict=True)]
+        )
         out = engine.launch(batch)
         toks, (sampled, _) = out.tolist(), out.logprobs()
         for r, e in zip(batch.reqs, batch.extend_lens, strict=True):
@@ -201,7 +214,49 @@ def engine_greedy(
         )
     while any(r.output_len < n for r in reqs):
         step(Batch(reqs, [1] * len(reqs), "decode"), reqs)
+    if routes is not None:
+        routes.extend(_laid_end_to_end(log, forwards, [r.prompt_len + n for r in reqs], cfg.moe.top_k))
     return [r.output_ids[:n] for r in reqs], [lps[r.uid][:n] for r in reqs]
+
+
+Routes = list[tuple[torch.Tensor, torch.Tensor]]  # per router call: logits (T, E) float32, ids (T, K)
+
+
+def recording(ops: TorchOps, log: Routes) -> TorchOps:
+    """`ops` whose routing also appends each call's router logits and chosen experts to `log`."""
+
+    class Recording(type(ops)):  # type: ignore[misc]
+        def route(
+            self, x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            weights, ids = super().route(x, router, top_k, renormalize)
+            log.append((F.linear(x, router).float().cpu(), ids.cpu()))
+            return weights, ids
+
+        def routed_experts(  # the CUDA backend's fast path routes inside its kernels
+            self, x: torch.Tensor, router: torch.Tensor, *args: object
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            out, ids = super().routed_experts(x, router, *args)
+            log.append((F.linear(x, router).float().cpu(), ids.cpu()))
+            return out, ids
+
+    return Recording()
+
+
+def _laid_end_to_end(
+    log: Routes, forwards: list[list[tuple[int, int, int]]], seq_lens: list[int], k: int
+) -> list[torch.Tensor]:
+    """Router calls logged forward by forward (each forward's rows: its requests' tokens, listed as
+    (request, first position, tokens) in `forwards`) -> per router call of a forward, the chosen
+    experts (T, K) over the sequences laid end to end (-1 where no forward ran a position)."""
+    calls = len(log) // len(forwards)  # the same router calls in every forward
+    starts = [sum(seq_lens[:i]) for i in range(len(seq_lens))]
+    out = [torch.full((sum(seq_lens), k), -1, dtype=torch.int64) for _ in range(calls)]
+    for f, rows in enumerate(forwards):
+        at = torch.cat([torch.arange(starts[uid] + pos, starts[uid] + pos + n) for uid, pos, n in rows])
+        for c in range(calls):
+            out[c][at] = log[f * calls + c][1].long()
+    return out
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -221,7 +276,9 @@ def test_greedy_decode_matches_transformers(moe_dirs: dict[str, Path], case: str
 
 def test_routing_ties_are_broken_as_transformers_breaks_them(tmp_path: Path) -> None:
     """Experts 0 and 1 (and 2 and 3) have the same router row, so every token's probabilities tie
-    exactly, but different weights: a different choice of the tied experts changes the output."""
+    exactly, but different weights: a different choice of the tied experts changes the output. The
+    torch and CPU backends choose as transformers (torch.topk); the CUDA backend (interpreted) by its
+    documented rule, the lower index, which here gives other logits than transformers'."""
     d = save_tiny_moe("qwen3-moe-tied-unnormed", tmp_path, num_experts_per_tok=1)
     tensors = load_file(str(d / "model.safetensors"))
     for i in range(2):
@@ -233,9 +290,16 @@ def test_routing_ties_are_broken_as_transformers_breaks_them(tmp_path: Path) -> 
     probs = torch.softmax(F.linear(x, model.model.layers[0].mlp.router), -1)
     assert torch.equal(probs[:, 0], probs[:, 1]) and torch.equal(probs[:, 2], probs[:, 3])
     ref = hf_logits(d, PROMPTS)
-    for ops in ("torch", "cpu") + (("cuda",) if INTERPRETED else ()):
+    for ops in ("torch", "cpu"):
         bind_ops(model, create_ops(ops, "cpu"))
         for got, want in zip(run_prompts(model, PROMPTS), ref, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    if INTERPRETED:
+        bind_ops(model, StableTieOps())
+        lower = run_prompts(model, PROMPTS)
+        assert any((a - b).abs().max() > 1e-2 for a, b in zip(lower, ref, strict=True))  # the rules differ
+        bind_ops(model, create_ops("cuda", "cpu"))
+        for got, want in zip(run_prompts(model, PROMPTS), lower, strict=True):
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
@@ -303,16 +367,81 @@ def test_cpu_kernel_matches_the_reference(shape: tuple[int, ...], case: str) -> 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_triton_moe_matches_the_reference(shape: tuple[int, ...], case: str) -> None:
     """Under the interpreter: the device-side sort and padding, both grouped GEMMs, the routing
-    weights (and their renormalization) in the epilogue, with 16- and 32-row tiles."""
+    weights (and their renormalization) and the k-sum (and a residual add) in the down kernel's
+    epilogue, with 16- and 32-row tiles."""
     from minisgl.kernels.triton.moe import MoeConfig, fused_moe
 
     x, w13, w2, weights, ids = _inputs(*shape, case, seed=2)
     on = [t.to(DEV) for t in (x, w13, w2, weights, ids)]
+    res = torch.randn(x.shape, generator=torch.Generator().manual_seed(5))
     for cfg in (None, MoeConfig(32, 32, 32, 4, 1)):
         for renormalize in (False, True):
             w = weights / weights.sum(-1, keepdim=True) if renormalize else weights
+            want = experts_f64(x, w13, w2, w, ids)
             got = fused_moe(*on, renormalize, cfg).cpu()
-            torch.testing.assert_close(got.double(), experts_f64(x, w13, w2, w, ids), atol=2e-5, rtol=2e-5)
+            torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=2e-5)
+            added = fused_moe(*on, renormalize, cfg, residual=res.clone().to(DEV)).cpu()  # in place
+            torch.testing.assert_close(added.double(), want + res.double(), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+@pytest.mark.parametrize("tokens", [1, 5, 20])
+def test_routed_moe_routes_as_the_stable_rule(tokens: int) -> None:
+    """From router logits with exact ties: routed inside the alignment kernel (up to 16 tokens) or
+    by the routing kernel (more), the experts of a stable descending sort, the output of the
+    reference on that routing."""
+    from minisgl.kernels.triton.moe import routed_moe
+
+    h, e, i, k = 24, 8, 16, 3
+    x, w13, w2, _, _ = _inputs(tokens, h, e, i, k, "random", seed=7)
+    logits = torch.randn(tokens, e, generator=torch.Generator().manual_seed(8))
+    logits[:, 3] = logits[:, 1]  # a tie in every row
+    logits[0] = 0.5  # every expert tied
+    for renormalize in (False, True):
+        out, ids = routed_moe(x.to(DEV), logits.to(DEV), w13.to(DEV), w2.to(DEV), k, renormalize)
+        want_w, want_ids = stable_topk(torch.softmax(logits, -1), k)
+        if renormalize:
+            want_w = want_w / want_w.sum(-1, keepdim=True)
+        assert torch.equal(ids.cpu(), want_ids)
+        torch.testing.assert_close(
+            out.cpu().double(), experts_f64(x, w13, w2, want_w, want_ids), atol=2e-5, rtol=2e-5
+        )
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+@pytest.mark.parametrize(("t", "e", "k"), [(1, 8, 2), (5, 60, 4), (6, 128, 8), (3, 4, 3), (40, 16, 4)])
+def test_route_topk_takes_the_lower_index_on_ties(t: int, e: int, k: int) -> None:
+    """The routing kernel: softmax, top-k and renormalization, exactly tied probabilities (equal
+    logits, a row all equal) taken in the order of a stable descending sort (lower index first)."""
+    from minisgl.kernels.triton.moe_route import route_topk
+
+    gen = torch.Generator().manual_seed(t * e + k)
+    logits = torch.randn(t, e, generator=gen)
+    logits[:, 1], logits[:, e - 1] = logits[:, 0], logits[:, 2]  # two tied pairs in every row
+    logits[0] = 0.25  # every expert tied
+    for renormalize in (False, True):
+        weights, ids = route_topk(logits.to(DEV), k, renormalize)
+        want_w, want_ids = stable_topk(torch.softmax(logits, -1), k)
+        if renormalize:
+            want_w = want_w / want_w.sum(-1, keepdim=True)
+        assert torch.equal(ids.cpu(), want_ids) and ids.dtype == torch.int64
+        torch.testing.assert_close(weights.cpu(), want_w, atol=1e-6, rtol=1e-6)
+
+
+def stable_topk(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CUDA backend's tie rule in torch: the k largest, equal ones by the lower index."""
+    values, ids = probs.sort(dim=-1, descending=True, stable=True)
+    return values[:, :k], ids[:, :k]
+
+
+class StableTieOps(TorchOps):
+    """The reference ops with the CUDA backend's routing rule on ties (a stable sort, not topk)."""
+
+    def route(
+        self, x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        weights, ids = stable_topk(torch.softmax(F.linear(x, router), -1, dtype=torch.float32), top_k)
+        return (weights / weights.sum(-1, keepdim=True) if renormalize else weights), ids
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")

@@ -1,6 +1,16 @@
 """Mixtures of experts on the GPU: the fused Triton MoE compiled (bf16, real layer shapes) against the
 reference, inside a CUDA graph and without a host sync; tiny Qwen3-MoE / Mixtral / Qwen2-MoE models
-in bf16 against transformers in bf16, greedy decoding with CUDA graphs; two GPUs against one."""
+in bf16 against transformers in bf16, greedy decoding with CUDA graphs; two GPUs against one.
+
+Routing near ties. A bf16 model computes its router logits in bf16, so where the float32 model's
+k-th and (k+1)-th logits of a token are closer than bf16's rounding, a bf16 run may take either
+expert: transformers' bf16 and ours each choose by their own rounding noise, and a different expert
+moves that token's logits (and the later positions of its prompt) by a few hundredths in these tiny
+models, more than the bf16 bounds below allow. (The qwen2-moe-shared failure of the earlier bound
+was one such token: float32 logit gap 2.5e-5, and swapping its k-th expert for the (k+1)-th gives
+the 0.047-0.049 error measured.) So the bf16 comparisons hold where both runs route as float32 does,
+and check that every routing difference sits at such a near tie (a gap under NEAR_TIE), so a routing
+bug still fails."""
 
 from __future__ import annotations
 
@@ -9,12 +19,78 @@ from pathlib import Path
 import pytest
 import torch
 from test_models_support import run_prompts
-from test_moe import CASES, PROMPTS, engine_greedy, hf_greedy, routing, save_tiny_moe
+from test_moe import CASES, PROMPTS, Routes, engine_greedy, hf_greedy, recording, routing, save_tiny_moe
 
 from minisgl.backends import TorchOps, bind_ops, create_ops
 from minisgl.models import load_model
 
 pytestmark = pytest.mark.gpu
+
+# A float32 router-logit gap under which bf16 may route either way: twice the largest change of a
+# k-th/(k+1)-th gap between these checkpoints' float32 and bf16 runs (0.0144, torch ops on the CPU).
+NEAR_TIE = 0.03
+
+
+def hf_routes(hf: torch.nn.Module, top_k: int) -> tuple[list[torch.Tensor], list]:
+    """Hooks that log the experts each of transformers' routers chooses, (T, K) per call."""
+    log: list[torch.Tensor] = []
+
+    def hook(_: torch.nn.Module, __: tuple, out: object) -> None:
+        if isinstance(out, tuple) and len(out) >= 3:  # (logits, weights, ids)
+            log.append(out[2].reshape(-1, top_k).cpu())
+        else:  # a plain linear's logits: transformers' softmax and topk
+            probs = torch.softmax(out.reshape(-1, out.shape[-1]), -1, dtype=torch.float32)  # type: ignore[union-attr]
+            log.append(torch.topk(probs, top_k, -1).indices.cpu())
+
+    blocks = [m for m in hf.modules() if hasattr(m, "gate") and hasattr(m, "experts")]
+    return log, [b.gate.register_forward_hook(hook) for b in blocks]
+
+
+def hf_bf16(
+    model_dir: Path, seqs: list[list[int]], top_k: int, device: str = "cuda"
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """transformers in bf16 on the GPU, one sequence at a time: each one's logits (L, V) float32, and
+    per router call its chosen experts (T, K) over the sequences laid end to end."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16).to(device).eval()
+    log, hooks = hf_routes(hf, top_k)
+    with torch.no_grad():
+        logits = [hf(torch.tensor([s], device=device)).logits[0].float().cpu() for s in seqs]
+    for h in hooks:
+        h.remove()
+    calls = len(log) // len(seqs)
+    return logits, [torch.cat(log[c::calls]) for c in range(calls)]
+
+
+def routed_as_float32(ref: Routes, lens: list[int], runs: list[list[torch.Tensor]]) -> list[int]:
+    """Per sequence, how many leading positions route as the float32 model (`ref`) does in each run
+    of `runs` (per router call, ids (T, K) over the sequences laid end to end; -1: not run). Asserts
+    that every difference is at a float32 near tie: other experts at a wide gap are a bug."""
+    starts = [sum(lens[:i]) for i in range(len(lens))]
+    prefix = list(lens)
+    for call, (logits, want) in enumerate(ref):
+        k = want.shape[1]
+        top = logits.topk(k + 1, -1).values  # (T, K + 1)
+        gap = top[:, k - 1] - top[:, k]
+        for run in runs:
+            got = run[call]
+            differs = (got >= 0).all(-1) & (got.sort(-1).values != want.sort(-1).values).any(-1)
+            for t in differs.nonzero().flatten().tolist():
+                assert gap[t] < NEAR_TIE, (
+                    f"router call {call}, token {t}: other experts at a gap of {gap[t]:.4f}"
+                )
+                i = max(i for i, s in enumerate(starts) if s <= t)
+                prefix[i] = min(prefix[i], t - starts[i])
+    return prefix
+
+
+def float32_routes(model_dir: Path, seqs: list[list[int]]) -> tuple[list[torch.Tensor], Routes]:
+    """The float32 model (reference ops, CPU): each sequence's logits and every router call's log."""
+    ref, _ = load_model(model_dir, torch.float32, "cpu", progress=False)
+    log: Routes = []
+    bind_ops(ref, recording(TorchOps(), log))
+    return run_prompts(ref, seqs), log
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +120,14 @@ def test_fused_moe_bf16_matches_the_reference(layer: tuple[int, ...], tokens: in
     h, e, i, k = layer
     for case in ("random", "one-hot"):
         x, w13, w2, weights, ids = _layer(tokens, h, e, i, k, case, torch.bfloat16)
-        got = fused_moe(x, w13, w2, weights, ids, renormalize=True).float()
         w = weights / weights.sum(-1, keepdim=True)
         want = _reference_experts(x.float(), w13.float(), w2.float(), w, ids)  # the bf16 weights in float32
+        got = fused_moe(x, w13, w2, weights, ids, True).float()
         rel = float((got - want).norm() / want.norm())
         assert rel < 2e-2, (case, rel)
+        res = torch.randn_like(x)
+        added = fused_moe(x, w13, w2, weights, ids, True, residual=res.clone()).float()
+        assert float((added - want - res.float()).norm() / want.norm()) < 2e-2
 
 
 def _reference_experts(
@@ -63,13 +142,16 @@ def _reference_experts(
     return out
 
 
-def test_fused_moe_in_a_cuda_graph_without_host_sync() -> None:
+@pytest.mark.parametrize("tokens", [1, 16, 80])
+def test_fused_moe_in_a_cuda_graph_without_host_sync(tokens: int) -> None:
     """Captured once, replayed on new inputs (other routing, all tokens on one expert): the eager
-    results; and an eager call makes no host synchronization."""
+    results; and an eager call makes no host synchronization. Then the backend's whole op (router
+    logits, routing (inside the alignment up to 16 tokens), experts, with and without the residual
+    add) likewise."""
     from minisgl.kernels.triton.moe import fused_moe
 
     h, e, i, k = LAYERS[0]
-    x, w13, w2, weights, ids = _layer(16, h, e, i, k, "random", torch.bfloat16)
+    x, w13, w2, weights, ids = _layer(tokens, h, e, i, k, "random", torch.bfloat16)
     fused_moe(x, w13, w2, weights, ids, True)  # compile outside the capture
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -80,56 +162,83 @@ def test_fused_moe_in_a_cuda_graph_without_host_sync() -> None:
     with torch.cuda.graph(graph):
         out = fused_moe(x, w13, w2, weights, ids, True)
     for case in ("random", "same", "one-hot"):
-        nx, _, _, nw, nids = _layer(16, h, e, i, k, case, torch.bfloat16)
+        nx, _, _, nw, nids = _layer(tokens, h, e, i, k, case, torch.bfloat16)
         x.copy_(nx.roll(1, 0)), weights.copy_(nw), ids.copy_(nids)
         graph.replay()
         assert torch.equal(out, fused_moe(x, w13, w2, weights, ids, True)), case
+    ops = create_ops("cuda", "cuda")
+    router = torch.randn(e, h, device="cuda", dtype=torch.bfloat16) / h**0.5
+    res = torch.randn_like(x)
+    ops.moe(x, router, w13, w2, k, True, residual=res.clone())  # compile outside the capture
+    with torch.cuda.graph(graph := torch.cuda.CUDAGraph()):
+        out = ops.moe(x, router, w13, w2, k, True)
+        added = ops.moe(x, router, w13, w2, k, True, residual=res)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        res.copy_(torch.randn_like(x))
+        want_added = res + ops.moe(x, router, w13, w2, k, True)
+        graph.replay()
+        assert torch.equal(out, ops.moe(x, router, w13, w2, k, True))
+        torch.testing.assert_close(added, want_added, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_bf16_logits_are_as_close_as_transformers_bf16(moe_dirs: dict[str, Path], case: str) -> None:
     """Both in bf16 against the float32 model: ours no further from it than transformers' (plus a
-    bf16 step), and close to transformers' own bf16 logits."""
-    from transformers import AutoModelForCausalLM
-
-    ref, _ = load_model(moe_dirs[case], torch.float32, "cpu", progress=False)
-    want = run_prompts(ref, PROMPTS)
-    hf = AutoModelForCausalLM.from_pretrained(str(moe_dirs[case]), dtype=torch.bfloat16).cuda().eval()
-    with torch.no_grad():
-        hf_out = [hf(torch.tensor([p], device="cuda")).logits[0].float().cpu() for p in PROMPTS]
-    ours, _ = load_model(moe_dirs[case], torch.bfloat16, "cuda", progress=False)
-    bind_ops(ours, create_ops("cuda", "cuda"))
+    bf16 step), and close to transformers' own bf16 logits, at every position before a routing
+    near tie that either bf16 run took the other way (the module's docstring)."""
+    want, ref_routes = float32_routes(moe_dirs[case], PROMPTS)
+    ours, cfg = load_model(moe_dirs[case], torch.bfloat16, "cuda", progress=False)
+    hf_out, hf_ids = hf_bf16(moe_dirs[case], PROMPTS, cfg.moe.top_k)
+    log: Routes = []
+    bind_ops(ours, recording(create_ops("cuda", "cuda"), log))
     got = [g.cpu() for g in run_prompts(ours, PROMPTS)]
-    for g, h_, w in zip(got, hf_out, want, strict=True):
+    lens = [len(p) for p in PROMPTS]
+    keep = routed_as_float32(ref_routes, lens, [hf_ids, [ids for _, ids in log]])
+    print(f"{case}: leading positions routed as float32 by both bf16 runs {keep} of {lens}")
+    assert sum(keep) >= sum(lens) // 2, keep  # most positions are compared
+    for n, g, h_, w in zip(keep, got, hf_out, want, strict=True):
+        g, h_, w = g[:n], h_[:n], w[:n]
         err, hf_err = float((g - w).abs().max()), float((h_ - w).abs().max())
-        assert err <= 2 * hf_err + 0.02, (err, hf_err)
+        assert err <= 2 * hf_err + 0.02, (err, hf_err, keep)
         torch.testing.assert_close(g, h_, atol=0.05, rtol=0.05)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_greedy_with_cuda_graphs_matches_transformers(moe_dirs: dict[str, Path], case: str) -> None:
     """float32: the tokens and log probabilities of transformers' greedy decoding, decode steps
-    replayed from CUDA graphs. bf16: each of our tokens is transformers' bf16 choice or within its
-    rounding of it, with its log probability."""
+    replayed from CUDA graphs. bf16: the graphs give the eager steps' tokens and log probabilities,
+    and each of those tokens is transformers' bf16 choice or within its rounding of it, with its
+    log probability, until the first routing near tie either bf16 run took the other way (the
+    module's docstring; the eager steps' routing is logged)."""
     n = 6
     want_toks, want_lps = hf_greedy(moe_dirs[case], PROMPTS, n)
     toks, lps = engine_greedy(moe_dirs[case], "cuda", "triton", PROMPTS, n, device="cuda", graphs=8)
     assert toks == want_toks
     for got, want in zip(lps, want_lps, strict=True):
         assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-3
-    toks, lps = engine_greedy(
-        moe_dirs[case], "cuda", "triton", PROMPTS, n, device="cuda", graphs=8, dtype=torch.bfloat16
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    toks, lps = engine_greedy(moe_dirs[case], "cuda", "triton", PROMPTS, n, graphs=8, **bf16)
+    routes: list[torch.Tensor] = []
+    eager_toks, eager_lps = engine_greedy(moe_dirs[case], "cuda", "triton", PROMPTS, n, routes=routes, **bf16)
+    assert toks == eager_toks
+    for got, want in zip(lps, eager_lps, strict=True):
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-3
+    seqs = [p + t for p, t in zip(PROMPTS, toks, strict=True)]
+    _, ref_routes = float32_routes(moe_dirs[case], seqs)
+    hf_out, hf_ids = hf_bf16(moe_dirs[case], seqs, ref_routes[0][1].shape[1])
+    keep = routed_as_float32(ref_routes, [len(s) for s in seqs], [hf_ids, routes])
+    checked = 0
+    for prompt, ours, our_lps, logits, m in zip(PROMPTS, toks, lps, hf_out, keep, strict=True):
+        hf_lps = torch.log_softmax(logits[len(prompt) - 1 : -1], -1)  # (n, V) at each of our steps
+        for j, t in enumerate(ours[: max(0, m - len(prompt) + 1)]):  # steps whose positions all route alike
+            assert abs(float(hf_lps[j, t]) - our_lps[j]) < 0.1, (j, keep)
+            assert float(hf_lps[j].max() - hf_lps[j, t]) < 0.1, (j, keep)  # its argmax, or a bf16 near-tie
+            checked += 1
+    print(
+        f"{case}: leading positions routed as float32 {keep}; {checked} of {len(PROMPTS) * n} steps checked"
     )
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(str(moe_dirs[case]), dtype=torch.bfloat16).cuda().eval()
-    for prompt, ours, our_lps in zip(PROMPTS, toks, lps, strict=True):
-        with torch.no_grad():
-            logits = hf(torch.tensor([prompt + ours], device="cuda")).logits[0, len(prompt) - 1 : -1].float()
-        hf_lps = torch.log_softmax(logits, -1)  # (n, V) at each of our steps, teacher-forced
-        for j, t in enumerate(ours):
-            assert abs(float(hf_lps[j, t]) - our_lps[j]) < 0.1
-            assert float(hf_lps[j].max() - hf_lps[j, t]) < 0.1  # its argmax, or a bf16 near-tie
+    assert checked >= n, keep
 
 
 def test_two_gpus_match_one(moe_dirs: dict[str, Path], tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from minisgl.kernels import quant
 from minisgl.quant import QuantizedWeight
 
 from .fp8 import Fp8Weight, Weight
-from .torch_ops import TorchOps
+from .torch_ops import QkNorm, TorchOps
 
 # Rows the oneDNN layout is tuned for. Any value >= 16 gives the same kernel for every row count (1
 # uses a GEMV path whose single-row results differ bitwise from the batched ones): keep it >= 16.
@@ -191,12 +191,21 @@ class CpuOps(TorchOps):
         return super().rmsnorm(x, weight, eps)
 
     def rope_qkv(
-        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int, d: int
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        hq: int,
+        hkv: int,
+        d: int,
+        qk_norm: QkNorm | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         t = qkv.shape[0]
-        if kernels.fits(qkv, cos, sin):  # one pass in C
+        if kernels.fits(qkv, cos, sin):  # one pass in C (after the heads' norms, if any)
+            if qk_norm is not None:
+                self.norm_qk_(qkv, hq, hkv, d, qk_norm)
             return kernels.rope_split(qkv, cos.view(t, -1), sin.view(t, -1), hq, hkv, d)
-        return super().rope_qkv(qkv, cos, sin, hq, hkv, d)
+        return super().rope_qkv(qkv, cos, sin, hq, hkv, d, qk_norm)
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if gate_up.dim() == 2 and kernels.fits(gate_up):
@@ -211,13 +220,15 @@ class CpuOps(TorchOps):
         w2: torch.Tensor,
         top_k: int,
         renormalize: bool,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The experts in one C call (`kernels.moe`): pairs grouped per expert, each expert's weights
         streamed once per call, in their own (E, 2I, H) / (E, H, I) layout (no packed copy)."""
         if x.dim() != 2 or top_k > kernels.MOE_MAX_K or not kernels.fits(x, w13, w2):
-            return super().moe(x, router, w13, w2, top_k, renormalize)
+            return super().moe(x, router, w13, w2, top_k, renormalize, residual)
         weights, ids = self.route(x, router, top_k, renormalize)
-        return kernels.moe(x, w13, w2, weights, ids)
+        out = kernels.moe(x, w13, w2, weights, ids)
+        return out if residual is None else residual.add_(out)
 
 
 def _rows_fit(x: torch.Tensor, *more: torch.Tensor) -> bool:

@@ -21,11 +21,12 @@ import torch
 from minisgl.kernels.triton import elementwise as tk
 from minisgl.kernels.triton import fp8 as tf8
 from minisgl.kernels.triton.gemv import GemvConfig, gemv, gemv_fp8
-from minisgl.kernels.triton.moe import fused_moe
+from minisgl.kernels.triton.moe import routed_moe
+from minisgl.kernels.triton.moe_route import route_topk
 from minisgl.quant import QuantizedWeight
 
 from .fp8 import Fp8Weight, Weight
-from .torch_ops import TorchOps
+from .torch_ops import QkNorm, TorchOps
 
 GEMV_MAX_ROWS = 16  # decode batches of up to this many rows take the GEMV (one tensor-core tile)
 GEMV_DTYPES = (torch.bfloat16, torch.float16)
@@ -162,11 +163,19 @@ class CudaOps(TorchOps):
         return residual if bias is None else residual.add_(bias)
 
     def rope_qkv(
-        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int, d: int
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        hq: int,
+        hkv: int,
+        d: int,
+        qk_norm: QkNorm | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One kernel, Qwen3's q/k norms included (they were four more a layer)."""
         if qkv.dim() == 2 and qkv.stride(-1) == 1 and d % 2 == 0:
-            return tk.rope_qkv(qkv, cos, sin, hq, hkv, d)
-        return super().rope_qkv(qkv, cos, sin, hq, hkv, d)
+            return tk.rope_qkv(qkv, cos, sin, hq, hkv, d, qk_norm)
+        return super().rope_qkv(qkv, cos, sin, hq, hkv, d, qk_norm)
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if gate_up.dim() == 2 and gate_up.stride(-1) == 1:
@@ -181,10 +190,35 @@ class CudaOps(TorchOps):
         w2: torch.Tensor,
         top_k: int,
         renormalize: bool,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Routing in torch (its topk breaks ties as transformers does), the experts in the fused
-        Triton MoE, which also renormalizes the weights in its epilogue; no host sync."""
+        """The router's logits (the GEMV or cuBLAS), then the fused Triton MoE: at decode sizes the
+        routing runs inside its alignment kernel, the k-sum and the residual add inside its down
+        GEMM (`kernels.triton.moe`); no host sync."""
         if x.dim() != 2 or x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
-            return super().moe(x, router, w13, w2, top_k, renormalize)
-        weights, ids = self.route(x, router, top_k, renormalize=False)
-        return fused_moe(x, w13, w2, weights, ids, renormalize)
+            return super().moe(x, router, w13, w2, top_k, renormalize, residual)
+        if residual is not None and not residual.is_contiguous():
+            return residual.add_(self.moe(x, router, w13, w2, top_k, renormalize))
+        return self.routed_experts(x, router, w13, w2, top_k, renormalize, residual)[0]
+
+    def routed_experts(
+        self,
+        x: torch.Tensor,
+        router: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+        residual: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`moe`'s fast path -> (its output, the experts it chose (T, K)), x (T, H) contiguous."""
+        return routed_moe(x, self.linear(x, router, None), w13, w2, top_k, renormalize, residual)
+
+    def route(
+        self, x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits in x's dtype (as transformers computes them), then softmax, top-k and the
+        renormalization in one kernel; exact ties go to the lower expert index (`route_topk`)."""
+        if x.dim() != 2:
+            return super().route(x, router, top_k, renormalize)
+        return route_topk(self.linear(x, router, None), top_k, renormalize)

@@ -15,6 +15,8 @@ from minisgl.quant import QuantizedWeight
 
 from .fp8 import Fp8Weight, Weight
 
+QkNorm = tuple[torch.Tensor, torch.Tensor, float]  # q's RMSNorm weight (D,), k's (D,), eps
+
 
 class TorchOps:
     name = "torch"
@@ -81,14 +83,32 @@ class TorchOps:
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
     def rope_qkv(
-        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int, d: int
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        hq: int,
+        hkv: int,
+        d: int,
+        qk_norm: QkNorm | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """qkv (T, (Hq + 2 Hkv) D) -> q (T, Hq, D), k (T, Hkv, D) rotated, v (T, Hkv, D); contiguous."""
+        """qkv (T, (Hq + 2 Hkv) D) -> q (T, Hq, D), k (T, Hkv, D) rotated, v (T, Hkv, D); contiguous.
+        qk_norm (q's weight, k's weight, eps): Qwen3's per-head RMSNorm of q and k before the
+        rotation (here written back into qkv, the projection's own output)."""
+        if qk_norm is not None:
+            self.norm_qk_(qkv, hq, hkv, d, qk_norm)
         t = qkv.shape[0]
         # q and k rotated together: half the element-wise calls (they dominate small batches).
         qk = self.rotary(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # (T, Hq + Hkv, D)
         v = qkv[:, (hq + hkv) * d :].reshape(t, hkv, d)  # a copy: the slice is strided
         return qk[:, :hq].contiguous(), qk[:, hq:].contiguous(), v.contiguous()
+
+    def norm_qk_(self, qkv: torch.Tensor, hq: int, hkv: int, d: int, qk_norm: QkNorm) -> None:
+        """Each q and k head of qkv (T, (Hq + 2 Hkv) D) RMSNormed in place (Qwen3)."""
+        t, (qw, kw, eps) = qkv.shape[0], qk_norm
+        q, k, _ = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)  # strided views into qkv
+        q.view(t, hq, d).copy_(self.rmsnorm(q.view(t, hq, d), qw, eps))
+        k.view(t, hkv, d).copy_(self.rmsnorm(k.view(t, hkv, d), kw, eps))
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """(T, 2I) laid out [gate | up] -> silu(gate) * up, (T, I). Overwrites the gate half (the
@@ -101,7 +121,9 @@ class TorchOps:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x (T, H), router (E, H) -> each token's top-k experts: weights (T, K) float32 and ids
         (T, K) int64, as transformers routes: logits in x's dtype, a float32 softmax over all E,
-        torch.topk (which breaks ties), with `renormalize` the k weights divided by their sum."""
+        torch.topk (whose choice among exactly tied probabilities the CUDA backend does not copy:
+        it takes the lower expert index, `kernels.triton.moe_route`), with `renormalize` the k
+        weights divided by their sum."""
         probs = torch.softmax(F.linear(x, router), dim=-1, dtype=torch.float32)  # (T, E)
         weights, ids = torch.topk(probs, top_k, dim=-1)  # (T, K) each
         if renormalize:
@@ -116,11 +138,13 @@ class TorchOps:
         w2: torch.Tensor,
         top_k: int,
         renormalize: bool,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Routed experts: x (T, H), router (E, H), w13 (E, 2I, H) each expert's [gate | up] rows, w2
         (E, H, I) -> (T, H) = sum over each token's top-k experts e of weight * w2[e] @
         (silu(gate_e x) * up_e x). Written as transformers' loop: one pass per expert that has
-        tokens, its outputs added in expert order."""
+        tokens, its outputs added in expert order. With `residual` (T, H): `residual += that` in
+        place, returned."""
         weights, ids = self.route(x, router, top_k, renormalize)
         out = torch.zeros_like(x)
         for e in ids.unique().tolist():  # ascending
@@ -128,7 +152,7 @@ class TorchOps:
             h = self.silu_and_mul(F.linear(x[rows], w13[e]))  # (n, I)
             y = F.linear(h, w2[e]) * weights[rows, slot, None]  # (n, H), float32
             out.index_add_(0, rows, y.to(out.dtype))
-        return out
+        return out if residual is None else residual.add_(out)
 
 
 REFERENCE_OPS = TorchOps()

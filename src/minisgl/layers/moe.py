@@ -66,8 +66,12 @@ class SparseMoE(nn.Module, OpsUser):
         self.shared = SharedExpert(hidden, shared_inter, tp, dtype, device) if shared_inter else None
 
     def forward(self, h: torch.Tensor, norm: RMSNorm) -> None:
-        """h (T, H), the residual stream, updated in place."""
+        """h (T, H), the residual stream, updated in place (by the op itself where nothing else is
+        added: one rank, no shared expert)."""
         x = norm(h)  # (T, H)
+        if self.shared is None and self.tp.size == 1:
+            self.ops.moe(x, self.router, self.w13, self.w2, self.top_k, self.renormalize, residual=h)
+            return
         y = self.ops.moe(x, self.router, self.w13, self.w2, self.top_k, self.renormalize)  # (T, H)
         if self.shared is not None:
             y += self.shared(x)

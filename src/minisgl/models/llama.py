@@ -116,15 +116,11 @@ class Attention(nn.Module, OpsUser):
         self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Qwen3: per-head RMSNorm on q and k before RoPE -> q (T, Hq, D), k/v (T, Hkv, D), contiguous.
-        The normed q and k go back into qkv, so that one `rope_qkv` (one kernel on CUDA and on the
-        CPU) rotates them and splits all three, instead of a rotation per tensor (on CUDA torch's
-        rotate-half was ~12 small kernels a layer, most of a batch-1 step's overhead)."""
-        t, d, hq, hkv = qkv.shape[0], self.head_dim, self.num_heads, self.num_kv_heads
+        The norms go to `rope_qkv` with the rotation and the split (on CUDA one kernel does all of
+        it; torch's rotate-half and the norms were ~16 small kernels a layer)."""
         cos, sin = rope  # (T, 1, D/2) each
-        q, k, _ = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)  # strided views into qkv
-        q.view(t, hq, d).copy_(self.q_norm(q.view(t, hq, d)))
-        k.view(t, hkv, d).copy_(self.k_norm(k.view(t, hkv, d)))
-        return self.ops.rope_qkv(qkv, cos, sin, hq, hkv, d)
+        norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        return self.ops.rope_qkv(qkv, cos, sin, self.num_heads, self.num_kv_heads, self.head_dim, norms)
 
 
 class MLP(nn.Module):

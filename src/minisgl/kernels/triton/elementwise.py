@@ -1,5 +1,5 @@
-"""Element-wise kernels of a transformer layer: RMSNorm (over rows or per head), RoPE + q/k/v split,
-SiLU x up. One program per token row (and head block); math in float32, one rounding to the
+"""Element-wise kernels of a transformer layer: RMSNorm (over rows or per head), RoPE + q/k/v split
+(with Qwen3's per-head q/k RMSNorm before it), SiLU x up. One program per token row (and head block); math in float32, one rounding to the
 tensor's dtype at the end (the torch reference rounds after each op: results agree within bf16/fp16
 tolerance, and to float32 rounding in float32)."""
 
@@ -63,13 +63,17 @@ def _rope_qkv_kernel(
     Q,  # (T, HQ, D) contiguous
     K,  # (T, HKV, D)
     V,  # (T, HKV, D)
+    QW,  # (D,) q's RMSNorm weight (QK_NORM), else unused
+    KW,  # (D,) k's
     stride_qkv,
     stride_cs,
+    eps,
     HQ: tl.constexpr,
     HKV: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    QK_NORM: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # head index in [0, HQ + 2 HKV)
@@ -83,6 +87,18 @@ def _rope_qkv_kernel(
     cos = tl.load(Cos + t * stride_cs + j, mask=jm, other=0.0).to(tl.float32)[None, :]
     sin = tl.load(Sin + t * stride_cs + j, mask=jm, other=0.0).to(tl.float32)[None, :]
     rot = (h < HQ + HKV)[:, None]  # q and k heads rotate; v heads are copied
+    if QK_NORM:  # Qwen3: RMSNorm over each q and k head first, rounded as the reference rounds it
+        dt = Q.dtype.element_ty
+        rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
+        is_q = (h < HQ)[:, None]
+        qw1 = tl.load(QW + j, mask=jm, other=0.0).to(tl.float32)[None, :]  # each half's weights
+        qw2 = tl.load(QW + HALF + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+        kw1 = tl.load(KW + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+        kw2 = tl.load(KW + HALF + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+        n1 = tl.where(is_q, qw1, kw1) * (x1 * rstd).to(dt).to(tl.float32)  # weight * rounded normed x
+        n2 = tl.where(is_q, qw2, kw2) * (x2 * rstd).to(dt).to(tl.float32)
+        x1 = tl.where(rot, n1.to(dt).to(tl.float32), x1)
+        x2 = tl.where(rot, n2.to(dt).to(tl.float32), x2)
     y1 = tl.where(rot, x1 * cos - x2 * sin, x1)
     y2 = tl.where(rot, x2 * cos + x1 * sin, x2)
     hq = tl.minimum(h, HQ - 1)  # clamped so every branch forms an in-range address
@@ -97,10 +113,17 @@ def _rope_qkv_kernel(
 
 
 def rope_qkv(
-    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int, d: int
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    hq: int,
+    hkv: int,
+    d: int,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """qkv (T, (Hq + 2 Hkv) D), cos/sin (T, 1, D/2) or (T, D/2) -> q (T, Hq, D) and k (T, Hkv, D)
-    rotated (HF's rotate-half), v (T, Hkv, D); all contiguous, written by one kernel."""
+    rotated (HF's rotate-half), v (T, Hkv, D); all contiguous, written by one kernel. qk_norm: (q's
+    weight (D,), k's weight (D,), eps): each q and k head RMSNormed before the rotation (Qwen3)."""
     t = qkv.shape[0]
     if qkv.stride(-1) != 1 or qkv.shape[1] != (hq + 2 * hkv) * d or d % 2:
         raise ValueError(f"rope_qkv: qkv {tuple(qkv.shape)} for {hq}+2x{hkv} heads of {d}")
@@ -114,9 +137,11 @@ def rope_qkv(
     block_half = triton.next_power_of_2(d // 2)
     block_h = max(1, min(triton.next_power_of_2(heads), 4096 // block_half))
     grid = (t, triton.cdiv(heads, block_h))
+    qw, kw, eps = qk_norm if qk_norm is not None else (qkv, qkv, 0.0)
     _rope_qkv_kernel[grid](
-        qkv, cos, sin, q, k, v, qkv.stride(0), cos.stride(0),
-        HQ=hq, HKV=hkv, HALF=d // 2, BLOCK_H=block_h, BLOCK_HALF=block_half, num_warps=4,
+        qkv, cos, sin, q, k, v, qw, kw, qkv.stride(0), cos.stride(0), eps,
+        HQ=hq, HKV=hkv, HALF=d // 2, BLOCK_H=block_h, BLOCK_HALF=block_half, QK_NORM=qk_norm is not None,
+        num_warps=4,
     )  # fmt: skip
     return q, k, v
 

@@ -4,14 +4,22 @@
    expert, each expert's count padded to a multiple of BLOCK_M, the pairs scattered into their
    expert's padded range (`sorted_ids`, padding holds P) and each block of BLOCK_M rows told its
    expert (`block_expert`); `total` is the padded length. Within an expert the pairs land in any
-   order (atomics): rows of a tile never mix, so the results do not depend on it.
+   order (atomics): rows of a tile never mix, so the results do not depend on it. For a decode
+   batch (`ROUTE_IN_ALIGN` tokens at most) the same program routes first: softmax and top-k of each
+   token's router logits (`moe_route`), so routing and alignment are one launch.
 2. `_gate_up_kernel`: one grouped GEMM over the blocks, gate and up columns of the same expert
    together, SiLU(gate) x up as its epilogue -> act (P, I), row = pair.
 3. `_down_kernel`: the second grouped GEMM, act @ w2[e]^T, each row scaled by its routing weight
-   (divided by the token's sum of weights when renormalizing) in the epilogue -> (P, H).
-The caller sums each token's K rows. Grids are sized for the worst case (P + min(P, E) (BLOCK_M - 1)
-padded rows) and programs past `total` return at once, so nothing waits on the host: the launches
-run inside CUDA graphs.
+   (divided by the token's sum of weights when renormalizing) -> (P, H) partial rows; then each
+   token's K rows are summed (and added to the residual) by whichever program finishes that
+   token's columns last: a counter per (token, column block), so no k-sum kernel follows, and the
+   sum runs in slot order whatever the schedule (deterministic, the same at every batch size).
+Grids are sized for the worst case (P + min(P, E) (BLOCK_M - 1) padded rows) and programs past
+`total` return at once, so nothing waits on the host: the launches run inside CUDA graphs.
+
+A program per pair instead of 16-row tiles at decode sizes (no sort) was tried and was slower than
+the grouped GEMMs at every size measured (docs/benchmarks.md, "Mixtures of experts"), so every size
+takes the grouped GEMMs.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
+from .moe_route import route_topk, topk_rows
 
 
 @dataclass(frozen=True)
@@ -59,20 +69,45 @@ def _dot_t(a, w, IEEE: tl.constexpr):
 
 @triton.jit
 def _align_kernel(
-    Ids,  # (P,) each pair's expert
+    Ids,  # (P,) each pair's expert (written here first when ROUTE)
     SortedIds,  # (max_padded,) out: pairs grouped by expert, P in the padding
     BlockExpert,  # (max_blocks,) out: the expert of each block of BLOCK_M rows
     Total,  # (1,) out: the padded length actually used
     Cursor,  # (E_PAD,) scratch: each expert's next free row
+    Logits,  # ROUTE: (T, E) router logits, else unused
+    Weights,  # ROUTE: (P,) float32 out, else unused
     p,
     num_experts,
     max_padded,
     max_blocks,
+    stride_l,
     E_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCKS_CHUNK: tl.constexpr,
+    ROUTE: tl.constexpr,
+    ROUTE_T: tl.constexpr,  # ROUTE: the tokens, rounded up to a power of two
+    E_ROUTE: tl.constexpr,  # ROUTE: the experts, rounded up to a power of two
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
 ):
+    if ROUTE:  # the tokens' top-k first, all at once (a decode batch: ROUTE_IN_ALIGN tokens at most)
+        topk_rows(
+            Logits,
+            Weights,
+            Ids,
+            0,
+            p // TOP_K,
+            num_experts,
+            stride_l,
+            ROUTE_T,
+            TOP_K,
+            K_PAD,
+            E_ROUTE,
+            RENORMALIZE,
+        )
+        tl.debug_barrier()  # the ids are written before they are counted
     experts = tl.arange(0, E_PAD)
     counts = tl.zeros([E_PAD], tl.int32)
     for c0 in range(0, p, CHUNK):
@@ -154,7 +189,10 @@ def _gate_up_kernel(
 def _down_kernel(
     Act,  # (P, I), row = pair
     W2,  # (E, H, I)
-    Out,  # (P, H) out, row = pair
+    Part,  # (P, H) out: each pair's scaled product, row = pair
+    Out,  # (T, H) out: each token's sum over its K pairs (+ Res); may be Res
+    Res,  # (T, H) the residual (ADD_RES), else unused
+    Counters,  # (T, cdiv(H, BLOCK_N)) int32, zero, left zero: pairs of the token done per column block
     Weights,  # (P,) float32 routing weights
     SortedIds,
     BlockExpert,
@@ -165,9 +203,9 @@ def _down_kernel(
     stride_am,
     stride_we,
     stride_wn,
-    stride_om,
     TOP_K: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    ADD_RES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -191,22 +229,70 @@ def _down_kernel(
         w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         acc += _dot_t(a, w, IEEE)
     weight = tl.load(Weights + pairs, mask=valid, other=0.0)  # (BLOCK_M,) float32
+    tokens = pairs // TOP_K
     if RENORMALIZE:  # divided by the sum of the token's K weights, summed in slot order
-        first = pairs // TOP_K * TOP_K
         total = tl.zeros([BLOCK_M], tl.float32)
         for j in tl.static_range(TOP_K):
-            total += tl.load(Weights + first + j, mask=valid, other=1.0)
+            total += tl.load(Weights + tokens * TOP_K + j, mask=valid, other=1.0)
         weight = weight / total
-    y = acc.to(Out.dtype.element_ty).to(tl.float32) * weight[:, None]  # the product rounded, then scaled
-    o_ptrs = Out + pairs[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-    tl.store(o_ptrs, y.to(Out.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
+    y = acc.to(Part.dtype.element_ty).to(tl.float32) * weight[:, None]  # the product rounded, then scaled
+    mask = valid[:, None] & n_mask[None, :]
+    tl.store(Part + pairs[:, None].to(tl.int64) * n + offs_n[None, :], y.to(Part.dtype.element_ty), mask=mask)
+    # The k-sum: each row of this tile counts once for its token (rows of one token in one tile, were
+    # its experts not distinct, count apart); the program that brings a count to K sums its K rows.
+    tl.debug_barrier()  # every thread's part is stored before the count moves (release below)
+    counters = Counters + tokens.to(tl.int64) * tl.num_programs(1) + pid_n
+    done = tl.atomic_add(counters, 1, mask=valid, sem="acq_rel")
+    last = valid & (done == TOP_K - 1)
+    tl.debug_barrier()  # the other programs' parts are read after the count (acquire above)
+    sums = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    rows = tokens.to(tl.int64) * TOP_K
+    for j in tl.static_range(TOP_K):  # slot order, whichever program sums
+        part = tl.load(
+            Part + (rows + j)[:, None] * n + offs_n[None, :],
+            mask=last[:, None] & n_mask[None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        sums += part.to(tl.float32)
+    out = sums.to(Out.dtype.element_ty)
+    o_offs = tokens[:, None].to(tl.int64) * n + offs_n[None, :]
+    if ADD_RES:
+        res = tl.load(Res + o_offs, mask=last[:, None] & n_mask[None, :], other=0.0)
+        out = (res.to(tl.float32) + out.to(tl.float32)).to(Out.dtype.element_ty)
+    tl.store(Out + o_offs, out, mask=last[:, None] & n_mask[None, :])
+    tl.atomic_xchg(counters, 0, mask=last)  # left at zero for the next call
+
+
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}  # per device, every buffer made (the last the largest)
+
+
+def _zeroed_counters(numel: int, device: torch.device) -> torch.Tensor:
+    """int32 zeros the down kernel leaves zeroed: a buffer per device, grown as needed. Outgrown
+    buffers are kept: CUDA graphs captured with them still use them. One made during a capture is
+    that graph's own (its replays zero it first) and is not kept here."""
+    kept = _COUNTERS.setdefault(device, [])
+    if kept and kept[-1].numel() >= numel:
+        return kept[-1][:numel]
+    zeros = torch.zeros(max(numel, 1 << 14), dtype=torch.int32, device=device)
+    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        kept.append(zeros)
+    return zeros[:numel]
+
+
+ROUTE_IN_ALIGN = 16  # at most this many tokens are routed inside the alignment's one program
 
 
 def align_pairs(
-    ids: torch.Tensor, num_experts: int, block_m: int
+    ids: torch.Tensor,
+    num_experts: int,
+    block_m: int,
+    route: tuple[torch.Tensor, torch.Tensor, bool] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ids (P,) each pair's expert -> (sorted_ids (max_padded,) int32 with P as padding,
-    block_expert (max_blocks,) int32, total (1,) int32), all computed on the device."""
+    block_expert (max_blocks,) int32, total (1,) int32), all computed on the device. route: (router
+    logits (T, E), weights (P,) float32, renormalize): ids (int64) and weights are written first,
+    the tokens' top-k (`moe_route`'s rule)."""
     p = ids.shape[0]
     max_padded = p + min(p, num_experts) * (block_m - 1)
     max_blocks = triton.cdiv(max_padded, block_m)
@@ -216,11 +302,38 @@ def align_pairs(
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
     total = torch.empty(1, dtype=torch.int32, device=dev)
     cursor = torch.empty(e_pad, dtype=torch.int32, device=dev)
+    logits, weights, renormalize = route if route is not None else (ids, ids, False)
+    top_k = p // logits.shape[0] if route is not None else 1
     _align_kernel[(1,)](
-        ids, sorted_ids, block_expert, total, cursor, p, num_experts, max_padded, max_blocks,
-        E_PAD=e_pad, BLOCK_M=block_m, CHUNK=256, BLOCKS_CHUNK=max(1, 4096 // e_pad), num_warps=4,
+        ids, sorted_ids, block_expert, total, cursor, logits, weights, p, num_experts, max_padded, max_blocks,
+        logits.stride(0), E_PAD=e_pad, BLOCK_M=block_m, CHUNK=256, BLOCKS_CHUNK=max(1, 4096 // e_pad),
+        ROUTE=route is not None, ROUTE_T=triton.next_power_of_2(p // top_k) if route is not None else 1,
+        E_ROUTE=triton.next_power_of_2(num_experts), TOP_K=top_k, K_PAD=max(2, triton.next_power_of_2(top_k)),
+        RENORMALIZE=renormalize, num_warps=4,
     )  # fmt: skip
     return sorted_ids, block_expert, total
+
+
+def routed_moe(
+    x: torch.Tensor,
+    logits: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fused_moe` from the router's logits (T, E): routed (`moe_route`'s rule) inside the alignment
+    for up to ROUTE_IN_ALIGN tokens, by `route_topk` for more -> (the output, ids (T, K))."""
+    t = x.shape[0]
+    if t > ROUTE_IN_ALIGN or t == 0:
+        weights, ids = route_topk(logits, top_k, renormalize)
+        return fused_moe(x, w13, w2, weights, ids, False, residual=residual), ids
+    weights = torch.empty(t, top_k, dtype=torch.float32, device=x.device)
+    ids = torch.empty(t, top_k, dtype=torch.int64, device=x.device)
+    cfg = moe_config(t * top_k, x.dtype)
+    aligned = align_pairs(ids.view(-1), w13.shape[0], cfg.block_m, (logits, weights.view(-1), renormalize))
+    return fused_moe(x, w13, w2, weights, ids, False, cfg, residual, aligned), ids
 
 
 def fused_moe(
@@ -231,10 +344,14 @@ def fused_moe(
     ids: torch.Tensor,
     renormalize: bool,
     config: MoeConfig | None = None,
+    residual: torch.Tensor | None = None,
+    aligned: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """x (T, H), w13 (E, 2I, H) [gate | up] rows, w2 (E, H, I), each token's K experts ids (T, K)
     with float32 weights (T, K) (divided by their sum here when `renormalize`) -> (T, H) = sum over
-    them of weight * w2[e] @ (silu(gate_e x) * up_e x). Unit stride along H and I."""
+    them of weight * w2[e] @ (silu(gate_e x) * up_e x). Unit stride along H and I. With `residual`
+    (T, H) contiguous, the result is added into it in place and it is returned. aligned: the pairs
+    already sorted (`align_pairs` with `config`'s block_m)."""
     t, h = x.shape
     e, two_i, _ = w13.shape
     inter, top_k = two_i // 2, ids.shape[1]
@@ -249,11 +366,13 @@ def fused_moe(
         )
     if x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
         raise ValueError("fused_moe: x, w13 and w2 need unit stride in their last dimension")
+    if residual is not None and (residual.shape != (t, h) or not residual.is_contiguous()):
+        raise ValueError(f"fused_moe: residual {tuple(residual.shape)} for an output ({t}, {h})")
     p = t * top_k
     if p == 0:
-        return x.new_zeros(t, h)
+        return x.new_zeros(t, h) if residual is None else residual
     cfg = config or moe_config(p, x.dtype)
-    sorted_ids, block_expert, total = align_pairs(ids.reshape(-1), e, cfg.block_m)
+    sorted_ids, block_expert, total = aligned or align_pairs(ids.reshape(-1), e, cfg.block_m)
     ieee = x.dtype == torch.float32
     launch = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     blocks = block_expert.shape[0]
@@ -263,11 +382,13 @@ def fused_moe(
         x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, IEEE=ieee, **launch,
     )  # fmt: skip
-    out = x.new_empty(p, h)
-    _down_kernel[(blocks, triton.cdiv(h, cfg.block_n))](
-        act, w2, out, weights.reshape(-1).float().contiguous(), sorted_ids, block_expert, total, p, h, inter,
-        act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-        TOP_K=top_k, RENORMALIZE=renormalize,
+    part = x.new_empty(p, h)
+    out = x.new_empty(t, h) if residual is None else residual
+    col_blocks = triton.cdiv(h, cfg.block_n)
+    _down_kernel[(blocks, col_blocks)](
+        act, w2, part, out, out, _zeroed_counters(t * col_blocks, x.device), weights.reshape(-1).float().contiguous(),
+        sorted_ids, block_expert, total, p, h, inter, act.stride(0), w2.stride(0), w2.stride(1),
+        TOP_K=top_k, RENORMALIZE=renormalize, ADD_RES=residual is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, IEEE=ieee, **launch,
     )  # fmt: skip
-    return out.view(t, top_k, h).sum(dim=1)
+    return out
