@@ -72,7 +72,7 @@ def main() -> None:
     per_step = timed / ns.steps / 1e3  # us
     by_name = names()
     rows: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for (fn, args), us in zip(program.ops(), per_step):
+    for (fn, args), us in zip(program.ops(), per_step, strict=True):
         name = by_name.get(fn, hex(fn))
         if name == "qlinear":  # args: x, M, K, ldx, pre, ..., N at 9
             name = f"qlinear N={int(args[9])} K={int(args[2])} pre={int(args[4])}"
