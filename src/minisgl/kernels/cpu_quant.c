@@ -827,7 +827,7 @@ static void prefetch_rows(const int64_t *row_ptrs, const int32_t *row_fmts, int6
         const int bs = block_size(row_fmts[n]);
         const int64_t bytes = K / bs * type_size(row_fmts[n]);
         const char *p = (const char *)(intptr_t)row_ptrs[n];
-        for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+        for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
     }
 #else
     (void)row_ptrs, (void)row_fmts, (void)N, (void)n0, (void)count, (void)K;

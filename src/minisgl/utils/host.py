@@ -28,3 +28,21 @@ def cache_dir() -> Path:
     ~/.cache/minisgl (not created here)."""
     env = os.environ.get("MINISGL_CACHE_DIR")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "minisgl"
+
+
+def release_free_memory() -> bool:
+    """Hands the C heap's free pages back to the OS (glibc's malloc_trim): a busy step's scratch
+    (prefill activations, kernel buffers) otherwise stays resident after the work ends. False where
+    the C library has no malloc_trim (not glibc)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return False
+    if trim is None:
+        return False
+    trim(ctypes.c_size_t(0))
+    return True
