@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -46,3 +48,26 @@ def release_free_memory() -> bool:
         return False
     trim(ctypes.c_size_t(0))
     return True
+
+
+# libgomp spins this many rounds at a barrier before it sleeps (its default, 300,000, is milliseconds).
+OPENMP_SPIN_ROUNDS = "1000"
+
+
+@contextlib.contextmanager
+def quiet_openmp_waits() -> Iterator[None]:
+    """While it lasts, processes started from this one have OpenMP threads (the engine's kernels,
+    through torch's libgomp) that sleep soon when they wait, unless OMP_WAIT_POLICY or GOMP_SPINCOUNT
+    is set already. A decode step ends a few hundred parallel regions in barriers; with libgomp's long
+    default spin a waiting thread holds its core while the thread it waits for was preempted by
+    another program, and decode on a busy 2-core machine fell to a fifth of its speed
+    (docs/benchmarks.md). libgomp reads it when it loads, so it is set for children, before they
+    import torch; this process's environment is restored."""
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        yield
+        return
+    os.environ["GOMP_SPINCOUNT"] = OPENMP_SPIN_ROUNDS
+    try:
+        yield
+    finally:
+        os.environ.pop("GOMP_SPINCOUNT", None)
