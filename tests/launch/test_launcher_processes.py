@@ -22,6 +22,11 @@ def child_ready(conn) -> None:
     time.sleep(60)
 
 
+def child_reports_openmp_env(conn) -> None:
+    send_status(conn, "ready", {k: os.environ.get(k) for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")})
+    time.sleep(60)
+
+
 def child_error(conn) -> None:
     send_status(conn, "error", "no model here")
 
@@ -86,3 +91,17 @@ def test_stubborn_child_is_killed(group: ProcessGroup) -> None:
     group.shutdown(timeout=1.0)
     assert c.process.exitcode == -signal.SIGKILL
     assert time.monotonic() - t0 < 10
+
+
+def test_children_get_short_openmp_spins_unless_the_user_chose(group: ProcessGroup, monkeypatch) -> None:
+    """The engine's OpenMP threads sleep soon when they wait (GOMP_SPINCOUNT in the child's
+    environment, not the parent's); a user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is."""
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    a = group.spawn("alpha", child_reports_openmp_env)
+    assert "GOMP_SPINCOUNT" not in os.environ
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    b = group.spawn("beta", child_reports_openmp_env)
+    asyncio.run(group.wait_ready([a, b], timeout=30))
+    assert a.info == {"GOMP_SPINCOUNT": "1000", "OMP_WAIT_POLICY": None}
+    assert b.info == {"GOMP_SPINCOUNT": None, "OMP_WAIT_POLICY": "ACTIVE"}

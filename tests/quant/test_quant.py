@@ -208,3 +208,93 @@ def test_bad_shapes_are_clear_errors() -> None:
         QuantPart(GGMLType.Q4_K, torch.zeros(2, 144, dtype=torch.uint8), 100)
     with pytest.raises(ValueError, match="contiguous CPU float32"):
         qlinear(torch.randn(2, 64, dtype=torch.float64), w)
+
+
+DIRECT_FORMATS = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0]
+
+
+def direct_weight(k: int) -> tuple[QuantizedWeight, torch.Tensor]:
+    """A fused weight of every format the decode passes read straight from their blocks (runs of one
+    format that do not line up with the kernels' groups of rows, one part in a permuted row order)."""
+    parts, refs = [], []
+    for i, (fmt, rows) in enumerate(zip(DIRECT_FORMATS, (5, 3, 6, 1, 7), strict=True)):
+        data = torch.from_numpy(random_blocks(fmt, rows, k, seed=10 + i))
+        order = torch.arange(rows).flip(0) if i == 2 else None
+        parts.append(QuantPart(fmt, data, k, order))
+        ref = dequantize(fmt, data, k)
+        refs.append(ref if order is None else ref[order])
+    return QuantizedWeight(parts), torch.cat(refs)
+
+
+@pytest.mark.parametrize("isa", RUNNABLE_ISAS)
+@pytest.mark.parametrize("k", [64, 96, 608, 1056], ids=lambda k: f"K{k}")
+def test_decode_rows_of_legacy_formats_match_numpy(isa: str, k: int) -> None:
+    """The 32-weight formats in decode passes (the avx512 builds read them straight from their blocks):
+    odd block counts, a partial chunk of 16 blocks, every micro-tile shape (M of 1 to 9)."""
+    w, ref = direct_weight(k)
+    torch.manual_seed(k)
+    bias = torch.randn(ref.shape[0])
+    for m in (1, 2, 3, 4, 5, 7, 9):
+        x = torch.randn(m, k) * torch.logspace(-2, 1, k)  # 16-value groups of very different scales
+        want = (q8_activations(x) @ ref.double().T + bias.double()).float()
+        got = qlinear(x, w, bias, isa=isa)
+        torch.testing.assert_close(got, want, atol=2e-5 * want.abs().max(), rtol=0)
+
+
+@pytest.mark.parametrize("isa", RUNNABLE_ISAS)
+def test_decode_rows_of_legacy_formats_are_batch_invariant(isa: str) -> None:
+    w, _ = direct_weight(608)
+    x = torch.randn(23, 608)
+    full = qlinear(x, w, isa=isa)
+    for rows in ([3], [0, 1], [4, 5, 6], [7, 8, 9, 10, 11], list(range(22, -1, -1))):
+        torch.testing.assert_close(qlinear(x[rows].contiguous(), w, isa=isa), full[rows], rtol=0, atol=0)
+    nw = torch.rand(608) + 0.5
+    fused = qlinear(x, w, norm=(nw, 1e-5), isa=isa)
+    torch.testing.assert_close(
+        qlinear(x[[5]].contiguous(), w, norm=(nw, 1e-5), isa=isa), fused[[5]], rtol=0, atol=0
+    )
+
+
+_GUARD_PAGE_CHECK = """
+import ctypes, mmap, sys
+import numpy as np, torch
+sys.path[:0] = sys.argv[2:]
+from test_quant import DIRECT_FORMATS, dequantize, q8_activations, random_blocks
+from minisgl.kernels.quant import qlinear
+from minisgl.quant import QuantizedWeight, QuantPart
+
+page = mmap.PAGESIZE
+k, rows = 96, 3  # an odd number of blocks per row
+for isa in sys.argv[1].split(","):
+    for fmt in DIRECT_FORMATS:
+        print(isa, fmt.name, flush=True)  # the last line printed names the culprit of a crash
+        raw = random_blocks(fmt, rows, k, seed=3)
+        buf = mmap.mmap(-1, 2 * page)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(base + page), page, 0) == 0  # PROT_NONE
+        view = np.frombuffer(buf, dtype=np.uint8, count=raw.size, offset=page - raw.size).reshape(rows, -1)
+        view[:] = raw
+        data = torch.from_numpy(view)
+        x = torch.randn(2, k)
+        want = (q8_activations(x) @ dequantize(fmt, data, k).double().T).float()
+        got = qlinear(x, QuantizedWeight([QuantPart(fmt, data, k)]), isa=isa)
+        torch.testing.assert_close(got, want, atol=2e-5 * want.abs().max(), rtol=0)
+"""
+
+
+def test_decode_reads_nothing_past_the_last_row() -> None:
+    """Weights whose last byte is the last byte before an unreadable page (as a tensor at the end of
+    a memory-mapped GGUF file can be), every 32-weight format and instruction set: a kernel that loads
+    past a row kills the process (SIGSEGV), so the check runs in a child."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    paths = [str(Path(__file__).parent), *sys.path]
+    proc = subprocess.run(
+        [sys.executable, "-c", _GUARD_PAGE_CHECK, ",".join(RUNNABLE_ISAS), *paths],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"died at {proc.stdout.splitlines()[-1:]}: {proc.stderr[-2000:]}"

@@ -101,6 +101,7 @@ _PACKED = [
 ]
 _SIGNATURES.update({name: [_ptr] for name in _PACKED})
 _SIGNATURES["minisgl_graph_run"] = [_ptr, ctypes.c_int64]
+_SIGNATURES["minisgl_graph_profile"] = [_ptr, ctypes.c_int64, _ptr]
 _VOID = {
     "minisgl_add_rmsnorm",
     "minisgl_rope_split",

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -207,23 +208,24 @@ INLINE void attend_row(const float *qr, const void *k, const void *v, const int6
  *   page_rows (B, P) int32    the requests' page-table rows
  *   seq_lens (B,) int32       tokens in each request's cache, the new one included
  *   out      (B, Hq, D)
- * One task per request: its scratch holds the pool offset of every cached position and the (Hq, L)
- * scores. Query head hq reads KV head hq / G (grouped-query attention without copies). Head widths
- * that are multiples of 64 take the AVX2 path (64 columns of q, or of the output, in registers);
- * others a plain loop. Returns 0, or -1 when scratch memory could not be had. */
+ * One task per (request, query head): its scratch holds the pool offset of every cached position and
+ * the L scores (one request's heads spread over the threads, which a batch of one needs). Query head
+ * hq reads KV head hq / G (grouped-query attention without copies). Head widths that are multiples
+ * of 64 take the AVX2 path (64 columns of q, or of the output, in registers); others a plain loop.
+ * Returns 0, or -1 when scratch memory could not be had. */
 INLINE int decode_attention(const float *q, const void *k, const void *v, const int32_t *page_rows, int64_t P,
                             const int32_t *seq_lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t ps,
                             float scale, float *out, int half) {
     const int64_t G = Hq / Hkv, row = Hkv * D;
     int failed = 0;
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
-    for (int64_t b = 0; b < B; ++b) {
-        const int64_t L = seq_lens[b];
+    for (int64_t t = 0; t < B * Hq; ++t) {
+        const int64_t b = t / Hq, hq = t % Hq, L = seq_lens[b];
         if (L <= 0) { /* a padding row: nothing to attend to */
-            memset(out + b * Hq * D, 0, sizeof(float) * (size_t)(Hq * D));
+            memset(out + t * D, 0, sizeof(float) * (size_t)D);
             continue;
         }
-        float *s = (float *)malloc(sizeof(float) * (size_t)(Hq * L)); /* (Hq, L) scores */
+        float *s = (float *)malloc(sizeof(float) * (size_t)L); /* (L) scores */
         int64_t *offs = (int64_t *)malloc(sizeof(int64_t) * (size_t)L);
         if (s == NULL || offs == NULL) {
             free(s);
@@ -232,9 +234,7 @@ INLINE int decode_attention(const float *q, const void *k, const void *v, const 
             continue;
         }
         for (int64_t j = 0; j < L; ++j) offs[j] = ((int64_t)page_rows[b * P + j / ps] * ps + j % ps) * row;
-        for (int64_t hq = 0; hq < Hq; ++hq)
-            attend_row(q + (b * Hq + hq) * D, k, v, offs, L, hq / G, D, scale, s + hq * L, out + (b * Hq + hq) * D,
-                       half);
+        attend_row(q + t * D, k, v, offs, L, hq / G, D, scale, s, out + t * D, half);
         free(s);
         free(offs);
     }
@@ -608,6 +608,20 @@ int minisgl_graph_run(const int64_t *prog, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
         const packed_fn fn = (packed_fn)(intptr_t)prog[0];
         const int rc = fn(prog + 2);
+        if (rc != 0) return rc;
+        prog += 2 + prog[1];
+    }
+    return 0;
+}
+
+/* The same, adding each op's wall time in nanoseconds to ns[i] (a profile of replayed steps). */
+int minisgl_graph_profile(const int64_t *prog, int64_t n, int64_t *ns) {
+    for (int64_t i = 0; i < n; ++i) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        const int rc = ((packed_fn)(intptr_t)prog[0])(prog + 2);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        ns[i] += (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
         if (rc != 0) return rc;
         prog += 2 + prog[1];
     }

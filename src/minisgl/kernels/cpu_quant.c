@@ -820,18 +820,231 @@ static inline void put(float *y, int64_t ldy, int64_t a, int64_t n, float v, con
 /* Asks for rows n0 .. n0 + TILE_ROWS ahead of their use: weights stream from memory once per call,
  * and the rows of a tile need not be adjacent (permuted or fused parts), which the hardware
  * prefetcher cannot guess. */
-static void prefetch_tile(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t n0, int64_t K) {
+static void prefetch_rows(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t n0, int64_t count,
+                          int64_t K) {
 #if defined(MINISGL_AVX512) || defined(MINISGL_AVX2)
-    for (int64_t n = n0; n < n0 + TILE_ROWS && n < N; ++n) {
+    for (int64_t n = n0; n < n0 + count && n < N; ++n) {
         const int bs = block_size(row_fmts[n]);
         const int64_t bytes = K / bs * type_size(row_fmts[n]);
         const char *p = (const char *)(intptr_t)row_ptrs[n];
-        for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+        for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
     }
 #else
-    (void)row_ptrs, (void)row_fmts, (void)N, (void)n0, (void)K;
+    (void)row_ptrs, (void)row_fmts, (void)N, (void)n0, (void)count, (void)K;
 #endif
 }
+
+/* ---- decode passes over the 32-weight block formats (AVX-512): straight from the blocks ----------
+ * Where every row of a weight is Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 (the embedded model's formats and
+ * llama.cpp's legacy quants), decode passes skip the decoded tiles above: each row is read once from
+ * its blocks, two blocks (64 weights) per step, unpacked in registers to unsigned bytes (nibbles,
+ * fifth bits, or Q8_0's q + 128), vpdpbusd against the activations' int8, and each int32 lane scaled
+ * by its block's d times its 16 activations' dx. Q4_0/Q4_1 keep each high nibble in place (16 q: one
+ * AND unpacks a step) and their lanes of high nibbles take dx / 16 instead, which gives the same
+ * float products as shifting (powers of two are exact). The blocks' f16 d (and m) are gathered 16
+ * blocks at a time; the offsets (Q4_1/Q5_1's m; -8 d, -16 d, -128 d for the others) add m_b times the
+ * block's sum of quantized activations into the same accumulator once per 16 blocks. A micro-tile
+ * is a few rows of one format against a few activation rows; each (row, activation) pair is one
+ * fixed sequence of operations whatever M, the tile or the thread count, so decode rows stay
+ * batch-invariant. */
+#if defined(MINISGL_AVX512)
+#define DIRECT_RUN 4 /* rows of one format taken together */
+
+/* how many groups of rows ahead the decode passes prefetch (MINISGL_PREFETCH_GROUPS; 0: none) */
+static int direct_prefetch_groups(void) {
+    static int groups = -1;
+    if (groups < 0) {
+        const char *v = getenv("MINISGL_PREFETCH_GROUPS");
+        groups = v != NULL ? atoi(v) : 4;
+    }
+    return groups;
+}
+
+typedef struct {
+    int64_t K64, NB16;  /* NB16: K / 32 blocks rounded up to 16 */
+    const int8_t *qx;   /* (M, K64), zero past K */
+    const float *dxl;   /* (M, K64 / 4): each 16 values' dx, once per int32 lane */
+    const float *dxl16; /* the same with the second 16 of each block's dx / 16 (Q4_0/Q4_1's high nibbles) */
+    const float *xsb;   /* (M, NB16): each block's sum of quantized activations, zero past K / 32 */
+} DirectActs;
+
+static inline int is_direct_fmt(int fmt) { return fmt == Q4_0 || fmt == Q4_1 || fmt == Q5_0 || fmt == Q5_1 || fmt == Q8_0; }
+
+static int direct_weight(const int32_t *row_fmts, int64_t N) {
+    for (int64_t n = 0; n < N; ++n)
+        if (!is_direct_fmt(row_fmts[n])) return 0;
+    return 1;
+}
+
+/* the offset of a block format as a multiple of its d, or NAN where the block holds an f16 m after d */
+static inline float direct_bias_of_d(int fmt) {
+    return fmt == Q4_0 ? -8.f : fmt == Q5_0 ? -16.f : fmt == Q8_0 ? -128.f : NAN;
+}
+
+/* u of blocks b and b + 1 at p (TWO: whether block b + 1 is in the row) as 64 unsigned bytes in
+ * weight order (Q4_0/Q4_1: the second 16 of each block as 16 q); past the row's last block, zeros
+ * (Q8_0: 128s, against zero activations) */
+static inline __attribute__((always_inline)) __m512i direct_unpack(const int fmt, const uint8_t *p, const int TWO) {
+    if (fmt == Q8_0) {
+        __m512i v = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 2)));
+        if (TWO) v = _mm512_inserti64x4(v, _mm256_loadu_si256((const __m256i *)(p + 36)), 1);
+        return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+    }
+    const int bytes = type_size(fmt), has_min = fmt == Q4_1 || fmt == Q5_1, five = fmt == Q5_0 || fmt == Q5_1;
+    const int off = 2 + 2 * has_min + 4 * five;
+    /* 128-bit lanes [q_b, q_b, q_b+1, q_b+1]: lanes 0 and 2 keep the low nibbles, 1 and 3 the high */
+    __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + off)));
+    if (TWO) v = _mm512_mask_broadcast_i32x4(v, 0xFF00, _mm_loadu_si128((const __m128i *)(p + bytes + off)));
+    else v = _mm512_maskz_mov_epi64(0x0F, v);
+    if (!five) return _mm512_and_si512(v, _mm512_setr_epi64(0x0F0F0F0F0F0F0F0F, 0x0F0F0F0F0F0F0F0F, (long long)0xF0F0F0F0F0F0F0F0,
+                                                            (long long)0xF0F0F0F0F0F0F0F0, 0x0F0F0F0F0F0F0F0F, 0x0F0F0F0F0F0F0F0F,
+                                                            (long long)0xF0F0F0F0F0F0F0F0, (long long)0xF0F0F0F0F0F0F0F0));
+    v = _mm512_mask_srli_epi16(v, (__mmask32)0xFF00FF00u, v, 4);
+    uint32_t h0, h1 = 0;
+    memcpy(&h0, p + 2 + 2 * has_min, 4);
+    if (TWO) memcpy(&h1, p + bytes + 2 + 2 * has_min, 4);
+    return _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi8(0x0F)),
+                           _mm512_maskz_mov_epi8(_cvtu64_mask64(h0 | (uint64_t)h1 << 32), _mm512_set1_epi8(0x10)));
+}
+
+/* d and the offset m of `n` (<= 16) blocks at p, zeros past them */
+static inline __attribute__((always_inline)) void direct_scales(const int fmt, const uint8_t *p, int64_t n, __m512i idx,
+                                                                 __m512 *d, __m512 *m) {
+    const __mmask16 k = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, (const void *)p, 1);
+    *d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w));
+    const float bias_of_d = direct_bias_of_d(fmt);
+    *m = isnan(bias_of_d) ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)))
+                          : _mm512_mul_ps(_mm512_set1_ps(bias_of_d), *d);
+}
+
+/* One step (blocks b, b + 1) of NR rows against NA activation rows */
+static inline __attribute__((always_inline)) void direct_step(const int fmt, const int NR, const int NA, const int TWO,
+                                                               const uint8_t *const *rows, int64_t b, const __m512 *d,
+                                                               __m512i idx, const DirectActs *X, int64_t a0, __m512 acc[][4]) {
+    const int bytes = type_size(fmt);
+    const float *dxl = fmt == Q4_0 || fmt == Q4_1 ? X->dxl16 : X->dxl;
+    __m512i u[4];
+    __m512 sd[4];
+    for (int r = 0; r < NR; ++r) {
+        u[r] = direct_unpack(fmt, rows[r] + b * bytes, TWO);
+        sd[r] = _mm512_permutexvar_ps(idx, d[r]);
+    }
+    for (int a = 0; a < NA; ++a) {
+        const __m512i xv = _mm512_loadu_si512((const void *)(X->qx + (a0 + a) * X->K64 + 32 * b));
+        const __m512 dl = _mm512_loadu_ps(dxl + (a0 + a) * (X->K64 / 4) + 8 * b);
+        for (int r = 0; r < NR; ++r)
+            acc[r][a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u[r], xv)),
+                                        _mm512_mul_ps(sd[r], dl), acc[r][a]);
+    }
+}
+
+/* rows[0..NR) (one format) against activation rows a0 .. a0 + NA of X, nb blocks -> out[r][a] */
+static inline __attribute__((always_inline)) void direct_micro_impl(const int fmt, const int NR, const int NA,
+                                                                     const uint8_t *const *rows, int64_t nb,
+                                                                     const DirectActs *X, int64_t a0, float out[][4]) {
+    const int bytes = type_size(fmt);
+    const __m512i idx_blocks = _mm512_setr_epi32(0, bytes, 2 * bytes, 3 * bytes, 4 * bytes, 5 * bytes, 6 * bytes, 7 * bytes,
+                                                 8 * bytes, 9 * bytes, 10 * bytes, 11 * bytes, 12 * bytes, 13 * bytes,
+                                                 14 * bytes, 15 * bytes);
+    const __m512i idx_pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), two = _mm512_set1_epi32(2);
+    __m512 acc[4][4];
+    for (int r = 0; r < NR; ++r)
+        for (int a = 0; a < NA; ++a) acc[r][a] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < nb; c += 16) {
+        const int64_t n = nb - c < 16 ? nb - c : 16;
+        __m512 d[4], m[4];
+        for (int r = 0; r < NR; ++r) direct_scales(fmt, rows[r] + c * bytes, n, idx_blocks, &d[r], &m[r]);
+        for (int a = 0; a < NA; ++a) {
+            const __m512 xs = _mm512_loadu_ps(X->xsb + (a0 + a) * X->NB16 + c);
+            for (int r = 0; r < NR; ++r) acc[r][a] = _mm512_fmadd_ps(m[r], xs, acc[r][a]);
+        }
+        __m512i idx = idx_pair;
+        int64_t j = 0;
+        for (; j + 2 <= n; j += 2, idx = _mm512_add_epi32(idx, two))
+            direct_step(fmt, NR, NA, 1, rows, c + j, d, idx, X, a0, acc);
+        if (j < n) direct_step(fmt, NR, NA, 0, rows, c + j, d, idx, X, a0, acc);
+    }
+    for (int r = 0; r < NR; ++r)
+        for (int a = 0; a < NA; ++a) out[r][a] = _mm512_reduce_add_ps(acc[r][a]);
+}
+
+/* The micro-tiles, one function per format and shape (NR rows x NA activations: 4 x 1, 4 x 2 and
+ * 2 x 4 keep their sums in registers). */
+typedef void (*DirectFn)(const uint8_t *const *rows, int64_t nb, const DirectActs *X, int64_t a0, float out[][4]);
+#define DIRECT_FN(F, NR, NA)                                                                                 \
+    static void direct_##F##_##NR##x##NA(const uint8_t *const *rows, int64_t nb, const DirectActs *X, int64_t a0, \
+                                         float out[][4]) {                                                     \
+        direct_micro_impl(F, NR, NA, rows, nb, X, a0, out);                                                    \
+    }
+#define DIRECT_FNS(F) DIRECT_FN(F, 4, 1) DIRECT_FN(F, 4, 2) DIRECT_FN(F, 2, 3) DIRECT_FN(F, 2, 4)
+DIRECT_FNS(Q4_0)
+DIRECT_FNS(Q4_1)
+DIRECT_FNS(Q5_0)
+DIRECT_FNS(Q5_1)
+DIRECT_FNS(Q8_0)
+#define DIRECT_TABLE(F) [F] = {direct_##F##_4x1, direct_##F##_4x2, direct_##F##_2x3, direct_##F##_2x4}
+static const DirectFn direct_fns[Q8_0 + 1][4] = {DIRECT_TABLE(Q4_0), DIRECT_TABLE(Q4_1), DIRECT_TABLE(Q5_0),
+                                                  DIRECT_TABLE(Q5_1), DIRECT_TABLE(Q8_0)};
+
+/* Rows g * DIRECT_RUN .. + DIRECT_RUN (those < N), in runs of one format, against all M rows */
+static void direct_group(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t g, int64_t K,
+                         const DirectActs *X, int64_t M, const float *bias, float *y, int64_t ldy, int accumulate) {
+    const int64_t end = (g + 1) * DIRECT_RUN < N ? (g + 1) * DIRECT_RUN : N;
+    for (int64_t n0 = g * DIRECT_RUN; n0 < end;) {
+        const int fmt = row_fmts[n0];
+        int R = 1;
+        while (n0 + R < end && row_fmts[n0 + R] == fmt) ++R;
+        const uint8_t *rows[DIRECT_RUN]; /* repeats of the last row past the run: computed, not stored */
+        for (int r = 0; r < DIRECT_RUN; ++r) rows[r] = (const uint8_t *)(intptr_t)row_ptrs[n0 + (r < R ? r : R - 1)];
+        float out[4][4];
+        for (int64_t a0 = 0; a0 < M; a0 += 4) {
+            const int na = M - a0 < 4 ? (int)(M - a0) : 4;
+            const int nr = na <= 2 ? 4 : 2; /* rows per call */
+            for (int r0 = 0; r0 < R; r0 += nr) {
+                direct_fns[fmt][na - 1](rows + r0, K / 32, X, a0, out);
+                for (int r = 0; r < nr && r0 + r < R; ++r)
+                    for (int a = 0; a < na; ++a) put(y, ldy, a0 + a, n0 + r0 + r, out[r][a], bias, accumulate);
+            }
+        }
+        n0 += R;
+    }
+}
+
+/* The decode matmul over direct formats (see above); xf: the activations after the pre-op. */
+static int qlinear_direct(const float *xf, int64_t ldf, int64_t M, int64_t K, const int64_t *row_ptrs,
+                          const int32_t *row_fmts, int64_t N, const float *bias, float *y, int64_t ldy, int accumulate) {
+    const int64_t K64 = round_up(K, 64), C16 = round_up(K64 / 16, 16), NB16 = round_up(K / 32, 16);
+    const size_t per_row = (size_t)K64 + sizeof(float) * (size_t)(K64 / 16 + C16 + K64 / 2 + NB16);
+    uint8_t *buf = (uint8_t *)aligned_alloc(64, (size_t)round_up((int64_t)(per_row * (size_t)M), 64));
+    if (buf == NULL) return -2;
+    float *dx = (float *)buf, *xs = dx + M * (K64 / 16), *dxl = xs + M * C16, *dxl16 = dxl + M * (K64 / 4);
+    float *xsb = dxl16 + M * (K64 / 4);
+    int8_t *qx = (int8_t *)(xsb + M * NB16);
+#pragma omp parallel for if (M * K >= 65536)
+    for (int64_t a = 0; a < M; ++a) {
+        float *dxa = dx + a * (K64 / 16), *xsa = xs + a * C16, *dla = dxl + a * (K64 / 4), *dla16 = dxl16 + a * (K64 / 4);
+        float *xba = xsb + a * NB16;
+        quantize_row(xf + a * ldf, K, K64, C16, qx + a * K64, dxa, xsa);
+        for (int64_t c = 0; c < K64 / 16; ++c)
+            for (int i = 0; i < 4; ++i) {
+                dla[4 * c + i] = dxa[c];
+                dla16[4 * c + i] = c % 2 ? dxa[c] * 0.0625f : dxa[c];
+            }
+        for (int64_t b = 0; b < NB16; ++b) xba[b] = b < K / 32 ? xsa[2 * b] + xsa[2 * b + 1] : 0.f;
+    }
+    const DirectActs X = {K64, NB16, qx, dxl, dxl16, xsb};
+    const int64_t groups = (N + DIRECT_RUN - 1) / DIRECT_RUN;
+    const int ahead = direct_prefetch_groups();
+#pragma omp parallel for schedule(static) if (groups > 1 && M * N * K >= 32768)
+    for (int64_t g = 0; g < groups; ++g) {
+        if (ahead > 0 && M <= 8) prefetch_rows(row_ptrs, row_fmts, N, (g + ahead) * DIRECT_RUN, DIRECT_RUN, K);
+        direct_group(row_ptrs, row_fmts, N, g, K, &X, M, bias, y, ldy, accumulate);
+    }
+    free(buf);
+    return 0;
+}
+#endif
 
 /* Rows n0 .. n0 + TILE_ROWS (those < N) against all M activation rows */
 static void tile(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t n0, const Acts *A,
@@ -1059,6 +1272,13 @@ int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, 
         A.xf = xf;
         A.ldf = K;
     }
+#if defined(MINISGL_AVX512)
+    if (!prefill && !has_float && direct_weight(row_fmts, N)) {
+        const int rc = qlinear_direct(A.xf, A.ldf, M, K, row_ptrs, row_fmts, N, bias, y, ldy, accumulate);
+        free(xf);
+        return rc;
+    }
+#endif
 #if defined(MINISGL_AMX)
     if (prefill && has_int && !has_float) {
         const int rc = qlinear_amx(A.xf, A.ldf, M, K, row_ptrs, row_fmts, N, bias, y, ldy, accumulate);
@@ -1104,7 +1324,7 @@ int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, 
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; ++t)
             if (scratch != NULL) {
-                if (M <= 8) prefetch_tile(row_ptrs, row_fmts, N, (t + 1) * TILE_ROWS, K);
+                if (M <= 8) prefetch_rows(row_ptrs, row_fmts, N, (t + 1) * TILE_ROWS, TILE_ROWS, K);
                 tile(row_ptrs, row_fmts, N, t * TILE_ROWS, &A, M, dec, bias, y, ldy, accumulate);
             }
         free(scratch);

@@ -100,6 +100,26 @@ class Program:
         if rc != 0:
             raise RuntimeError(f"a replayed CPU kernel failed ({rc})")
 
+    def profile(self, ns: np.ndarray) -> None:
+        """`run()`, adding each op's wall time in nanoseconds to ns[i] ((num_ops,) int64)."""
+        from .build import load
+
+        lib = load()
+        assert lib is not None, "a program was recorded, so the kernels exist"
+        assert ns.dtype == np.int64 and ns.shape == (self.num_ops,) and ns.flags.c_contiguous
+        rc = lib.minisgl_graph_profile(self.code.ctypes.data, self.num_ops, ns.ctypes.data)
+        if rc != 0:
+            raise RuntimeError(f"a replayed CPU kernel failed ({rc})")
+
+    def ops(self) -> list[tuple[int, np.ndarray]]:
+        """Each op as (its function's address, its packed arguments)."""
+        out, i = [], 0
+        for _ in range(self.num_ops):
+            n = int(self.code[i + 1])
+            out.append((int(self.code[i]), self.code[i + 2 : i + 2 + n]))
+            i += 2 + n
+        return out
+
 
 def empty(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An output tensor: the recorder's buffer while recording, else a new one."""

@@ -22,6 +22,7 @@ import psutil
 
 from minisgl.launch.child import Lifeline, child_main
 from minisgl.utils.handshake import recv_status
+from minisgl.utils.host import quiet_openmp_waits
 
 logger = logging.getLogger("minisgl.launcher")
 
@@ -62,7 +63,8 @@ class ProcessGroup:
         proc = self.ctx.Process(
             target=child_main, args=(self.lifeline, target, *args, child_end), name=name, daemon=False
         )
-        proc.start()
+        with quiet_openmp_waits():  # the child's environment, not this process's
+            proc.start()
         child_end.close()
         child = Child(name, proc, parent_end)
         self.children.append(child)

@@ -79,6 +79,7 @@ from minisgl.message import (
     LoadMsg,
     UserMsg,
 )
+from minisgl.utils.host import release_free_memory
 
 from .cache import CacheManager
 from .config import SchedulerConfig
@@ -239,6 +240,7 @@ class Scheduler(SchedulerIOMixin):
                 stats.prompt_tokens,
             )
             self._idle_logged = True
+            release_free_memory()  # once per idle spell: a few ms, off any request's path
         self.check_integrity()
 
     def check_integrity(self) -> None:

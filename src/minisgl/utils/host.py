@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -28,3 +30,44 @@ def cache_dir() -> Path:
     ~/.cache/minisgl (not created here)."""
     env = os.environ.get("MINISGL_CACHE_DIR")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "minisgl"
+
+
+def release_free_memory() -> bool:
+    """Hands the C heap's free pages back to the OS (glibc's malloc_trim): a busy step's scratch
+    (prefill activations, kernel buffers) otherwise stays resident after the work ends. False where
+    the C library has no malloc_trim (not glibc)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return False
+    if trim is None:
+        return False
+    trim(ctypes.c_size_t(0))
+    return True
+
+
+# libgomp spins this many rounds at a barrier before it sleeps (its default, 300,000, is milliseconds).
+OPENMP_SPIN_ROUNDS = "1000"
+
+
+@contextlib.contextmanager
+def quiet_openmp_waits() -> Iterator[None]:
+    """While it lasts, processes started from this one have OpenMP threads (the engine's kernels,
+    through torch's libgomp) that sleep soon when they wait, unless OMP_WAIT_POLICY or GOMP_SPINCOUNT
+    is set already. A decode step ends a few hundred parallel regions in barriers; with libgomp's long
+    default spin a waiting thread holds its core while the thread it waits for was preempted by
+    another program, and decode on a busy 2-core machine fell to a fifth of its speed
+    (docs/benchmarks.md). libgomp reads it when it loads, so it is set for children, before they
+    import torch; this process's environment is restored."""
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        yield
+        return
+    os.environ["GOMP_SPINCOUNT"] = OPENMP_SPIN_ROUNDS
+    try:
+        yield
+    finally:
+        os.environ.pop("GOMP_SPINCOUNT", None)
