@@ -255,6 +255,9 @@ class ResponsesRequest(_Request):
     temperature: Annotated[float, Field(ge=0.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    # vLLM's and SGLang's sampling extras on this endpoint, honoured as on chat
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     include: list[str] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -354,6 +357,8 @@ class ResponsesRequest(_Request):
             "stream": bool(self.stream),
             "temperature": self.temperature,
             "top_p": self.top_p,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
             "tools": [t.chat_tool() for t in self.tools or []] or None,
             "tool_choice": {"type": "function", "function": {"name": choice.name}}
             if isinstance(choice, ToolChoiceFunction)
