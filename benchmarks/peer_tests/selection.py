@@ -66,7 +66,6 @@ FILES = [
                 "test_zero_logprobs",
                 "test_some_logprobs",
                 "test_too_many_completion_logprobs",
-                "test_completion_streaming",
                 "test_parallel_no_streaming",
                 "test_parallel_streaming",
                 "test_completion_stream_options",
@@ -84,6 +83,9 @@ FILES = [
         model_specific={
             f"test_single_completion[{OPT}]": "asserts usage.prompt_tokens == 6: OPT's tokenizer "
             "(5 tokens and its BOS) for 'Hello, my name is'",
+            f"test_completion_streaming[{OPT}]": "asserts the greedy 5-token completion of 'What is an "
+            "LLM?' ends by length with text in its last chunk: SmolLM2 answers EOS at once (text '', "
+            "finish_reason stop, 1 completion token), streamed or not",
         },
         out_of_scope={
             f"test_completion_truncation_side_controls_prompt_truncation[{OPT}]": "truncate_prompt_tokens "
@@ -278,7 +280,6 @@ FILES = [
                 "test_completion_stream",
                 "test_chat_completion",
                 "test_chat_completion_stream",
-                "test_regex",
                 "test_penalty",
                 "test_model_list",
                 "test_retrieve_model",
@@ -291,12 +292,17 @@ FILES = [
                 "test_response_stream",
                 "test_response_completion",
                 "test_response_completion_stream",
-                "test_regex",
                 "test_error",
                 "test_penalty",
                 "test_model_list",
             )
         ),
+        model_specific={
+            f"{cls}::test_regex": "asserts json.loads of the answer held to the test's name/population "
+            "regex: the embedded model writes '\"population\": 1111...' until max_tokens (128), so the "
+            "JSON is cut before its closing brace"
+            for cls in ("TestOpenAIServer", "TestOpenAIServerv1Responses")
+        },
         out_of_scope={
             **{
                 f"{cls}::test_response_prefill": "asks for 'meta-llama/Llama-3.1-8B-Instruct', a model "

@@ -113,3 +113,14 @@ async def test_vllms_optional_fields_are_null_unless_asked_for(api) -> None:
     assert choice["prompt_token_ids"] is not None and choice["token_ids"] is not None
     events = sse_events((await api.post("/v1/chat/completions", json=chat_body(stream=True))).text)
     assert not any("prompt_token_ids" in e or "prompt_logprobs" in e for e in events)  # streamed: absent
+
+
+async def test_responses_take_tool_choice_auto_without_tools(api) -> None:
+    """"auto" is the Responses API's default tool_choice (the answer echoes it), so a client may send it
+    with no tools, as SGLang's tests do; "required" or a named function without tools stays a 400."""
+    for choice in ("auto", "none"):
+        r = await api.post("/v1/responses", json={"model": "smol", "input": "a b", "tool_choice": choice})
+        assert r.status_code == 200, r.text
+        assert r.json()["tool_choice"] == choice
+    body = {"model": "smol", "input": "a b", "tool_choice": "required"}
+    assert_openai_error(await api.post("/v1/responses", json=body), 400)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import huggingface_hub
@@ -35,15 +37,17 @@ def pytest_runtest_logreport(report: Any) -> None:
         entry["outcome"] = "error"  # in setup (e.g. the server did not start) or teardown
     elif report.skipped and report.when == "setup":
         entry["outcome"] = "skipped"
+    if report.when == "teardown":  # written as the run goes: a run cut short keeps what it saw
+        _write_results()
     if report.failed and not entry["message"]:
         text = str(report.longrepr).strip().splitlines()
-        entry["message"] = next(
-            (line for line in reversed(text) if line.startswith("E ")), text[-1] if text else ""
-        )
+        errors = [line for line in text if line.startswith("E ")]
+        entry["message"] = " | ".join(e[1:].strip() for e in errors[:3]) if errors else (text or [""])[-1]
+
+
+def _write_results() -> None:
+    Path("results.json").write_text(json.dumps(RESULTS, indent=1))
 
 
 def pytest_sessionfinish(session: Any) -> None:
-    import json
-    from pathlib import Path
-
-    Path("results.json").write_text(json.dumps(RESULTS, indent=1))
+    _write_results()

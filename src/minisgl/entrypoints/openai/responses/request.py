@@ -350,6 +350,8 @@ class ResponsesRequest(_Request):
 
     def _chat_body(self, items: list[InputItem]) -> JSONObject:
         choice = self.tool_choice
+        if choice in ("auto", "none") and not self.tools:
+            choice = None  # the Responses API's default ("auto"), so valid without tools, unlike chat
         body: JSONObject = {
             "model": self.model,
             "messages": chat_messages(self.instructions, items),
