@@ -116,7 +116,7 @@ async def test_vllms_optional_fields_are_null_unless_asked_for(api) -> None:
 
 
 async def test_responses_take_tool_choice_auto_without_tools(api) -> None:
-    """"auto" is the Responses API's default tool_choice (the answer echoes it), so a client may send it
+    """ "auto" is the Responses API's default tool_choice (the answer echoes it), so a client may send it
     with no tools, as SGLang's tests do; "required" or a named function without tools stays a 400."""
     for choice in ("auto", "none"):
         r = await api.post("/v1/responses", json={"model": "smol", "input": "a b", "tool_choice": choice})
