@@ -28,8 +28,10 @@ class PeerFile:
 
 
 # Files the counted tests need beside them (vLLM's fixtures: sample schemas, the basic/ server).
+# The fixtures' conftest is taken at test_chat.py's commit, whose tests use its
+# sample_structured_outputs_choices (the copy measured defines it; its own commit was not recorded).
 SUPPORT_FILES = [
-    ("vllm", "tests/entrypoints/conftest.py", "043cd1a182d3f43671d92c7c5b5dc97c4a361a0d"),
+    ("vllm", "tests/entrypoints/conftest.py", "03f5298e5c557f4fb84b83451c515329c27f1fac"),
     ("vllm", "tests/entrypoints/openai/basic/conftest.py", "71baba9f39f2fa7f91bf7eb5d7f2f9374acfecdf"),
 ]
 
