@@ -197,16 +197,29 @@ def check_request(token_ids: list[int], params: SamplingParams, vocab_size: int,
         return
     total = len(token_ids) + params.max_tokens
     if total > max_seq_len:
-        raise RequestRejected(context_error(max_seq_len, total, len(token_ids), params.max_tokens))
+        raise RequestRejected(
+            context_error(
+                max_seq_len, total, len(token_ids), params.max_tokens, len(token_ids) >= max_seq_len
+            )
+        )
 
 
-def context_error(max_seq_len: int, total: int | str, prompt: int | str, completion: int | str) -> str:
+def context_error(
+    max_seq_len: int, total: int | str, prompt: int | str, completion: int | str, prompt_alone: bool = False
+) -> str:
     """OpenAI's wording of a request longer than the context (clients such as LiteLLM and LangChain
-    recognise it by "maximum context length")."""
+    recognise it by "maximum context length"), with SGLang's sentence that its clients match on:
+    `prompt_alone` when the prompt leaves no room for even one token ("is longer than the model's
+    context length"), else "Requested token count exceeds the model's maximum context length"."""
+    sglang = (
+        f"The input ({prompt} tokens) is longer than the model's context length ({max_seq_len} tokens)."
+        if prompt_alone
+        else "Requested token count exceeds the model's maximum context length."
+    )
     return (
         f"This model's maximum context length is {max_seq_len} tokens. However, you requested {total} "
-        f"tokens ({prompt} in the messages, {completion} in the completion). Please reduce the length of "
-        "the messages or completion."
+        f"tokens ({prompt} in the messages, {completion} in the completion). {sglang} Please reduce the "
+        "length of the messages or completion."
     )
 
 

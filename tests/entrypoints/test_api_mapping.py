@@ -5,6 +5,8 @@ stream that ends on what looks like the start of a stop string still delivers it
 
 from __future__ import annotations
 
+import dataclasses
+
 import httpx
 import pytest
 from test_api_app import FakeWorkers, sse_events
@@ -95,11 +97,14 @@ def scheduled(manager: TokenizeManager, msg: TokenizeMsg) -> list[SamplingParams
 @pytest.mark.parametrize(("path", "prompt"), [("/v1/chat/completions", CHAT), ("/v1/completions", TEXT)])
 async def test_openai_defaults(api, tokenize_manager, path: str, prompt: dict) -> None:
     msg = await sent(api, path, prompt)
-    assert msg.sampling_params == OPENAI_DEFAULTS and msg.n == 1
+    # completions default to 16 tokens (OpenAI's legacy default, vLLM's and SGLang's); chat fills the context
+    default = 16 if path == "/v1/completions" else -1
+    assert msg.sampling_params == dataclasses.replace(OPENAI_DEFAULTS, max_tokens=default) and msg.n == 1
     [params] = scheduled(tokenize_manager, msg)
     prompt_len = len(tokenize_manager.token_ids(msg.text))
+    max_tokens = 16 if path == "/v1/completions" else MAX_SEQ_LEN - prompt_len
     assert params == SamplingParams(
-        temperature=1.0, top_k=-1, top_p=1.0, ignore_eos=False, max_tokens=MAX_SEQ_LEN - prompt_len
+        temperature=1.0, top_k=-1, top_p=1.0, ignore_eos=False, max_tokens=max_tokens
     )
 
 

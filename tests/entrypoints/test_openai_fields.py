@@ -173,7 +173,7 @@ async def test_every_openai_field_is_supported_or_refused_by_name(
     body = {"model": "smol", **base, **needs.get(field, {}), field: value}
     r = await api.post(path, json=body)
     if field == "previous_response_id":  # kept responses are looked up: this one is not there
-        err = assert_openai_error(r, 404, field)
+        err = assert_openai_error(r, 400, field)
         assert "resp_1" in err["message"] and not api.workers.received
     elif field in REFUSED or (field == "store" and path != "/v1/responses"):  # chat keeps nothing
         err = assert_openai_error(r, 400)

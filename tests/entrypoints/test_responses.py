@@ -98,6 +98,8 @@ async def test_text_response_object_and_usage(api) -> None:
         "output_tokens": 3,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": 5,
+        "prompt_tokens": 2,  # SGLang's names
+        "completion_tokens": 3,
     }
     assert sent(api).text == [{"role": "user", "content": "hello there"}]
     params = sent(api).sampling_params

@@ -237,6 +237,9 @@ def test_native_generate(server) -> None:
 def test_models_and_metrics(server) -> None:
     models = httpx.get(server.url + "/v1/models").json()
     assert models["data"][0]["id"] == "smol" and models["data"][0]["max_model_len"] == 512
+    # root: the model as named (vLLM's), the served name when none was (SGLang's test expects it),
+    # never the server's cache directory
+    assert httpx.get(server.url + "/v1/models/smol").json()["root"] == "smol"
     metrics = httpx.get(server.url + "/metrics").text
     assert re.search(r"^minisgl_generation_tokens_total [1-9]", metrics, re.M)
     assert "minisgl_time_to_first_token_seconds_count" in metrics

@@ -238,7 +238,7 @@ class Launcher:
             tools=ToolFormat.of(self.model_dir, self.args.tool_call_parser),
             pooling=read_pooling(self.model_dir, strict=False),
             trust_request_chat_template=self.args.trust_request_chat_template,
-            root=str(self.model_dir),
+            root=self.args.model or "",  # the model as named (vLLM's root); else the served name
         )
         max_connections = self.args.max_connections
         log_accept_errors(asyncio.get_running_loop())

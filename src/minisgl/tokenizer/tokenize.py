@@ -142,6 +142,7 @@ class TokenizeManager:
                     f"at least {at_least + completion}",
                     f"at least {at_least}",
                     completion,
+                    prompt_alone=at_least >= self.limits.max_seq_len,
                 )
             )
 
@@ -165,7 +166,9 @@ class TokenizeManager:
         room = self.limits.max_seq_len - len(ids)
         if params.max_tokens == FILL_CONTEXT and ids:
             if room < 1:
-                raise RequestRejected(context_error(self.limits.max_seq_len, len(ids) + 1, len(ids), 1))
+                raise RequestRejected(
+                    context_error(self.limits.max_seq_len, len(ids) + 1, len(ids), 1, prompt_alone=True)
+                )
             params = dataclasses.replace(params, max_tokens=room)
         choices = [_choice(params, i) for i in range(msg.n)]
         for p in choices:

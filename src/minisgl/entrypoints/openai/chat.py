@@ -243,7 +243,8 @@ async def chat(body: ChatCompletionRequest, request: Request, state: State) -> R
                 "matched_stop": c.stop_reason,  # SGLang's name
             }
         )
-        if ids:
-            choices[-1]["token_ids"] = [t for ch in c.chunks for t in ch.token_ids]
+        # vLLM's fields, null unless asked for (its clients read them as attributes)
+        choices[-1]["token_ids"] = [t for ch in c.chunks for t in ch.token_ids] if ids else None
     usage = request_usage(streams, body.n)
-    return completion_response(rid, "chat.completion", name, choices, usage, prompt_ids)
+    more = {"prompt_logprobs": None, "prompt_token_ids": None, **(prompt_ids or {})}
+    return completion_response(rid, "chat.completion", name, choices, usage, more)

@@ -75,6 +75,10 @@ async def completions(body: CompletionRequest, request: Request, state: State) -
             "finish_reason": c.finish_reason,
             "stop_reason": c.stop_reason,
             "matched_stop": c.stop_reason,  # SGLang's name
+            # vLLM's fields, null unless asked for (its clients read them as attributes)
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "token_ids": None,
         }
         for i, c in enumerate(done)
     ]

@@ -62,6 +62,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
     msg = first.get("msg", "invalid value").removeprefix("Value error, ")
+    kind = first.get("type", "value_error")
+    if kind != "value_error":  # pydantic's own check: its error type too, as pydantic prints it (and
+        msg += f" [type={kind}]"  # vLLM returns it; clients match e.g. "greater_than_equal")
     return (f"{param}: {msg}" if param else msg), param
 
 

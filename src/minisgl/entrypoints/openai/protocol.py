@@ -170,11 +170,11 @@ def _grammar_of(schema: dict[str, Any] | bool) -> str:
     return json_schema_grammar(schema, check=False)
 
 
-def _check_schema(schema: dict[str, Any] | bool) -> None:
+def _check_schema(schema: dict[str, Any] | bool, what: str = "JSON schema") -> None:
     try:
         check_schema(schema)
     except GrammarError as e:
-        raise ValueError(f"invalid JSON schema: {e}") from None
+        raise ValueError(f"invalid {what}: {e}") from None
 
 
 class JsonSchemaSpec(_Body):
@@ -219,7 +219,7 @@ class FunctionSpec(_Body):
     @classmethod
     def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is not None:
-            _check_schema(v)
+            _check_schema(v, "'parameters' schema")  # SGLang's words, which its clients match on
         return v
 
 
@@ -283,6 +283,9 @@ class SamplingRequest(_Request, StructuredFields):
     structured-output ones in structured.py, the rest classified in peer_fields.py)."""
 
     endpoint: ClassVar[str] = ""  # "chat" or "completions": where an extra field's "off" may differ
+    # max_tokens when the request gives none: chat fills the context; completions stop at 16, the
+    # default of OpenAI's legacy completions API (and of vLLM's and SGLang's).
+    default_max_tokens: ClassVar[int] = FILL_CONTEXT
     model: str | None = None
     max_tokens: Annotated[StrictInt, Field(ge=1, le=_INT32)] | None = None
     max_completion_tokens: Annotated[StrictInt, Field(ge=1, le=_INT32)] | None = None
@@ -344,11 +347,10 @@ class SamplingRequest(_Request, StructuredFields):
     @field_validator("logit_bias")
     @classmethod
     def _token_ids(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        for key in v or {}:
-            if not key.isascii() or not key.isdigit() or int(key) > _INT32:
-                raise ValueError(
-                    f"keys must be token ids, got {key[:40]!r} (the tokenizer checks the vocabulary)"
-                )
+        bad = [k for k in v or {} if not k.isascii() or not k.isdigit() or int(k) > _INT32]
+        if bad:  # every one named, so that a client fixes them at once (vLLM's test asks for it)
+            shown = ", ".join(repr(k[:40]) for k in bad[:10])
+            raise ValueError(f"keys must be token ids, got {shown} (the tokenizer checks the vocabulary)")
         return v
 
     @model_validator(mode="after")
@@ -373,7 +375,7 @@ class SamplingRequest(_Request, StructuredFields):
 
     def sampling_params(self) -> SamplingParams:
         """The scheduler's sampling parameters of choice 0 (the tokenizer gives choice i seed + i)."""
-        max_tokens = self.max_completion_tokens or self.max_tokens or FILL_CONTEXT
+        max_tokens = self.max_completion_tokens or self.max_tokens or self.default_max_tokens
         return SamplingParams(
             temperature=self.temperature,
             top_k=self.top_k,
@@ -502,7 +504,7 @@ class ChatCompletionRequest(SamplingRequest):
             raise ValueError(f"{field} needs {'functions' if field == 'function_call' else 'tools'}")
         mode, forced = self.tool_mode, self.forced_function
         if forced is not None and forced not in names:
-            raise ValueError(f"{field}: function {forced!r} not found in tools list")
+            raise ValueError(f"{field}: Tool {forced!r} not found in tools list")  # SGLang's words
         if self.response_format is not None and self.response_format.grammar and mode != "none":
             raise ValueError("response_format json_object / json_schema cannot be combined with tools")
         if self.constraint is not None and mode != "none":
@@ -608,6 +610,7 @@ Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
 
 class CompletionRequest(SamplingRequest):
     endpoint: ClassVar[str] = "completions"
+    default_max_tokens: ClassVar[int] = 16
     prompt: Prompt
     echo: bool = False
     logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None

@@ -44,6 +44,9 @@ def response_usage(prompt: int, completion: int, cached: int, reasoning: int = 0
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": prompt + completion,
+        # SGLang's names of the same counts (chat's), which its clients read
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
     }
 
 

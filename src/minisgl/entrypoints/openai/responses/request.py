@@ -255,6 +255,9 @@ class ResponsesRequest(_Request):
     temperature: Annotated[float, Field(ge=0.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    # vLLM's and SGLang's sampling extras on this endpoint, honoured as on chat
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     include: list[str] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -347,6 +350,8 @@ class ResponsesRequest(_Request):
 
     def _chat_body(self, items: list[InputItem]) -> JSONObject:
         choice = self.tool_choice
+        if choice in ("auto", "none") and not self.tools:
+            choice = None  # the Responses API's default ("auto"), so valid without tools, unlike chat
         body: JSONObject = {
             "model": self.model,
             "messages": chat_messages(self.instructions, items),
@@ -354,6 +359,8 @@ class ResponsesRequest(_Request):
             "stream": bool(self.stream),
             "temperature": self.temperature,
             "top_p": self.top_p,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
             "tools": [t.chat_tool() for t in self.tools or []] or None,
             "tool_choice": {"type": "function", "function": {"name": choice.name}}
             if isinstance(choice, ToolChoiceFunction)

@@ -62,13 +62,14 @@ async def delete_response(response_id: str, state: State) -> JSONObject:
     return {"id": response_id, "object": "response", "deleted": True}
 
 
-def _not_found(state: ServerState, response_id: str, param: str) -> APIError:
+def _not_found(state: ServerState, response_id: str, param: str, status: int = 404) -> APIError:
     return APIError(
-        404,
+        status,
         f"Response with id '{response_id[:256]}' not found (responses are kept in this server's memory, "
         f"the latest {state.responses.max_responses} at most)",
         "invalid_request_error",
         param,
+        "previous_response_not_found" if param == "previous_response_id" else None,
     )
 
 
@@ -78,7 +79,8 @@ def _history(state: ServerState, body: ResponsesRequest) -> list[JSONObject]:
         return []
     kept = state.responses.get(body.previous_response_id)
     if kept is None:
-        raise _not_found(state, body.previous_response_id, "previous_response_id")
+        # a 400, as OpenAI answers a request that names an unknown response (a GET of one is a 404)
+        raise _not_found(state, body.previous_response_id, "previous_response_id", 400)
     try:
         body.chat_after(kept.items)
     except ValueError as e:
