@@ -6,6 +6,8 @@ STAMP := $(VENV)/.minisgl-installed
 # The CPU build of torch by default; `make TORCH=torch` lets pip choose (e.g. a CUDA build).
 TORCH ?= torch==2.13.0
 ARGS ?=
+# pytest-xdist workers of `make test` (most tests wait on real servers; 2 fit a 2-core machine)
+TEST_WORKERS ?= 2
 
 .PHONY: setup test test-slow serve lint docs docs-serve bench clean mutate llamacpp wheel
 
@@ -27,12 +29,13 @@ $(STAMP): pyproject.toml Makefile
 	@echo "make setup: done; run minisgl as $(VENV)/bin/minisgl, or after 'source $(VENV)/bin/activate' as minisgl"
 
 # `make test` runs everything but the tests marked `slow` (the long fuzz runs and the soak, also
-# deselected by pyproject's addopts); `make test-slow` runs only those. tests/system/test_docs.py builds the
+# deselected by pyproject's addopts), over TEST_WORKERS pytest-xdist workers; `make test-slow` runs
+# only those. tests/system/test_docs.py builds the
 # docs site strictly and runs the README's and the docs' code blocks marked runnable.
 test: $(STAMP)
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m mypy
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) $(ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -s -m slow $(ARGS)

@@ -8,9 +8,17 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-import torch
+
+# Idle OpenMP threads sleep at once instead of spinning first (libgomp reads this when torch loads
+# it, so before `import torch`; the servers the tests start inherit it): with the tests spread over
+# two pytest-xdist workers (`make test`), a spinning thread takes a core another process needs.
+# Only how threads wait changes, not what they compute.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 # The tests live in folders mirroring the package map (tests/engine/, tests/entrypoints/, ...) and
 # import each other's helpers by module name (test_models_support, test_server, ...): every folder
@@ -48,6 +56,24 @@ def fuzz_report():
 # Logs of test servers kept because a test of the module that started them failed.
 KEPT_LOGS: list[Path] = []
 _MODULE_FAILED = pytest.StashKey[bool]()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under pytest-xdist (`make test`), a worker hands what it recorded to the controller, which
+    prints it (`pytest_testnodedown`)."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["fuzz_counts"] = dict(FUZZ_COUNTS)
+        out["kept_logs"] = [str(p) for p in KEPT_LOGS]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """pytest-xdist's controller: a worker is done; its fuzz counts and kept logs join ours."""
+    out = getattr(node, "workeroutput", None) or {}
+    for name, count in out.get("fuzz_counts", {}).items():
+        FUZZ_COUNTS[name] = FUZZ_COUNTS.get(name, 0) + count
+    KEPT_LOGS.extend(Path(p) for p in out.get("kept_logs", []))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

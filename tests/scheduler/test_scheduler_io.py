@@ -6,6 +6,7 @@ import multiprocessing as mp
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -182,13 +183,19 @@ def rank_worker(rank: int, size: int, suffix: str, port: int, out: Any) -> None:
         raise
 
 
-def tokenizer_traffic(push: ZmqPushQueue, n_msgs: int, seed: int) -> tuple[list[int], int, set[int]]:
-    """Send n_msgs uids in random bursts with random pauses, some in batches, malformed bytes between."""
+def tokenizer_traffic(
+    push: ZmqPushQueue, n_msgs: int, seed: int, replied: Callable[[], int]
+) -> tuple[list[int], int, set[int]]:
+    """Send n_msgs uids in random bursts with random pauses, some in batches, malformed bytes between;
+    then a few alone, each once rank 0 has answered every UserMsg so far (`replied()` counts its
+    answers) and a moment has passed: one round in three does not block, so one of them finds nothing
+    however busy the machine (in the bursts, slow ranks may always find something)."""
     rng = random.Random(seed)
     expected: list[int] = []
     aborted: set[int] = set()
     malformed = 0
     uid = 0
+    users = 0  # UserMsgs sent: rank 0 answers each once
     while uid < n_msgs:
         for _ in range(rng.randint(1, 40)):
             kind = rng.random()
@@ -209,6 +216,7 @@ def tokenizer_traffic(push: ZmqPushQueue, n_msgs: int, seed: int) -> tuple[list[
                 push.put(BatchBackendMsg([user(uid + i) for i in range(k)]))
                 expected += range(uid, uid + k)
                 uid += k
+                users += k
             elif kind < 0.25:
                 push.put(AbortBackendMsg(uid))
                 expected.append(uid)
@@ -218,11 +226,26 @@ def tokenizer_traffic(push: ZmqPushQueue, n_msgs: int, seed: int) -> tuple[list[
                 push.put(user(uid))
                 expected.append(uid)
                 uid += 1
+                users += 1
         time.sleep(rng.choice([0, 0, 0.001, 0.005, 0.02]))
+    for _ in range(3):
+        deadline = time.monotonic() + 60
+        while replied() < users and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        push.put(user(uid))
+        expected.append(uid)
+        uid += 1
+        users += 1
     push.put_raw(b"\x92\x01")  # malformed right before the last message: the next one still arrives
     malformed += 1
     push.put(ExitMsg())
     return [*expected, -1], malformed, aborted
+
+
+def _flat(replies: list[Any]) -> list[Any]:
+    """The DetokenizeMsgs of the replies (a batch is several)."""
+    return [m for r in list(replies) for m in (r.data if isinstance(r, BatchTokenizerMsg) else [r])]
 
 
 def run_ranks(size: int, n_msgs: int, seed: int) -> None:
@@ -253,7 +276,7 @@ def run_ranks(size: int, n_msgs: int, seed: int) -> None:
         drainer = threading.Thread(target=drain, daemon=True)
         drainer.start()
         push = ZmqPushQueue(config.zmq_backend_addr, create=False, encoder=BaseBackendMsg.encoder)
-        expected, malformed, aborted = tokenizer_traffic(push, n_msgs, seed)
+        expected, malformed, aborted = tokenizer_traffic(push, n_msgs, seed, lambda: len(_flat(replies)))
 
         results = {}
         for _ in range(size):
@@ -273,7 +296,7 @@ def run_ranks(size: int, n_msgs: int, seed: int) -> None:
         assert any(len(rnd) > 1 for rnd in rounds0) and any(rnd == [] for rnd in rounds0)
 
         # only rank 0 replied, once per UserMsg, batched when a round had several
-        flat = [m for r in replies for m in (r.data if isinstance(r, BatchTokenizerMsg) else [r])]
+        flat = _flat(replies)
         assert all(m.uid < 1_000_000 for m in flat), "a rank other than 0 sent replies"
         assert sorted(m.uid for m in flat) == [u for u in expected if u >= 0 and u not in aborted]
         assert any(isinstance(r, BatchTokenizerMsg) for r in replies)
