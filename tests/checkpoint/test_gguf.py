@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -218,6 +219,21 @@ def test_conversion_is_cached(tiny_gguf, tmp_path: Path, monkeypatch: pytest.Mon
     os.utime(path, ns=(0, 0))  # a changed file is a new cache entry
     with pytest.raises(AssertionError, match="converted twice"):
         gc.convert_gguf_cached(path, tmp_path, progress=False)
+
+
+def test_a_copy_of_the_file_shares_the_entry_and_outlives_the_original(tiny_gguf, tmp_path: Path) -> None:
+    """Two virtualenvs' embedded models (or a `cp -a`) have the same name, size and mtime: one cache
+    entry, whose model.gguf must name a file that still exists once the first copy is deleted."""
+    path, _ = tiny_gguf
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    first, second = shutil.copy2(path, a / path.name), shutil.copy2(path, b / path.name)
+    entry = gc.convert_gguf_cached(Path(first), tmp_path / "cache", progress=False)
+    assert (entry / "model.gguf").samefile(first)
+    os.unlink(first)
+    assert gc.convert_gguf_cached(Path(second), tmp_path / "cache", progress=False) == entry
+    assert (entry / "model.gguf").samefile(second)
+    assert [p.name for p in entry.iterdir() if p.name.startswith(".")] == []  # no link left behind
 
 
 def test_losing_a_conversion_race_keeps_the_winner(tiny_gguf, tmp_path: Path, monkeypatch) -> None:

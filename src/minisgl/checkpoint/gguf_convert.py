@@ -66,6 +66,7 @@ def convert_gguf_cached(gguf_path: Path, cache_root: Path, progress: bool = True
     result is discarded."""
     target = cache_dir_for(gguf_path, cache_root)
     if (target / "config.json").is_file():
+        _point_at(target / "model.gguf", gguf_path)
         return target
     cache_root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache_root))
@@ -82,6 +83,21 @@ def convert_gguf_cached(gguf_path: Path, cache_root: Path, progress: bool = True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _point_at(link: Path, gguf_path: Path) -> None:
+    """Makes an entry's `model.gguf` link name `gguf_path`: a copy with the same name, size and
+    mtime (another virtualenv's embedded model, a `cp -a` of the file) shares the entry, and the file
+    it was made from may since be gone. Replaced by rename, so a reader sees the old link or the new."""
+    try:
+        if link.resolve(strict=True).samefile(gguf_path):
+            return
+    except OSError:
+        pass  # dangling, or unreadable: repoint it
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(gguf_path.resolve())
+    os.replace(tmp, link)
 
 
 def open_gguf(gguf_path: Path) -> GGUFReader:
