@@ -827,7 +827,7 @@ static void prefetch_rows(const int64_t *row_ptrs, const int32_t *row_fmts, int6
         const int bs = block_size(row_fmts[n]);
         const int64_t bytes = K / bs * type_size(row_fmts[n]);
         const char *p = (const char *)(intptr_t)row_ptrs[n];
-        for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
+        for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
     }
 #else
     (void)row_ptrs, (void)row_fmts, (void)N, (void)n0, (void)count, (void)K;
@@ -849,16 +849,6 @@ static void prefetch_rows(const int64_t *row_ptrs, const int32_t *row_fmts, int6
  * batch-invariant. */
 #if defined(MINISGL_AVX512)
 #define DIRECT_RUN 4 /* rows of one format taken together */
-
-/* how many groups of rows ahead the decode passes prefetch (MINISGL_PREFETCH_GROUPS; 0: none) */
-static int direct_prefetch_groups(void) {
-    static int groups = -1;
-    if (groups < 0) {
-        const char *v = getenv("MINISGL_PREFETCH_GROUPS");
-        groups = v != NULL ? atoi(v) : 4;
-    }
-    return groups;
-}
 
 typedef struct {
     int64_t K64, NB16;  /* NB16: K / 32 blocks rounded up to 16 */
@@ -1035,12 +1025,8 @@ static int qlinear_direct(const float *xf, int64_t ldf, int64_t M, int64_t K, co
     }
     const DirectActs X = {K64, NB16, qx, dxl, dxl16, xsb};
     const int64_t groups = (N + DIRECT_RUN - 1) / DIRECT_RUN;
-    const int ahead = direct_prefetch_groups();
 #pragma omp parallel for schedule(static) if (groups > 1 && M * N * K >= 32768)
-    for (int64_t g = 0; g < groups; ++g) {
-        if (ahead > 0 && M <= 8) prefetch_rows(row_ptrs, row_fmts, N, (g + ahead) * DIRECT_RUN, DIRECT_RUN, K);
-        direct_group(row_ptrs, row_fmts, N, g, K, &X, M, bias, y, ldy, accumulate);
-    }
+    for (int64_t g = 0; g < groups; ++g) direct_group(row_ptrs, row_fmts, N, g, K, &X, M, bias, y, ldy, accumulate);
     free(buf);
     return 0;
 }
