@@ -316,8 +316,15 @@ def run() -> int:
                   f"llama-bench ttft {ttft_l:.3f} s decode {tg_l:.1f} tok/s", flush=True)  # fmt: skip
         del llm
     if "serve" not in skip:
+        import compileall
+
+        import minisgl
+
+        # warm caches: the package's bytecode (which PYTHONDONTWRITEBYTECODE would leave unwritten,
+        # as `make serve` does), then a start of each server (the page cache)
+        compileall.compile_dir(Path(minisgl.__file__).parent, quiet=1)
         with tempfile.TemporaryDirectory(prefix="bench-llamacpp-") as tmp:
-            for name, make in (("minisgl", minisgl_cmd), ("llama.cpp", llamacpp_cmd)):  # warm the caches
+            for name, make in (("minisgl", minisgl_cmd), ("llama.cpp", llamacpp_cmd)):
                 Server(make(ns, port := free_port()), port, env, Path(tmp) / f"{name}.log").stop()
             for r in range(ns.rounds):
                 for side, make in ((ours, minisgl_cmd), (theirs, llamacpp_cmd)):

@@ -18,8 +18,9 @@ any order; the one exception is a replica on another machine (--nnodes): its lin
 endpoints on node 0, which the worker binds and the remote scheduler connects to. A message that does not decode, or a request that cannot be served, is logged or
 answered and dropped; the worker never dies of bad input.
 
-Start-up handshake on the multiprocessing Connection: the worker loads its tokenizer, then waits for
-("start", ModelLimits fields as a dict) from the launcher (who learns them from the scheduler's
+Start-up handshake on the multiprocessing Connection: the worker loads its tokenizer and builds the
+tables that need no limits (`WorkerTables`: the length bound, the detokenizer's byte tables; about
+0.3 s that overlap the scheduler's start-up), then waits for ("start", ModelLimits fields as a dict) from the launcher (who learns them from the scheduler's
 ready report), answers ("ready", {"name": ...}) and serves until SIGTERM. A failure before that is
 reported as ("error", message).
 """
@@ -56,6 +57,7 @@ from minisgl.utils.logger import init_logger
 from minisgl.utils.signals import raise_exit
 
 from .detokenize import DetokenizeManager
+from .length_bound import LengthBound
 from .reasoning import ReasoningFormat
 from .tokenize import MAX_CHOICES, ModelLimits, RequestRejected, TokenizeManager
 
@@ -114,22 +116,45 @@ class TokenizerWorkerConfig:
         return self.role in ("detokenizer", "both")
 
 
+@dataclass
+class WorkerTables:
+    """What a worker derives from its tokenizer alone, built before the model's limits are known."""
+
+    bound: LengthBound | None  # the tokenizer's length bound (tokenizing role)
+    reasoning: ReasoningFormat | None
+    detokenize: DetokenizeManager | None  # (detokenizing role)
+
+    @classmethod
+    def of(cls, config: TokenizerWorkerConfig, tokenizer: PreTrainedTokenizerBase) -> WorkerTables:
+        tokenizes = config.tokenizes
+        return cls(
+            LengthBound.of(tokenizer) if tokenizes else None,
+            ReasoningFormat.of(tokenizer, config.reasoning_parser) if tokenizes else None,
+            DetokenizeManager(tokenizer) if config.detokenizes else None,
+        )
+
+
 class TokenizerWorker:
     """The worker's state and loop; built inside the child process."""
 
     def __init__(
-        self, config: TokenizerWorkerConfig, tokenizer: PreTrainedTokenizerBase, limits: ModelLimits
+        self,
+        config: TokenizerWorkerConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        limits: ModelLimits,
+        tables: WorkerTables | None = None,
     ) -> None:
         from minisgl.utils import ZmqPullQueue, ZmqPushQueue
         from minisgl.utils.mp import PEER_SEND_TIMEOUT_S as timeout
 
         self.config = config
+        tables = tables or WorkerTables.of(config, tokenizer)
         self.tokenize = (
-            TokenizeManager(tokenizer, limits, ReasoningFormat.of(tokenizer, config.reasoning_parser))
+            TokenizeManager(tokenizer, limits, tables.reasoning, bound=tables.bound)
             if config.tokenizes
             else None
         )
-        self.detokenize = DetokenizeManager(tokenizer) if config.detokenizes else None
+        self.detokenize = tables.detokenize
         self.pulls = []
         if config.tokenizes:
             self.pulls.append(
@@ -302,10 +327,11 @@ def run_tokenizer_worker(config: TokenizerWorkerConfig, conn: Connection) -> Non
         from .fast import load_fast_tokenizer  # no transformers tokenizer classes: no torch here
 
         tokenizer = load_fast_tokenizer(config.model_path)
+        tables = WorkerTables.of(config, tokenizer)  # while the scheduler starts
         kind, payload = recv_status(conn)
         if kind != "start":
             raise RuntimeError(f"expected the start message from the launcher, got {kind!r}")
-        worker = TokenizerWorker(config, tokenizer, ModelLimits(**payload))
+        worker = TokenizerWorker(config, tokenizer, ModelLimits(**payload), tables)
         send_status(conn, "ready", {"name": config.name})
     except (SystemExit, EOFError):
         return
