@@ -132,6 +132,60 @@ def test_decode_attention_reads_a_float16_pool(hq: int, hkv: int, d: int) -> Non
 
 
 @needs_kernels
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(9, 3, 64), (8, 2, 128), (6, 2, 48)])
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_extend_attention_matches_dense(hq: int, hkv: int, d: int, half: bool, threads: int) -> None:
+    """New tokens over their paged caches, each up to its own position: fresh prompts and prompts
+    after a cached prefix, blocks of query rows (32) with ragged ends, pages scattered over the pool,
+    float32 and float16 pools, the blocked AVX-512 path (widths a multiple of 16) and the per-row one
+    (48 here is one too; the portable build takes the other) -- each new row against the dense
+    reference of the decode kernel's test, its request's positions up to itself."""
+    torch.manual_seed(2)
+    ps, num_pages = 16, 160
+    kp, vp = torch.randn(num_pages * ps, hkv, d), torch.randn(num_pages * ps, hkv, d)
+    if half:
+        kp, vp = kp.half(), vp.half()
+    new = [1, 33, 70, 5, 64]  # new tokens per request
+    cached = [0, 0, 15, 200, 33]  # positions before them
+    lens = torch.tensor([c + n for c, n in zip(cached, new, strict=True)], dtype=torch.int32)
+    pages = int((lens.max() + ps - 1) // ps)
+    page_rows = torch.randperm(num_pages)[: len(new) * pages].view(len(new), pages).to(torch.int32)
+    starts = torch.tensor([0, *new], dtype=torch.int64).cumsum(0)
+    q = torch.randn(int(starts[-1]), hq, d)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = kernels.extend_attention(q, kp, vp, page_rows, lens, starts, ps, d**-0.5)
+    finally:
+        torch.set_num_threads(before)
+    # each new token as one decode query row that sees its prefix and the new tokens up to itself
+    rows = torch.repeat_interleave(torch.arange(len(new)), torch.tensor(new))
+    seen = torch.cat([torch.arange(c + 1, c + n + 1) for c, n in zip(cached, new, strict=True)]).to(
+        torch.int32
+    )
+    want = _paged_reference(q, kp.float(), vp.float(), page_rows[rows], seen, ps)
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
+
+
+def test_extend_attention_rejects_bad_layouts() -> None:
+    if not kernels.available():
+        pytest.skip("the CPU kernels could not be built here")
+    kp = torch.randn(64, 2, 64)
+    rows, lens, starts = (
+        torch.zeros(2, 4, dtype=torch.int32),
+        torch.tensor([3, 4], dtype=torch.int32),
+        torch.tensor([0, 1, 3]),
+    )
+    with pytest.raises(ValueError, match="extend_attention"):
+        kernels.extend_attention(
+            torch.randn(4, 4, 64), kp, kp, rows, lens, starts, 16, 0.125
+        )  # starts end at 3
+    with pytest.raises(ValueError, match="extend_attention"):
+        kernels.extend_attention(torch.randn(3, 3, 64), kp, kp, rows, lens, starts, 16, 0.125)  # 3 % 2 heads
+
+
+@needs_kernels
 @pytest.mark.parametrize("shape", [(16, 2 * 1536), (5, 2 * 13), (100, 2 * 1536)])
 def test_silu_mul_matches_torch(shape: tuple[int, int]) -> None:
     torch.manual_seed(0)

@@ -1,14 +1,14 @@
 """The CPU attention backend: the torch reference with its fresh-prefill and decode paths replaced.
 
 - float32 activations with minisgl's C kernels built (`minisgl.kernels`), over a float32 or a
-  float16 pool (the C kernels convert float16 K/V in registers): decode reads each request's K/V
-  straight from its pages (no copy, no padding), and so does prefill over a cached prefix, each new
-  token a query row of the decode kernel that sees its prefix and the new tokens up to itself (many
-  requests with a few new tokens over a long cached prefix, the prefix cache's common case, cost no
-  gather and no padding); fresh prompts' causal attention runs per request and head in C. Given the
-  projection before RoPE (`forward_rope`), one C pass rotates q and k and writes k and v into the
-  pool, and every new token then attends through the paged kernel, fresh prompts too: all of them
-  read K/V as the pool keeps it (float16 there, float32 or float16 here);
+  float16 pool (the C kernels convert float16 K/V themselves): decode reads each request's K/V
+  straight from its pages (no copy, no padding), and so does prefill, fresh or over a cached prefix:
+  the extend kernel takes each request's new tokens in blocks, converts the K/V a block sees once
+  and runs the block's query rows against it (no gather, no padding); fresh prompts' causal
+  attention outside `forward_rope` runs per request and head in C. Given the projection before RoPE
+  (`forward_rope`), one C pass rotates q and k and writes k and v into the pool, and the new tokens
+  then attend through the paged kernels, fresh prompts too: all of them read K/V as the pool keeps it
+  (float16 there, float32 or float16 here);
 - otherwise (other dtypes, no C compiler): explicit-score matmuls instead of
   `scaled_dot_product_attention`, whose CPU flash kernel is slow for these shapes (a few query rows
   per KV head, or a short causal block): decode over the reference's contiguous copy, fresh prompts
@@ -27,7 +27,7 @@ from minisgl import kernels
 from minisgl.kvcache import KVPool
 
 from .base import AttnInput
-from .torch_backend import TorchAttentionBackend, _Meta, _ranges
+from .torch_backend import TorchAttentionBackend, _Meta
 
 _MATMUL_PREFILL_MAX = 1024  # fresh prefills longer than this use SDPA (the scores are Hq * n^2 floats)
 
@@ -59,7 +59,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self._page_rows: torch.Tensor | None = None  # decode kernel: (B, P) int32, extend: (T, P)
         self._seq_lens: torch.Tensor | None = None  # decode kernel: (B,) int32, extend: (T,)
         self._starts: torch.Tensor | None = None  # prefill kernel: (B + 1,) int64 row offsets
-        self._fresh_rows: tuple[torch.Tensor, torch.Tensor] | None = None  # fresh, paged: as _token_rows
+        # prefill over the pool (fresh via forward_rope, extend): page rows (B, P) int32, lengths (B,)
+        # int32, the new tokens' row offsets (B + 1,) int64
+        self._ext: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._causal: list[torch.Tensor] | None = None  # matmul prefill: additive (G * n, n) per request
         self._scores_mask: torch.Tensor | None = None  # matmul decode: additive (B * Hkv, G, Lmax)
         # Decode metadata of up to max_batch_size requests: page rows (B, P) of a fixed width,
@@ -74,7 +76,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self._starts = self._causal = None
         if self.prefill_kernel:
             self._starts = torch.tensor([0, *inp.extend_lens], dtype=torch.int64).cumsum(0)  # (B + 1,)
-            self._fresh_rows = self._token_rows(inp)  # forward_rope: each new token a paged query
+            self._ext = self._request_rows(inp, self._starts)  # forward_rope: the paged prefill kernel
         elif max(inp.extend_lens) <= _MATMUL_PREFILL_MAX:
             self._causal = self._causal_masks(inp.extend_lens)
         return super()._prepare_fresh(inp, common)
@@ -102,17 +104,17 @@ class CpuAttentionBackend(TorchAttentionBackend):
     def _prepare_extend(self, inp: AttnInput, common: dict) -> _Meta:
         if not self.decode_kernel:
             return super()._prepare_extend(inp, common)
-        self._page_rows, self._seq_lens = self._token_rows(inp)
+        starts = torch.tensor([0, *inp.extend_lens], dtype=torch.int64).cumsum(0)  # (B + 1,)
+        self._ext = self._request_rows(inp, starts)
         return _Meta(kind="extend", **common)
 
     @staticmethod
-    def _token_rows(inp: AttnInput) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each new token as a decode query: its request's page row (T, P) int32, and how many
-        positions it sees (T,) int32 (new token i of request b: its first cached_b + i + 1)."""
-        ext = torch.tensor(inp.extend_lens, dtype=torch.int64)  # (B,)
-        cached = torch.tensor(inp.seq_lens, dtype=torch.int64) - ext  # (B,)
-        page_rows = inp.page_rows.repeat_interleave(ext, dim=0).contiguous()  # (T, P)
-        return page_rows, (cached.repeat_interleave(ext) + _ranges(ext) + 1).to(torch.int32)
+    def _request_rows(
+        inp: AttnInput, starts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The extend kernel's metadata: page rows (B, P) int32, lengths (B,) int32, starts (B + 1,)."""
+        lens = torch.tensor(inp.seq_lens, dtype=torch.int32)
+        return inp.page_rows.to(torch.int32).contiguous(), lens, starts
 
     def _causal_masks(self, lens: list[int]) -> list[torch.Tensor]:
         """Per request an additive causal mask (G * n, n), the G query heads of a KV head stacked."""
@@ -140,8 +142,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
             qkv, cos.view(t, -1), sin.view(t, -1), self.num_q_heads, self.num_kv_heads, self.head_dim,
             m.out_slots, self.pool.k[layer_id], self.pool.v[layer_id],
         )  # fmt: skip
-        if m.kind == "fresh":
-            self._page_rows, self._seq_lens = self._fresh_rows  # type: ignore[misc]
+        if m.kind in ("fresh", "extend"):
+            return self._paged_prefill(q, layer_id)  # (T, Hq, D)
         return self._paged(q, layer_id)  # (T, Hq, D)
 
     def _fresh_prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: _Meta) -> torch.Tensor:
@@ -171,7 +173,23 @@ class CpuAttentionBackend(TorchAttentionBackend):
     def _extend(self, q: torch.Tensor, layer_id: int, m: _Meta) -> torch.Tensor:
         if not self.decode_kernel:
             return super()._extend(q, layer_id, m)
-        return self._paged(q, layer_id)  # (T, Hq, D)
+        return self._paged_prefill(q, layer_id)  # (T, Hq, D)
+
+    def _paged_prefill(self, q: torch.Tensor, layer_id: int) -> torch.Tensor:
+        """The extend kernel over the pool: each request's new tokens against its pages."""
+        if self._ext is None:
+            raise RuntimeError("attention before prepare(): no batch metadata")
+        page_rows, seq_lens, starts = self._ext
+        return kernels.extend_attention(
+            q.contiguous(),
+            self.pool.k[layer_id],
+            self.pool.v[layer_id],
+            page_rows,
+            seq_lens,
+            starts,
+            self.pool.page_size,
+            self.head_dim**-0.5,
+        )
 
     def _paged(self, q: torch.Tensor, layer_id: int) -> torch.Tensor:
         """The decode kernel over the pool: one query row per entry of _page_rows/_seq_lens."""

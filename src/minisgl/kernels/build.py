@@ -95,6 +95,7 @@ _SIGNATURES: dict[str, list] = {
 # The packed entry points (one int64 argument array each; minisgl.kernels.graph) and their replay.
 _PACKED = [
     "minisgl_decode_attention_packed",
+    "minisgl_extend_attention_packed",
     "minisgl_rope_store_packed",
     "minisgl_add_rmsnorm_packed",
     "minisgl_gather_rows_packed",

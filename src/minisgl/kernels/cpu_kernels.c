@@ -253,6 +253,156 @@ int minisgl_decode_attention_f16(const float *q, const uint16_t *k, const uint16
     return decode_attention(q, k, v, page_rows, P, seq_lens, B, Hq, Hkv, D, ps, scale, out, 1);
 }
 
+/* Attention of new tokens over the paged pool (prefill: a fresh prompt, or new tokens after a cached
+ * prefix), request by request.
+ *   q        (T, Hq, D)   the new tokens' queries, request b owning rows starts[b] .. starts[b + 1]
+ *   k, v     the layer's pool (S, Hkv, D), float32 or float16 (half), which already holds the new tokens
+ *   page_rows (B, P) int32, seq_lens (B,) int32: each request's pages and cached length, new tokens
+ *            included; new token i of request b (of n_b) is at position seq_lens[b] - n_b + i and
+ *            attends to positions 0 .. itself
+ *   out      (T, Hq, D)
+ * The decode kernel would read each token's K/V prefix again per query row (quadratic in bytes, and
+ * converted from float16 each time); here a task is (request, KV head, block of EXT_QB query rows):
+ * it converts the K/V its rows see once into float32 scratch, K transposed (D x L) so that a query's
+ * scores come 16 positions per vector without horizontal sums, and runs the block's rows and the KV
+ * head's G query heads against it. Each query row's sums follow one order whatever the batch, the
+ * block or the thread (positions in blocks of 16 from 0). Returns 0, or -1 without scratch memory. */
+#define EXT_QB 32
+#if defined(__AVX512F__)
+/* 16 x 16 floats: r[i] lane j -> r[j] lane i */
+static inline void transpose16_ps(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) { /* r[4 i + e]: element e of each 4 of rows 4 i .. 4 i + 3 */
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[4 * i]), _mm512_castps_pd(t[4 * i + 2])));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[4 * i]), _mm512_castps_pd(t[4 * i + 2])));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[4 * i + 1]), _mm512_castps_pd(t[4 * i + 3])));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[4 * i + 1]), _mm512_castps_pd(t[4 * i + 3])));
+    }
+    for (int e = 0; e < 4; ++e) {
+        const __m512 a = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x44), b = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xEE);
+        const __m512 c = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x44), d = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xEE);
+        t[e] = _mm512_shuffle_f32x4(a, c, 0x88);
+        t[4 + e] = _mm512_shuffle_f32x4(a, c, 0xDD);
+        t[8 + e] = _mm512_shuffle_f32x4(b, d, 0x88);
+        t[12 + e] = _mm512_shuffle_f32x4(b, d, 0xDD);
+    }
+    for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+/* 16 values of the pool at element i as float32 */
+static inline __m512 kv16(const void *p, int64_t i, int half) {
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)))
+                : _mm512_loadu_ps((const float *)p + i);
+}
+
+/* KV head h of positions 0 .. L (pages `pages`) as float32: kt (D x Lp) transposed, vs (Lp x D);
+ * zeros past L */
+static void ext_load_kv(const void *k, const void *v, const int32_t *pages, int64_t ps, int64_t row, int64_t h,
+                        int64_t L, int64_t Lp, int64_t D, int half, float *kt, float *vs) {
+    __m512 r[16];
+    for (int64_t j0 = 0; j0 < Lp; j0 += 16) {
+        int64_t offs[16];
+        for (int u = 0; u < 16; ++u) {
+            const int64_t j = j0 + u;
+            offs[u] = j < L ? ((int64_t)pages[j / ps] * ps + j % ps) * row + h * D : -1;
+        }
+        for (int64_t c = 0; c < D; c += 16) {
+            for (int u = 0; u < 16; ++u) {
+                r[u] = offs[u] < 0 ? _mm512_setzero_ps() : kv16(k, offs[u] + c, half);
+                _mm512_storeu_ps(vs + (j0 + u) * D + c, offs[u] < 0 ? _mm512_setzero_ps() : kv16(v, offs[u] + c, half));
+            }
+            transpose16_ps(r);
+            for (int u = 0; u < 16; ++u) _mm512_storeu_ps(kt + (c + u) * Lp + j0, r[u]);
+        }
+    }
+}
+
+static void ext_rows(const float *q, const float *kt, const float *vs, int64_t Lp, int64_t pos0, int64_t i0,
+                     int64_t i1, int64_t h, int64_t G, int64_t Hq, int64_t D, float scale, float *s, float *out) {
+    for (int64_t i = i0; i < i1; ++i) {
+        const int64_t L = pos0 + i + 1; /* positions this row sees */
+        const int64_t L16 = (L + 15) / 16 * 16;
+        for (int64_t g = 0; g < G; ++g) {
+            const int64_t hq = h * G + g;
+            const float *qr = q + (i * Hq + hq) * D;
+            for (int64_t j = 0; j < L16; j += 16) { /* scores of positions j .. j + 16 */
+                __m512 a = _mm512_setzero_ps();
+                for (int64_t d = 0; d < D; ++d) a = _mm512_fmadd_ps(_mm512_set1_ps(qr[d]), _mm512_loadu_ps(kt + d * Lp + j), a);
+                _mm512_storeu_ps(s + j, a);
+            }
+            softmax_inplace(s, L, scale);
+            float *o = out + (i * Hq + hq) * D;
+            for (int64_t c = 0; c < D; c += 16) {
+                __m512 a = _mm512_setzero_ps();
+                for (int64_t j = 0; j < L; ++j) a = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), _mm512_loadu_ps(vs + j * D + c), a);
+                _mm512_storeu_ps(o + c, a);
+            }
+        }
+    }
+}
+#endif
+
+INLINE int extend_attention(const float *q, const void *k, const void *v, const int32_t *page_rows, int64_t P,
+                            const int32_t *seq_lens, const int64_t *starts, int64_t B, int64_t Hq, int64_t Hkv,
+                            int64_t D, int64_t ps, float scale, float *out, int half) {
+    const int64_t G = Hq / Hkv, row = Hkv * D;
+    int64_t tasks = 0;
+    for (int64_t b = 0; b < B; ++b) tasks += Hkv * ((starts[b + 1] - starts[b] + EXT_QB - 1) / EXT_QB);
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
+    for (int64_t t = 0; t < tasks; ++t) {
+        int64_t b = 0, rest = t; /* task t -> (request b, KV head h, query block qb) */
+        for (;; ++b) {
+            const int64_t nt = Hkv * ((starts[b + 1] - starts[b] + EXT_QB - 1) / EXT_QB);
+            if (rest < nt) break;
+            rest -= nt;
+        }
+        const int64_t nblocks = (starts[b + 1] - starts[b] + EXT_QB - 1) / EXT_QB;
+        const int64_t h = rest / nblocks, qb = rest % nblocks;
+        const int64_t n = starts[b + 1] - starts[b], pos0 = seq_lens[b] - n;
+        const int64_t i0 = qb * EXT_QB, i1 = i0 + EXT_QB < n ? i0 + EXT_QB : n;
+        const int64_t L = pos0 + i1; /* positions the block's last row sees */
+        const float *qb_q = q + starts[b] * Hq * D;
+        float *qb_out = out + starts[b] * Hq * D;
+#if defined(__AVX512F__)
+        if (D % 16 == 0) {
+            const int64_t Lp = (L + 15) / 16 * 16;
+            float *kt = (float *)malloc(sizeof(float) * (size_t)(D * Lp + Lp * D + Lp));
+            if (kt == NULL) {
+                failed = 1;
+                continue;
+            }
+            float *vs = kt + D * Lp, *s = vs + Lp * D;
+            ext_load_kv(k, v, page_rows + b * P, ps, row, h, L, Lp, D, half, kt, vs);
+            ext_rows(qb_q, kt, vs, Lp, pos0, i0, i1, h, G, Hq, D, scale, s, qb_out);
+            free(kt);
+            continue;
+        }
+#endif
+        float *s = (float *)malloc(sizeof(float) * (size_t)L);
+        int64_t *offs = (int64_t *)malloc(sizeof(int64_t) * (size_t)L);
+        if (s == NULL || offs == NULL) {
+            free(s);
+            free(offs);
+            failed = 1;
+            continue;
+        }
+        for (int64_t j = 0; j < L; ++j) offs[j] = ((int64_t)page_rows[b * P + j / ps] * ps + j % ps) * row;
+        for (int64_t i = i0; i < i1; ++i)
+            for (int64_t g = 0; g < G; ++g) {
+                const int64_t hq = h * G + g;
+                attend_row(qb_q + (i * Hq + hq) * D, k, v, offs, pos0 + i + 1, h, D, scale, s, qb_out + (i * Hq + hq) * D, half);
+            }
+        free(s);
+        free(offs);
+    }
+    return failed ? -1 : 0;
+}
+
 /* Causal attention of fresh prompts (nothing cached before them) over their own new tokens.
  *   q (T, Hq, D), k, v (T, Hkv, D): the batch's new tokens, request b owning rows starts[b] ..
  *   starts[b + 1]; out (T, Hq, D). Query row i of a request attends to its rows 0 .. i.
@@ -584,6 +734,11 @@ INLINE float arg_float(int64_t a) {
 int minisgl_decode_attention_packed(const int64_t *a) { /* a[13]: the pool is float16 */
     return decode_attention(P(0), P(1), P(2), P(3), a[4], P(5), a[6], a[7], a[8], a[9], a[10], arg_float(a[11]), P(12),
                             (int)a[13]);
+}
+
+int minisgl_extend_attention_packed(const int64_t *a) { /* a[15]: the pool is float16 */
+    return extend_attention(P(0), P(1), P(2), P(3), a[4], P(5), P(6), a[7], a[8], a[9], a[10], a[11], arg_float(a[12]),
+                            P(13), (int)a[14]);
 }
 
 int minisgl_rope_store_packed(const int64_t *a) {

@@ -86,6 +86,58 @@ def decode_attention(
     return out
 
 
+def extend_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    page_rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    starts: torch.Tensor,
+    page_size: int,
+    scale: float,
+) -> torch.Tensor:
+    """New tokens attending over their requests' paged caches (which already hold them), each up to
+    its own position: prefill, fresh or after a cached prefix.
+
+    q (T, Hq, D) float32, request b's new tokens at rows starts[b] .. starts[b + 1]; k_pool/v_pool
+    (S, Hkv, D) float32 or float16; page_rows (B, P) int32; seq_lens (B,) int32 (cached tokens, the
+    new ones included); starts (B + 1,) int64 -> (T, Hq, D) float32.
+    """
+    lib = _lib()
+    t, hq, d = q.shape
+    bsz, hkv = page_rows.shape[0], k_pool.shape[1]
+    bad = hq % hkv or k_pool.shape != v_pool.shape or k_pool.shape[2] != d
+    if bad or seq_lens.shape[0] != bsz or starts.shape[0] != bsz + 1 or int(starts[-1]) != t:
+        raise ValueError(
+            f"extend_attention: shapes q {tuple(q.shape)}, pool {tuple(k_pool.shape)}, pages "
+            f"{tuple(page_rows.shape)}, starts ending {int(starts[-1])}"
+        )
+    out = graph.empty(q.shape)
+    kv = k_pool.dtype if k_pool.dtype in (torch.float32, torch.float16) else torch.float32
+    args = [
+        _check(q, "q"),
+        _check(k_pool, "k_pool", kv),
+        _check(v_pool, "v_pool", kv),
+        _check(page_rows, "page_rows", torch.int32),
+        page_rows.shape[1],
+        _check(seq_lens, "seq_lens", torch.int32),
+        _check(starts, "starts", torch.int64),
+        bsz,
+        hq,
+        hkv,
+        d,
+        page_size,
+        graph.float_bits(scale),
+        out.data_ptr(),
+        int(kv == torch.float16),
+    ]
+    rc = graph.call(
+        lib.minisgl_extend_attention_packed, args, (q, k_pool, v_pool, page_rows, seq_lens, starts, out)
+    )
+    _check_scratch(rc, "extend_attention")
+    return out
+
+
 def prefill_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor, scale: float
 ) -> torch.Tensor:
