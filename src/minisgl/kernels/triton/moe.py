@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .moe_route import route_topk, topk_rows, topk_tile
-from .pdl import pdl_enter, use_pdl
+from .pdl import pdl_enter, pdl_launch, prefetch_rows, use_pdl
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,6 @@ def _router_kernel(
     """A decode batch's router in one launch: program (i, s) computes experts i * BLOCK_E.. over the
     s-th slice of H; the last program to finish sums the slices in order, rounds the logits to x's
     dtype (as the projection does), routes (`topk_tile`) and aligns the pairs (`_align`)."""
-    pdl_enter(PDL)
     pid_e, pid_s = tl.program_id(0), tl.program_id(1)
     rows = tl.arange(0, BLOCK_T)
     row_mask = rows < t
@@ -214,6 +213,17 @@ def _router_kernel(
     e_mask = offs_e < num_experts
     x_rows = X + rows[:, None].to(tl.int64) * stride_xm
     w_rows = Router + offs_e[:, None].to(tl.int64) * stride_rn
+    if PDL:  # this program's slice of the router into the L2 while the kernel before finishes
+        w_slice = (
+            Router + tl.minimum(offs_e, num_experts - 1)[:, None].to(tl.int64) * stride_rn + pid_s * k_split
+        )
+        prefetch_rows(
+            w_slice,
+            tl.minimum(k_split, h - pid_s * k_split),
+            128 // Router.dtype.element_ty.primitive_bitwidth * 8,
+            8,
+        )
+    pdl_enter(PDL)
     acc = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
     for k0 in range(pid_s * k_split, tl.minimum(h, (pid_s + 1) * k_split), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -270,6 +280,7 @@ def _gate_up_kernel(
     BLOCK_K: tl.constexpr,
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
+    EVICT: tl.constexpr,  # the weights' L2 policy: "evict_first" where each is read once (decode)
 ):
     pdl_enter(PDL)
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
@@ -291,8 +302,8 @@ def _gate_up_kernel(
         k_mask = offs_k < k
         x = tl.load(x_rows + offs_k[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
         w_mask = n_mask[:, None] & k_mask[None, :]
-        wg = tl.load(g_rows + offs_k[None, :], mask=w_mask, other=0.0)
-        wu = tl.load(u_rows + offs_k[None, :], mask=w_mask, other=0.0)
+        wg = tl.load(g_rows + offs_k[None, :], mask=w_mask, other=0.0, eviction_policy=EVICT)
+        wu = tl.load(u_rows + offs_k[None, :], mask=w_mask, other=0.0, eviction_policy=EVICT)
         acc_g += _dot_t(x, wg, IEEE)
         acc_u += _dot_t(x, wu, IEEE)
     act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # silu(gate) * up, rounded once
@@ -326,15 +337,21 @@ def _down_kernel(
     BLOCK_K: tl.constexpr,
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
+    EVICT: tl.constexpr,
 ):
-    pdl_enter(PDL)
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PDL:  # the routing is done (gate/up waited for it): this block's weights into the L2 meanwhile
+        if pid_m * BLOCK_M < tl.load(Total, cache_modifier=".cg"):
+            e = tl.load(BlockExpert + pid_m, cache_modifier=".cg").to(tl.int64)
+            rows = W2 + e * stride_we + tl.minimum(offs_n, n - 1)[:, None].to(tl.int64) * stride_wn
+            prefetch_rows(rows, k, 128 // W2.dtype.element_ty.primitive_bitwidth * 8, 16)
+    pdl_enter(PDL)
     if pid_m * BLOCK_M >= tl.load(Total):
         return
     pairs = tl.load(SortedIds + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = pairs < p
     expert = tl.load(BlockExpert + pid_m).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < n
     a_rows = Act + pairs[:, None].to(tl.int64) * stride_am
     w_rows = W2 + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
@@ -343,7 +360,9 @@ def _down_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k
         a = tl.load(a_rows + offs_k[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
-        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        w = tl.load(
+            w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy=EVICT
+        )
         acc += _dot_t(a, w, IEEE)
     weight = tl.load(Weights + pairs, mask=valid, other=0.0)  # (BLOCK_M,) float32
     tokens = pairs // TOP_K
@@ -437,14 +456,9 @@ def align_pairs(
         ids, *bufs, logits, weights, p, num_experts, bufs[0].shape[0], bufs[1].shape[0], logits.stride(0),
         ROUTE=route is not None, ROUTE_T=triton.next_power_of_2(p // top_k) if route is not None else 1,
         E_ROUTE=triton.next_power_of_2(num_experts), TOP_K=top_k, K_PAD=max(2, triton.next_power_of_2(top_k)),
-        RENORMALIZE=renormalize, PDL=pdl, num_warps=4, **consts, **_pdl_launch(pdl),
+        RENORMALIZE=renormalize, PDL=pdl, num_warps=4, **consts, **pdl_launch(pdl),
     )  # fmt: skip
     return bufs[0], bufs[1], bufs[2]
-
-
-def _pdl_launch(pdl: bool) -> dict[str, bool]:
-    """The launch option (only where set: the interpreter takes no such option)."""
-    return {"launch_pdl": True} if pdl else {}
 
 
 def route_and_align(
@@ -474,7 +488,7 @@ def route_and_align(
         x, router, partial, _zeroed_counters(1, dev, "router"), ids, weights, *bufs, t, e, h, x.stride(0),
         router.stride(0), k_split, bufs[0].shape[0], bufs[1].shape[0], BLOCK_T=block_t, BLOCK_E=block_e,
         BLOCK_K=block_k, E_ROUTE=e_route, TOP_K=top_k, K_PAD=max(2, triton.next_power_of_2(top_k)),
-        RENORMALIZE=renormalize, IEEE=x.dtype == torch.float32, PDL=pdl, num_warps=4, **consts, **_pdl_launch(pdl),
+        RENORMALIZE=renormalize, IEEE=x.dtype == torch.float32, PDL=pdl, num_warps=4, **consts, **pdl_launch(pdl),
     )  # fmt: skip
     return weights, ids, (bufs[0], bufs[1], bufs[2])
 
@@ -567,13 +581,14 @@ def fused_moe(
         raise ValueError(f"fused_moe: the down GEMM's block_m {dcfg.block_m} is not gate/up's {cfg.block_m}")
     sorted_ids, block_expert, total = aligned or align_pairs(ids.reshape(-1), e, cfg.block_m)
     ieee, pdl = x.dtype == torch.float32, use_pdl(x)
+    evict = "evict_first" if pdl and p <= 256 else ""  # decode: each weight read once, after its prefetch
     blocks = block_expert.shape[0]
     act = x.new_empty(p, inter)
     _gate_up_kernel[(blocks, triton.cdiv(inter, cfg.block_n))](
         x, w13, act, sorted_ids, block_expert, total, p, top_k, inter, h,
         x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, IEEE=ieee, PDL=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl_launch(pdl),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, IEEE=ieee, PDL=pdl, EVICT=evict,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(pdl),
     )  # fmt: skip
     part = x.new_empty(p, h)
     out = x.new_empty(t, h) if residual is None else residual
@@ -582,7 +597,7 @@ def fused_moe(
         act, w2, part, out, out, _zeroed_counters(t * col_blocks, x.device), weights.reshape(-1).float().contiguous(),
         sorted_ids, block_expert, total, p, h, inter, act.stride(0), w2.stride(0), w2.stride(1),
         TOP_K=top_k, RENORMALIZE=renormalize, ADD_RES=residual is not None,
-        BLOCK_M=dcfg.block_m, BLOCK_N=dcfg.block_n, BLOCK_K=dcfg.block_k, IEEE=ieee, PDL=pdl,
-        num_warps=dcfg.num_warps, num_stages=dcfg.num_stages, **_pdl_launch(pdl),
+        BLOCK_M=dcfg.block_m, BLOCK_N=dcfg.block_n, BLOCK_K=dcfg.block_k, IEEE=ieee, PDL=pdl, EVICT=evict,
+        num_warps=dcfg.num_warps, num_stages=dcfg.num_stages, **pdl_launch(pdl),
     )  # fmt: skip
     return out
