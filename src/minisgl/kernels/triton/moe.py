@@ -48,9 +48,7 @@ class MoeConfig:
 def moe_config(pairs: int, dtype: torch.dtype) -> MoeConfig:
     """A launch shape by the number of token-expert pairs: a 16-row tile while the experts see a few
     tokens each (decode), 64 rows when they see many (prefill)."""
-    if pairs <= 8:  # one token: 32 columns (192 programs for 8 of Qwen3-30B-A3B's experts, not 96)
-        cfg = MoeConfig(16, 32, 128, 4, 4)
-    elif pairs <= 256:
+    if pairs <= 256:
         cfg = MoeConfig(16, 64, 128, 4, 3)
     else:
         cfg = MoeConfig(64, 128, 64, 8, 3)
@@ -58,9 +56,8 @@ def moe_config(pairs: int, dtype: torch.dtype) -> MoeConfig:
 
 
 def down_config(pairs: int, dtype: torch.dtype) -> MoeConfig:
-    """The down GEMM's launch shape (block_m as `moe_config`'s): `moe_config`'s but at one token, where
-    the sweep found no shape better than 64 columns (`benchmarks/bench_moe.py --sweep`)."""
-    return moe_config(max(pairs, 9), dtype)
+    """The down GEMM's launch shape (block_m as `moe_config`'s)."""
+    return moe_config(pairs, dtype)
 
 
 def _float32(cfg: MoeConfig) -> MoeConfig:
