@@ -16,8 +16,6 @@ cuBLASLt's fp8 with row and column scales) or minisgl's Triton block-scaled fp8 
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from minisgl.kernels.triton import elementwise as tk
@@ -32,8 +30,6 @@ from .torch_ops import QkNorm, TorchOps
 
 GEMV_MAX_ROWS = 16  # decode batches of up to this many rows take the GEMV (one tensor-core tile)
 GEMV_DTYPES = (torch.bfloat16, torch.float16)
-# the widest projection (N / K) the GEMV takes; wider ones go to cuBLAS (MINISGL_GEMV_MAX_N_OVER_K: A/B)
-GEMV_MAX_N_OVER_K = int(os.environ.get("MINISGL_GEMV_MAX_N_OVER_K", "2"))
 
 
 def gemv_config(x: torch.Tensor, weight: torch.Tensor) -> GemvConfig | None:
@@ -46,7 +42,7 @@ def gemv_config(x: torch.Tensor, weight: torch.Tensor) -> GemvConfig | None:
     if x.dim() != 2 or x.shape[0] > GEMV_MAX_ROWS or x.dtype not in GEMV_DTYPES or weight.dtype != x.dtype:
         return None
     n, k = weight.shape
-    if n > GEMV_MAX_N_OVER_K * k or x.stride(1) != 1 or weight.stride(1) != 1:
+    if n > 2 * k or x.stride(1) != 1 or weight.stride(1) != 1:
         return None
     if n * k < 1 << 22:  # small projections: short rows, more programs
         return GemvConfig(16, 512, 4, 3) if k >= 1024 else GemvConfig(16, 128, 4, 6)

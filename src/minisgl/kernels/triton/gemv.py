@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .fp8 import WIDEN, widen_fp8
-from .pdl import pdl_enter, pdl_launch, prefetch_rows, use_pdl
+from .pdl import pdl_enter, pdl_launch, use_pdl
 
 MAX_ROWS = 16  # the rows of x are padded to one 16-row tensor-core tile
 
@@ -60,8 +60,6 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
-    LINE: tl.constexpr,  # elements of W a 128-byte line
-    EVICT: tl.constexpr,  # W's L2 policy ("evict_first" with PDL: read once, other weights prefetched)
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -69,8 +67,6 @@ def _gemv_kernel(
     m_mask = offs_m < m
     x_rows = X + offs_m[:, None].to(tl.int64) * stride_xm  # (BLOCK_M, 1)
     w_rows = W + offs_n[:, None].to(tl.int64) * stride_wn  # (BLOCK_N, 1)
-    if PDL:  # this program's rows of W stream into the L2 while the kernel before finishes
-        prefetch_rows(W + tl.minimum(offs_n, n - 1)[:, None].to(tl.int64) * stride_wn, k, LINE, 16)
     pdl_enter(PDL)
     scale_rows = WScale + (offs_n // SCALE_N).to(tl.int64) * stride_ws  # W_SCALE 2: (BLOCK_N,)
     wide: tl.constexpr = W_SCALE > 0 and not IEEE and X.dtype.element_ty == tl.bfloat16
@@ -80,9 +76,7 @@ def _gemv_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k
         x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        w = tl.load(
-            w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy=EVICT
-        )
+        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         if W_SCALE == 0 or IEEE or x.dtype == tl.float16:
             w = w.to(x.dtype)  # fp8 -> fp16: one instruction a pair
         else:
@@ -174,7 +168,6 @@ def _launch(
         x.stride(0), weight.stride(0), out.stride(0), 0 if scale is None else scale.stride(0),
         W_SCALE=w_scale, SCALE_N=scale_n, HAS_BIAS=bias is not None, ADD_RES=residual is not None,
         BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=block_k, IEEE=x.dtype == torch.float32, PDL=pdl,
-        LINE=128 // weight.element_size(), EVICT="evict_first" if pdl else "",
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(pdl),
     )  # fmt: skip
     return out

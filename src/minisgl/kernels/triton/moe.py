@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .moe_route import route_topk, topk_rows, topk_tile
-from .pdl import pdl_enter, pdl_launch, prefetch_rows, use_pdl
+from .pdl import pdl_enter, pdl_launch, use_pdl
 
 
 @dataclass(frozen=True)
@@ -213,16 +213,6 @@ def _router_kernel(
     e_mask = offs_e < num_experts
     x_rows = X + rows[:, None].to(tl.int64) * stride_xm
     w_rows = Router + offs_e[:, None].to(tl.int64) * stride_rn
-    if PDL:  # this program's slice of the router into the L2 while the kernel before finishes
-        w_slice = (
-            Router + tl.minimum(offs_e, num_experts - 1)[:, None].to(tl.int64) * stride_rn + pid_s * k_split
-        )
-        prefetch_rows(
-            w_slice,
-            tl.minimum(k_split, h - pid_s * k_split),
-            128 // Router.dtype.element_ty.primitive_bitwidth * 8,
-            8,
-        )
     pdl_enter(PDL)
     acc = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
     for k0 in range(pid_s * k_split, tl.minimum(h, (pid_s + 1) * k_split), BLOCK_K):
@@ -280,7 +270,6 @@ def _gate_up_kernel(
     BLOCK_K: tl.constexpr,
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
-    EVICT: tl.constexpr,  # the weights' L2 policy: "evict_first" where each is read once (decode)
 ):
     pdl_enter(PDL)
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
@@ -302,8 +291,8 @@ def _gate_up_kernel(
         k_mask = offs_k < k
         x = tl.load(x_rows + offs_k[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
         w_mask = n_mask[:, None] & k_mask[None, :]
-        wg = tl.load(g_rows + offs_k[None, :], mask=w_mask, other=0.0, eviction_policy=EVICT)
-        wu = tl.load(u_rows + offs_k[None, :], mask=w_mask, other=0.0, eviction_policy=EVICT)
+        wg = tl.load(g_rows + offs_k[None, :], mask=w_mask, other=0.0)
+        wu = tl.load(u_rows + offs_k[None, :], mask=w_mask, other=0.0)
         acc_g += _dot_t(x, wg, IEEE)
         acc_u += _dot_t(x, wu, IEEE)
     act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # silu(gate) * up, rounded once
@@ -337,15 +326,9 @@ def _down_kernel(
     BLOCK_K: tl.constexpr,
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
-    EVICT: tl.constexpr,
 ):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if PDL:  # the routing is done (gate/up waited for it): this block's weights into the L2 meanwhile
-        if pid_m * BLOCK_M < tl.load(Total, cache_modifier=".cg"):
-            e = tl.load(BlockExpert + pid_m, cache_modifier=".cg").to(tl.int64)
-            rows = W2 + e * stride_we + tl.minimum(offs_n, n - 1)[:, None].to(tl.int64) * stride_wn
-            prefetch_rows(rows, k, 128 // W2.dtype.element_ty.primitive_bitwidth * 8, 16)
     pdl_enter(PDL)
     if pid_m * BLOCK_M >= tl.load(Total):
         return
@@ -360,9 +343,7 @@ def _down_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k
         a = tl.load(a_rows + offs_k[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
-        w = tl.load(
-            w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy=EVICT
-        )
+        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         acc += _dot_t(a, w, IEEE)
     weight = tl.load(Weights + pairs, mask=valid, other=0.0)  # (BLOCK_M,) float32
     tokens = pairs // TOP_K
@@ -581,13 +562,12 @@ def fused_moe(
         raise ValueError(f"fused_moe: the down GEMM's block_m {dcfg.block_m} is not gate/up's {cfg.block_m}")
     sorted_ids, block_expert, total = aligned or align_pairs(ids.reshape(-1), e, cfg.block_m)
     ieee, pdl = x.dtype == torch.float32, use_pdl(x)
-    evict = "evict_first" if pdl and p <= 256 else ""  # decode: each weight read once, after its prefetch
     blocks = block_expert.shape[0]
     act = x.new_empty(p, inter)
     _gate_up_kernel[(blocks, triton.cdiv(inter, cfg.block_n))](
         x, w13, act, sorted_ids, block_expert, total, p, top_k, inter, h,
         x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, IEEE=ieee, PDL=pdl, EVICT=evict,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, IEEE=ieee, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(pdl),
     )  # fmt: skip
     part = x.new_empty(p, h)
@@ -597,7 +577,7 @@ def fused_moe(
         act, w2, part, out, out, _zeroed_counters(t * col_blocks, x.device), weights.reshape(-1).float().contiguous(),
         sorted_ids, block_expert, total, p, h, inter, act.stride(0), w2.stride(0), w2.stride(1),
         TOP_K=top_k, RENORMALIZE=renormalize, ADD_RES=residual is not None,
-        BLOCK_M=dcfg.block_m, BLOCK_N=dcfg.block_n, BLOCK_K=dcfg.block_k, IEEE=ieee, PDL=pdl, EVICT=evict,
+        BLOCK_M=dcfg.block_m, BLOCK_N=dcfg.block_n, BLOCK_K=dcfg.block_k, IEEE=ieee, PDL=pdl,
         num_warps=dcfg.num_warps, num_stages=dcfg.num_stages, **pdl_launch(pdl),
     )  # fmt: skip
     return out

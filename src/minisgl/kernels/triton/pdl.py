@@ -44,22 +44,3 @@ def pdl_enter(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-
-
-@triton.jit
-def prefetch_l2(ptrs):
-    """Asks the L2 for the 128-byte lines at `ptrs` (any shape of addresses) and goes on: nothing is
-    waited for or returned. A kernel launched with PDL calls it before `pdl_enter` for what no
-    earlier kernel writes (its weights), so their reads overlap the kernel before it."""
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-    )
-
-
-@triton.jit
-def prefetch_rows(row_ptrs, k, LINE: tl.constexpr, LINES: tl.constexpr):
-    """row_ptrs (R, 1): rows of k elements, LINE elements a 128-byte line -> their lines into the L2,
-    LINES of each row at a time."""
-    for k0 in range(0, k, LINE * LINES):
-        offs = k0 + tl.arange(0, LINES) * LINE
-        prefetch_l2(row_ptrs + tl.minimum(offs, k - 1)[None, :])
