@@ -6,7 +6,10 @@
    expert (`block_expert`); `total` is the padded length. Within an expert the pairs land in any
    order (atomics): rows of a tile never mix, so the results do not depend on it. For a decode
    batch (`ROUTE_IN_ALIGN` tokens at most) the same program routes first: softmax and top-k of each
-   token's router logits (`moe_route`), so routing and alignment are one launch.
+   token's router logits (`moe_route`), so routing and alignment are one launch. From the router's
+   weight instead of its logits (`route_and_align`, what the CUDA backend calls at decode sizes),
+   `_router_kernel` computes the logits too: its programs split the experts and H, and the last one
+   to finish sums the slices, routes and aligns, so the router is one launch where it was two.
 2. `_gate_up_kernel`: one grouped GEMM over the blocks, gate and up columns of the same expert
    together, SiLU(gate) x up as its epilogue -> act (P, I), row = pair.
 3. `_down_kernel`: the second grouped GEMM, act @ w2[e]^T, each row scaled by its routing weight
@@ -15,7 +18,8 @@
    token's columns last: a counter per (token, column block), so no k-sum kernel follows, and the
    sum runs in slot order whatever the schedule (deterministic, the same at every batch size).
 Grids are sized for the worst case (P + min(P, E) (BLOCK_M - 1) padded rows) and programs past
-`total` return at once, so nothing waits on the host: the launches run inside CUDA graphs.
+`total` return at once, so nothing waits on the host: the launches run inside CUDA graphs. On
+Hopper they launch with programmatic dependent launch (`pdl`), as the decode step's other kernels.
 
 A program per pair instead of 16-row tiles at decode sizes (no sort) was tried and was slower than
 the grouped GEMMs at every size measured (docs/benchmarks.md, "Mixtures of experts"), so every size
