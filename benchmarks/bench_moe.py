@@ -4,7 +4,10 @@ GPU (bf16): the backend's op (the router's logits, the routing, the fused Triton
 CUDA graph as a decode step runs it, beside torch's routing (softmax, topk) before the same experts,
 and the experts alone: time per call, the expert weights the call reads (the distinct experts its
 tokens reach) and the bandwidth that makes, against a device copy's measured in the same run.
-`--sweep` also times every launch shape of SWEEP for the two grouped GEMMs (the best one is marked).
+`--sweep` also times launch shapes of the two grouped GEMMs (the best one is marked): at decode sizes
+gate/up's (SWEEP_UP) with down's chosen shape and down's (SWEEP_DOWN) with gate/up's chosen one. Each
+timed call runs on the next of `--copies` copies of the layer's weights, so they stream from HBM as in
+a model (one copy fits mostly in the 60 MB L2 at one token).
 
 CPU (`--device cpu`, float32): the CPU backend's op (one C call) against the reference ops' loop over
 experts (transformers' way), alternating, min and median of `--repeats` each, and their ratio.
@@ -29,6 +32,15 @@ SWEEP = [
     (16, 32, 128, 4, 4), (16, 64, 128, 4, 3), (16, 64, 256, 4, 3), (16, 128, 128, 4, 3), (16, 64, 64, 4, 4),
     (32, 64, 128, 4, 3), (32, 128, 64, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (64, 128, 64, 4, 4),
     (128, 128, 64, 8, 3),
+]  # fmt: skip
+# decode sizes (16-row tiles): gate/up's launch shapes with down's chosen one, then down's with gate/up's
+SWEEP_UP = [
+    (16, 64, 128, 4, 3), (16, 32, 128, 4, 4), (16, 32, 256, 4, 3), (16, 16, 256, 4, 3), (16, 16, 512, 4, 2),
+    (16, 32, 128, 4, 3), (16, 64, 256, 4, 3), (16, 32, 256, 8, 3), (16, 64, 128, 8, 4),
+]  # fmt: skip
+SWEEP_DOWN = [
+    (16, 64, 128, 4, 3), (16, 32, 128, 4, 3), (16, 32, 256, 4, 3), (16, 64, 256, 4, 2), (16, 16, 256, 4, 3),
+    (16, 128, 128, 4, 3), (16, 32, 128, 4, 4), (16, 64, 128, 8, 3), (16, 128, 256, 8, 2),
 ]  # fmt: skip
 
 
@@ -88,6 +100,8 @@ def main() -> None:
         "--tokens", default=None, help="token counts (default: 1,2,4,8,64,256,1024; on the CPU 1,4,16,64)"
     )
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-tokens", default="1,4,16", help="token counts the sweep runs at")
+    ap.add_argument("--copies", type=int, default=4, help="GPU: copies of the layer's weights, used in turn")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--repeats", type=int, default=5, help="CPU: timed calls of each op")
     ns = ap.parse_args()
@@ -100,51 +114,80 @@ def main() -> None:
 
 
 def gpu(ns: argparse.Namespace, h: int, e: int, i: int, k: int) -> None:
-    """The CUDA backend's op (or each launch shape of SWEEP) under CUDA graphs."""
-    from triton.testing import do_bench_cudagraph
-
+    """The CUDA backend's op (or each launch shape of the sweeps) under CUDA graphs, each call on the
+    next of `--copies` copies of the layer's weights (so they stream from HBM, not from the L2)."""
     from minisgl.benchmark.offline import copy_bandwidth
-    from minisgl.kernels.triton.moe import MoeConfig, fused_moe, moe_config
 
     dev, dtype = "cuda", torch.bfloat16
     bandwidth = copy_bandwidth(dev)
     print(f"{torch.cuda.get_device_name()}: device copy {bandwidth / 1e12:.2f} TB/s (read + write)")
     print(
-        f"{ns.model_config} layer at TP={ns.tp}: hidden {h}, {e} experts of intermediate {i}, top-{k}, bf16"
+        f"{ns.model_config} layer at TP={ns.tp}: hidden {h}, {e} experts of intermediate {i}, top-{k}, bf16, "
+        f"{ns.copies} copies of its weights in turn"
     )
-    ops = create_ops("cuda", dev)
-    router, w13, w2 = layer_weights(h, e, i, dev, dtype)
-    expert_bytes = (w13[0].numel() + w2[0].numel()) * w13.element_size()
-    ref = create_ops("torch", dev)
+    layers = [layer_weights(h, e, i, dev, dtype) for _ in range(ns.copies)]
+    sweep_at = {int(s) for s in ns.sweep_tokens.split(",")} if ns.sweep else set()
     for t in (int(s) for s in ns.tokens.split(",")):
-        x = torch.randn(t, h, device=dev, dtype=dtype)
-        weights, ids = ops.route(x, router, k, renormalize=False)
-        read = int(ids.unique().numel()) * expert_bytes + router.numel() * router.element_size()
-
-        runs = {
-            "moe op (router logits, routing, experts)": lambda x=x: ops.moe(x, router, w13, w2, k, True),
-            "torch's softmax + topk, then the experts": lambda x=x: fused_moe(
-                x, w13, w2, *ref.route(x, router, k, renormalize=False), True
-            ),
-            "the experts alone (routing given)": lambda x=x, w=weights, d=ids: fused_moe(
-                x, w13, w2, w, d, True
-            ),
-        }
-        if ns.sweep:
-            runs |= {
-                str(c): lambda x=x, c=c, w=weights, d=ids: fused_moe(x, w13, w2, w, d, True, MoeConfig(*c))
-                for c in SWEEP
-            }
-        times = {name: do_bench_cudagraph(fn) * 1e3 for name, fn in runs.items()}  # us
-        best = min((name for name in times if name.startswith("(")), key=times.get, default=None)  # of SWEEP
-        chosen = moe_config(t * k, dtype)
-        print(f"--- {t} tokens: {read / 1e6:.1f} MB of expert weights read (moe_config: {chosen})")
+        times, read, shapes = time_tokens(
+            torch.randn(t, h, device=dev, dtype=dtype), layers, k, t in sweep_at
+        )
+        print(f"--- {t} tokens: {read / 1e6:.1f} MB of expert weights read ({shapes})")
+        best = [
+            min((n for n in times if n.startswith(kind)), key=times.get, default="")
+            for kind in ("gate/up", "down")
+        ]
         for name, us in times.items():
             gbs = read / us / 1e3
-            mark = "  <- best" if ns.sweep and name == best else ""
+            mark = "  <- best" if name in best else ""
             print(
-                f"  {name:40s} {us:8.1f} us  {gbs:7.0f} GB/s = {100 * gbs * 1e9 / bandwidth:3.0f}% of copy{mark}"
+                f"  {name:44s} {us:8.1f} us  {gbs:7.0f} GB/s = {100 * gbs * 1e9 / bandwidth:3.0f}% of copy{mark}"
             )
+
+
+def time_tokens(
+    x: torch.Tensor, layers: list[tuple[torch.Tensor, ...]], k: int, sweep: bool
+) -> tuple[dict[str, float], int, str]:
+    """-> (us per call of each variant, the expert bytes one call reads, the chosen launch shapes)."""
+    from triton.testing import do_bench_cudagraph
+
+    from minisgl.kernels.triton.moe import MoeConfig, down_config, fused_moe, moe_config
+
+    t, h = x.shape
+    e = layers[0][0].shape[0]
+    ops, ref = create_ops("cuda", "cuda"), create_ops("torch", "cuda")
+    routed = [ops.route(x, r, k, renormalize=False) for r, _, _ in layers]
+    read = (
+        int(routed[0][1].unique().numel()) * (layers[0][1][0].numel() + layers[0][2][0].numel()) * 2
+        + e * h * 2
+    )
+    chosen, chosen_down = moe_config(t * k, x.dtype), down_config(t * k, x.dtype)
+
+    def each(fn):  # one call per copy of the weights
+        return lambda: [fn(*lw, *rt) for lw, rt in zip(layers, routed, strict=True)]
+
+    runs = {
+        "moe op (router logits, routing, experts)": each(
+            lambda r, w13, w2, *_: ops.moe(x, r, w13, w2, k, True)
+        ),
+        "torch's softmax + topk, then the experts": each(
+            lambda r, w13, w2, *_: fused_moe(x, w13, w2, *ref.route(x, r, k, renormalize=False), True)
+        ),
+        "the experts alone (routing given)": each(lambda r, w13, w2, w, d: fused_moe(x, w13, w2, w, d, True)),
+    }
+    decode = t * k <= 256
+    for c in (SWEEP_UP if decode else SWEEP) if sweep else ():
+        cfg = MoeConfig(*c)
+        dn = chosen_down if decode else cfg
+        runs[f"gate/up {c}"] = each(
+            lambda r, w13, w2, w, d, cfg=cfg, dn=dn: fused_moe(x, w13, w2, w, d, True, cfg, down=dn)
+        )
+    for c in SWEEP_DOWN if sweep and decode else ():
+        dn = MoeConfig(*c)
+        runs[f"down {c}"] = each(
+            lambda r, w13, w2, w, d, dn=dn: fused_moe(x, w13, w2, w, d, True, chosen, down=dn)
+        )
+    times = {name: do_bench_cudagraph(fn) * 1e3 / len(layers) for name, fn in runs.items()}  # us a call
+    return times, read, f"gate/up {chosen}, down {chosen_down}"
 
 
 if __name__ == "__main__":

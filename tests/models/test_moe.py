@@ -368,19 +368,21 @@ def test_cpu_kernel_matches_the_reference(shape: tuple[int, ...], case: str) -> 
 def test_triton_moe_matches_the_reference(shape: tuple[int, ...], case: str) -> None:
     """Under the interpreter: the device-side sort and padding, both grouped GEMMs, the routing
     weights (and their renormalization) and the k-sum (and a residual add) in the down kernel's
-    epilogue, with 16- and 32-row tiles."""
+    epilogue, with 16- and 32-row tiles (the down GEMM's own launch shape in the second)."""
     from minisgl.kernels.triton.moe import MoeConfig, fused_moe
 
     x, w13, w2, weights, ids = _inputs(*shape, case, seed=2)
     on = [t.to(DEV) for t in (x, w13, w2, weights, ids)]
     res = torch.randn(x.shape, generator=torch.Generator().manual_seed(5))
-    for cfg in (None, MoeConfig(32, 32, 32, 4, 1)):
+    for cfg, down in ((None, None), (MoeConfig(32, 32, 32, 4, 1), MoeConfig(32, 64, 16, 4, 1))):
         for renormalize in (False, True):
             w = weights / weights.sum(-1, keepdim=True) if renormalize else weights
             want = experts_f64(x, w13, w2, w, ids)
-            got = fused_moe(*on, renormalize, cfg).cpu()
+            got = fused_moe(*on, renormalize, cfg, down=down).cpu()
             torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=2e-5)
-            added = fused_moe(*on, renormalize, cfg, residual=res.clone().to(DEV)).cpu()  # in place
+            added = fused_moe(
+                *on, renormalize, cfg, residual=res.clone().to(DEV), down=down
+            ).cpu()  # in place
             torch.testing.assert_close(added.double(), want + res.double(), atol=2e-5, rtol=2e-5)
 
 
@@ -406,6 +408,38 @@ def test_routed_moe_routes_as_the_stable_rule(tokens: int) -> None:
         torch.testing.assert_close(
             out.cpu().double(), experts_f64(x, w13, w2, want_w, want_ids), atol=2e-5, rtol=2e-5
         )
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+@pytest.mark.parametrize(("tokens", "e", "h"), [(1, 8, 600), (5, 20, 40), (16, 8, 24)])
+def test_routed_moe_from_router_routes_as_the_stable_rule(tokens: int, e: int, h: int) -> None:
+    """A decode batch's router in one launch (logits over slices of H summed by the last program,
+    the routing, the alignment): the experts of a stable descending sort of the logits, exact ties
+    (equal router rows; a zero token: every expert) to the lower index, and the reference's output.
+    Integer x and router: every logit is exact, so ties are ties in both."""
+    from minisgl.kernels.triton.moe import routed_moe_from_router
+
+    i, k = 16, 3
+    gen = torch.Generator().manual_seed(tokens * e + h)
+    _, w13, w2, _, _ = _inputs(tokens, h, e, i, k, "random", seed=9)
+    x = torch.randint(-1, 2, (tokens, h), generator=gen).float()
+    router = torch.randint(-1, 2, (e, h), generator=gen).float()
+    router[3] = router[1]  # a tie in every row
+    x[0] = 0.0  # every expert tied
+    logits = x @ router.T  # exact: small integers
+    for renormalize in (False, True):
+        out, ids = routed_moe_from_router(x.to(DEV), router.to(DEV), w13.to(DEV), w2.to(DEV), k, renormalize)
+        want_w, want_ids = stable_topk(torch.softmax(logits, -1), k)
+        if renormalize:
+            want_w = want_w / want_w.sum(-1, keepdim=True)
+        assert torch.equal(ids.cpu(), want_ids)
+        want = experts_f64(x, w13, w2, want_w, want_ids)
+        torch.testing.assert_close(out.cpu().double(), want, atol=2e-5, rtol=2e-5)
+        res = torch.randn(x.shape, generator=gen)
+        added, _ = routed_moe_from_router(
+            x.to(DEV), router.to(DEV), w13.to(DEV), w2.to(DEV), k, renormalize, res.clone().to(DEV)
+        )
+        torch.testing.assert_close(added.cpu().double(), want + res.double(), atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")

@@ -21,7 +21,7 @@ import torch
 from minisgl.kernels.triton import elementwise as tk
 from minisgl.kernels.triton import fp8 as tf8
 from minisgl.kernels.triton.gemv import GemvConfig, gemv, gemv_fp8
-from minisgl.kernels.triton.moe import routed_moe
+from minisgl.kernels.triton.moe import ROUTE_IN_ALIGN, routed_moe, routed_moe_from_router
 from minisgl.kernels.triton.moe_route import route_topk
 from minisgl.quant import QuantizedWeight
 
@@ -192,9 +192,9 @@ class CudaOps(TorchOps):
         renormalize: bool,
         residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The router's logits (the GEMV or cuBLAS), then the fused Triton MoE: at decode sizes the
-        routing runs inside its alignment kernel, the k-sum and the residual add inside its down
-        GEMM (`kernels.triton.moe`); no host sync."""
+        """The fused Triton MoE: at decode sizes the router's logits, the routing and the alignment in
+        one kernel (more tokens: the logits through the GEMV or cuBLAS, then the routing kernel), the
+        k-sum and the residual add inside its down GEMM (`kernels.triton.moe`); no host sync."""
         if x.dim() != 2 or x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
             return super().moe(x, router, w13, w2, top_k, renormalize, residual)
         if residual is not None and not residual.is_contiguous():
@@ -211,7 +211,15 @@ class CudaOps(TorchOps):
         renormalize: bool,
         residual: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`moe`'s fast path -> (its output, the experts it chose (T, K)), x (T, H) contiguous."""
+        """`moe`'s fast path -> (its output, the experts it chose (T, K)), x (T, H) contiguous. A decode
+        batch's router logits, routing and alignment are one launch (`routed_moe_from_router`)."""
+        if (
+            0 < x.shape[0] <= ROUTE_IN_ALIGN
+            and type(router) in (torch.Tensor, torch.nn.Parameter)
+            and router.dtype == x.dtype
+            and router.stride(1) == 1
+        ):
+            return routed_moe_from_router(x, router, w13, w2, top_k, renormalize, residual)
         return routed_moe(x, self.linear(x, router, None), w13, w2, top_k, renormalize, residual)
 
     def route(

@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from .fp8 import WIDEN, quantize_fp8, widen_fp8
+from .pdl import pdl_enter, pdl_launch, use_pdl
 
 _FP8_DOT_BF16 = os.environ.get("MINISGL_FP8_ATTN_DOT") == "bf16"
 
@@ -209,7 +210,9 @@ def _decode_kernel(
     KV_F16: tl.constexpr,
     V_T: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -441,6 +444,7 @@ def decode_attention(
         if done is None:
             done = torch.zeros(bsz * hkv, dtype=torch.int32, device=q.device)
     k_scale, v_scale, quant = _scale_args(k_cache, scales)
+    pdl = use_pdl(q)
     _decode_kernel[(bsz, hkv, num_splits)](
         q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, cos, sin, k_scale, v_scale, out,
         partial, lse, done,
@@ -449,8 +453,8 @@ def decode_attention(
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d,
         BLOCK_HALF=max(16, triton.next_power_of_2(d // 2)), PS=page_size, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, ROPE=rope is not None, QUANT=quant,
-        KV_F16=_kv_f16(quant, q), V_T=_v_layout(k_cache, v_cache, page_size)[0], IEEE=ieee,
-        num_warps=warps, num_stages=stages,
+        KV_F16=_kv_f16(quant, q), V_T=_v_layout(k_cache, v_cache, page_size)[0], IEEE=ieee, PDL=pdl,
+        num_warps=warps, num_stages=stages, **pdl_launch(pdl),
     )  # fmt: skip
     return out
 

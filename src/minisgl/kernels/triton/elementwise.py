@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import pdl_enter, pdl_launch, use_pdl
+
 
 @triton.jit
 def _rmsnorm_kernel(
@@ -21,7 +23,9 @@ def _rmsnorm_kernel(
     eps,
     HEADS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs = tl.arange(0, BLOCK)
@@ -48,9 +52,10 @@ def rmsnorm(
         return out
     block = triton.next_power_of_2(n)
     # Few warps: a row is a few KB, and a wide block spends its time in the cross-warp reduction.
+    pdl = use_pdl(x)
     _rmsnorm_kernel[(rows, heads)](
         x3, weight, out, x3.stride(0), x3.stride(1), n, eps, HEADS=heads, BLOCK=block,
-        num_warps=4 if block <= 8192 else 8,
+        num_warps=4 if block <= 8192 else 8, PDL=pdl, **pdl_launch(pdl),
     )  # fmt: skip
     return out
 
@@ -74,7 +79,9 @@ def _rope_qkv_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     QK_NORM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # head index in [0, HQ + 2 HKV)
     j = tl.arange(0, BLOCK_HALF)
@@ -138,16 +145,18 @@ def rope_qkv(
     block_h = max(1, min(triton.next_power_of_2(heads), 4096 // block_half))
     grid = (t, triton.cdiv(heads, block_h))
     qw, kw, eps = qk_norm if qk_norm is not None else (qkv, qkv, 0.0)
+    pdl = use_pdl(qkv)
     _rope_qkv_kernel[grid](
         qkv, cos, sin, q, k, v, qw, kw, qkv.stride(0), cos.stride(0), eps,
         HQ=hq, HKV=hkv, HALF=d // 2, BLOCK_H=block_h, BLOCK_HALF=block_half, QK_NORM=qk_norm is not None,
-        num_warps=4,
+        num_warps=4, PDL=pdl, **pdl_launch(pdl),
     )  # fmt: skip
     return q, k, v
 
 
 @triton.jit
-def _silu_mul_kernel(GateUp, Out, stride_in, inter, BLOCK: tl.constexpr):
+def _silu_mul_kernel(GateUp, Out, stride_in, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
@@ -168,7 +177,8 @@ def silu_and_mul(gate_up: torch.Tensor, out_dtype: torch.dtype | None = None) ->
     if t == 0:
         return out
     block = min(1024, triton.next_power_of_2(inter))
+    pdl = use_pdl(gate_up)
     _silu_mul_kernel[(t, triton.cdiv(inter, block))](
-        gate_up, out, gate_up.stride(0), inter, BLOCK=block, num_warps=4
+        gate_up, out, gate_up.stride(0), inter, BLOCK=block, num_warps=4, PDL=pdl, **pdl_launch(pdl)
     )
     return out

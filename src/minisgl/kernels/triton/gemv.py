@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .fp8 import WIDEN, widen_fp8
+from .pdl import pdl_enter, pdl_launch, use_pdl
 
 MAX_ROWS = 16  # the rows of x are padded to one 16-row tensor-core tile
 
@@ -58,6 +59,7 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -65,6 +67,7 @@ def _gemv_kernel(
     m_mask = offs_m < m
     x_rows = X + offs_m[:, None].to(tl.int64) * stride_xm  # (BLOCK_M, 1)
     w_rows = W + offs_n[:, None].to(tl.int64) * stride_wn  # (BLOCK_N, 1)
+    pdl_enter(PDL)
     scale_rows = WScale + (offs_n // SCALE_N).to(tl.int64) * stride_ws  # W_SCALE 2: (BLOCK_N,)
     wide: tl.constexpr = W_SCALE > 0 and not IEEE and X.dtype.element_ty == tl.bfloat16
     unit = WIDEN if wide else 1.0  # what `widen_fp8` took out
@@ -159,11 +162,12 @@ def _launch(
     out = x.new_empty(m, n, dtype=out_dtype or x.dtype) if residual is None else residual
     if m == 0:
         return out
+    pdl = use_pdl(x)
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
         x, weight, weight if scale is None else scale, weight if bias is None else bias, out, m, n, k,
         x.stride(0), weight.stride(0), out.stride(0), 0 if scale is None else scale.stride(0),
         W_SCALE=w_scale, SCALE_N=scale_n, HAS_BIAS=bias is not None, ADD_RES=residual is not None,
-        BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=block_k, IEEE=x.dtype == torch.float32,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=block_k, IEEE=x.dtype == torch.float32, PDL=pdl,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(pdl),
     )  # fmt: skip
     return out

@@ -6,7 +6,10 @@
    expert (`block_expert`); `total` is the padded length. Within an expert the pairs land in any
    order (atomics): rows of a tile never mix, so the results do not depend on it. For a decode
    batch (`ROUTE_IN_ALIGN` tokens at most) the same program routes first: softmax and top-k of each
-   token's router logits (`moe_route`), so routing and alignment are one launch.
+   token's router logits (`moe_route`), so routing and alignment are one launch. From the router's
+   weight instead of its logits (`route_and_align`, what the CUDA backend calls at decode sizes),
+   `_router_kernel` computes the logits too: its programs split the experts and H, and the last one
+   to finish sums the slices, routes and aligns, so the router is one launch where it was two.
 2. `_gate_up_kernel`: one grouped GEMM over the blocks, gate and up columns of the same expert
    together, SiLU(gate) x up as its epilogue -> act (P, I), row = pair.
 3. `_down_kernel`: the second grouped GEMM, act @ w2[e]^T, each row scaled by its routing weight
@@ -15,7 +18,8 @@
    token's columns last: a counter per (token, column block), so no k-sum kernel follows, and the
    sum runs in slot order whatever the schedule (deterministic, the same at every batch size).
 Grids are sized for the worst case (P + min(P, E) (BLOCK_M - 1) padded rows) and programs past
-`total` return at once, so nothing waits on the host: the launches run inside CUDA graphs.
+`total` return at once, so nothing waits on the host: the launches run inside CUDA graphs. On
+Hopper they launch with programmatic dependent launch (`pdl`), as the decode step's other kernels.
 
 A program per pair instead of 16-row tiles at decode sizes (no sort) was tried and was slower than
 the grouped GEMMs at every size measured (docs/benchmarks.md, "Mixtures of experts"), so every size
@@ -30,7 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .moe_route import route_topk, topk_rows
+from .moe_route import route_topk, topk_rows, topk_tile
+from .pdl import pdl_enter, pdl_launch, use_pdl
 
 
 @dataclass(frozen=True)
@@ -46,15 +51,22 @@ class MoeConfig:
 
 def moe_config(pairs: int, dtype: torch.dtype) -> MoeConfig:
     """A launch shape by the number of token-expert pairs: a 16-row tile while the experts see a few
-    tokens each (decode), 64 rows when they see many (prefill). float32 (the tests) takes shorter K
-    steps: its tiles are twice as large."""
+    tokens each (decode), 64 rows when they see many (prefill)."""
     if pairs <= 256:
         cfg = MoeConfig(16, 64, 128, 4, 3)
     else:
         cfg = MoeConfig(64, 128, 64, 8, 3)
-    if dtype == torch.float32:
-        cfg = MoeConfig(cfg.block_m, min(cfg.block_n, 64), 32, cfg.num_warps, 2)
-    return cfg
+    return _float32(cfg) if dtype == torch.float32 else cfg
+
+
+def down_config(pairs: int, dtype: torch.dtype) -> MoeConfig:
+    """The down GEMM's launch shape (block_m as `moe_config`'s)."""
+    return moe_config(pairs, dtype)
+
+
+def _float32(cfg: MoeConfig) -> MoeConfig:
+    """float32 (the tests) takes shorter K steps: its tiles are twice as large."""
+    return MoeConfig(cfg.block_m, min(cfg.block_n, 64), 32, cfg.num_warps, 2)
 
 
 @triton.jit
@@ -68,46 +80,22 @@ def _dot_t(a, w, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _align_kernel(
-    Ids,  # (P,) each pair's expert (written here first when ROUTE)
+def _align(
+    Ids,  # (P,) each pair's expert
     SortedIds,  # (max_padded,) out: pairs grouped by expert, P in the padding
     BlockExpert,  # (max_blocks,) out: the expert of each block of BLOCK_M rows
     Total,  # (1,) out: the padded length actually used
     Cursor,  # (E_PAD,) scratch: each expert's next free row
-    Logits,  # ROUTE: (T, E) router logits, else unused
-    Weights,  # ROUTE: (P,) float32 out, else unused
     p,
     num_experts,
     max_padded,
     max_blocks,
-    stride_l,
     E_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCKS_CHUNK: tl.constexpr,
-    ROUTE: tl.constexpr,
-    ROUTE_T: tl.constexpr,  # ROUTE: the tokens, rounded up to a power of two
-    E_ROUTE: tl.constexpr,  # ROUTE: the experts, rounded up to a power of two
-    TOP_K: tl.constexpr,
-    K_PAD: tl.constexpr,
-    RENORMALIZE: tl.constexpr,
 ):
-    if ROUTE:  # the tokens' top-k first, all at once (a decode batch: ROUTE_IN_ALIGN tokens at most)
-        topk_rows(
-            Logits,
-            Weights,
-            Ids,
-            0,
-            p // TOP_K,
-            num_experts,
-            stride_l,
-            ROUTE_T,
-            TOP_K,
-            K_PAD,
-            E_ROUTE,
-            RENORMALIZE,
-        )
-        tl.debug_barrier()  # the ids are written before they are counted
+    """One program sorts and pads the pairs (the module's step 1)."""
     experts = tl.arange(0, E_PAD)
     counts = tl.zeros([E_PAD], tl.int32)
     for c0 in range(0, p, CHUNK):
@@ -137,6 +125,135 @@ def _align_kernel(
 
 
 @triton.jit
+def _align_kernel(
+    Ids,  # (P,) each pair's expert (written here first when ROUTE)
+    SortedIds,
+    BlockExpert,
+    Total,
+    Cursor,
+    Logits,  # ROUTE: (T, E) router logits, else unused
+    Weights,  # ROUTE: (P,) float32 out, else unused
+    p,
+    num_experts,
+    max_padded,
+    max_blocks,
+    stride_l,
+    E_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCKS_CHUNK: tl.constexpr,
+    ROUTE: tl.constexpr,
+    ROUTE_T: tl.constexpr,  # ROUTE: the tokens, rounded up to a power of two
+    E_ROUTE: tl.constexpr,  # ROUTE: the experts, rounded up to a power of two
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_enter(PDL)
+    if ROUTE:  # the tokens' top-k first, all at once (a decode batch: ROUTE_IN_ALIGN tokens at most)
+        topk_rows(
+            Logits,
+            Weights,
+            Ids,
+            0,
+            p // TOP_K,
+            num_experts,
+            stride_l,
+            ROUTE_T,
+            TOP_K,
+            K_PAD,
+            E_ROUTE,
+            RENORMALIZE,
+        )
+        tl.debug_barrier()  # the ids are written before they are counted
+    _align(
+        Ids, SortedIds, BlockExpert, Total, Cursor, p, num_experts, max_padded, max_blocks,
+        E_PAD, BLOCK_M, CHUNK, BLOCKS_CHUNK,
+    )  # fmt: skip
+
+
+@triton.jit
+def _router_kernel(
+    X,  # (T, H), unit stride in H
+    Router,  # (E, H), unit stride in H
+    Partial,  # (splits, BLOCK_T, E_ROUTE) float32 scratch: each split's partial logits
+    Counter,  # (1,) int32, zero, left zero: programs done
+    Ids,  # (P,) int64 out: each pair's expert
+    Weights,  # (P,) float32 out: its routing weight
+    SortedIds,
+    BlockExpert,
+    Total,
+    Cursor,
+    t,
+    num_experts,
+    h,
+    stride_xm,
+    stride_rn,
+    k_split,  # columns of H per split (a multiple of BLOCK_K)
+    max_padded,
+    max_blocks,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    E_ROUTE: tl.constexpr,
+    E_PAD: tl.constexpr,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCKS_CHUNK: tl.constexpr,
+    IEEE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """A decode batch's router in one launch: program (i, s) computes experts i * BLOCK_E.. over the
+    s-th slice of H; the last program to finish sums the slices in order, rounds the logits to x's
+    dtype (as the projection does), routes (`topk_tile`) and aligns the pairs (`_align`)."""
+    pid_e, pid_s = tl.program_id(0), tl.program_id(1)
+    rows = tl.arange(0, BLOCK_T)
+    row_mask = rows < t
+    offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    e_mask = offs_e < num_experts
+    x_rows = X + rows[:, None].to(tl.int64) * stride_xm
+    w_rows = Router + offs_e[:, None].to(tl.int64) * stride_rn
+    pdl_enter(PDL)
+    acc = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
+    for k0 in range(pid_s * k_split, tl.minimum(h, (pid_s + 1) * k_split), BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < h
+        x = tl.load(x_rows + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        w = tl.load(w_rows + offs_k[None, :], mask=e_mask[:, None] & k_mask[None, :], other=0.0)
+        acc += _dot_t(x, w, IEEE)
+    part_rows = Partial + (pid_s * BLOCK_T + rows)[:, None] * E_ROUTE
+    tl.store(part_rows + offs_e[None, :], acc)
+    tl.debug_barrier()  # every thread's part is stored before the count moves (release below)
+    done = tl.atomic_add(Counter, 1, sem="acq_rel")
+    tl.debug_barrier()  # the other programs' parts are read after the count (acquire above)
+    if done == tl.num_programs(0) * tl.num_programs(1) - 1:
+        experts = tl.arange(0, E_ROUTE)
+        logits = tl.zeros([BLOCK_T, E_ROUTE], tl.float32)
+        for s in range(0, tl.num_programs(1)):  # slice order, whichever program is last
+            ptrs = Partial + (s * BLOCK_T + rows)[:, None] * E_ROUTE + experts[None, :]
+            logits += tl.load(ptrs, cache_modifier=".cg")
+        logits = logits.to(X.dtype.element_ty).to(tl.float32)  # rounded as the projection rounds
+        logits = tl.where(row_mask[:, None] & (experts < num_experts)[None, :], logits, -float("inf"))
+        chosen_p, chosen_e = topk_tile(logits, TOP_K, K_PAD, E_ROUTE, RENORMALIZE)
+        slots = tl.arange(0, K_PAD)
+        out = rows[:, None].to(tl.int64) * TOP_K + slots[None, :]
+        out_mask = row_mask[:, None] & (slots < TOP_K)[None, :]
+        tl.store(Weights + out, chosen_p, mask=out_mask)
+        tl.store(Ids + out, chosen_e, mask=out_mask)
+        tl.debug_barrier()  # the ids are written before they are counted
+        p = t * TOP_K
+        _align(
+            Ids, SortedIds, BlockExpert, Total, Cursor, p, num_experts, max_padded, max_blocks,
+            E_PAD, BLOCK_M, CHUNK, BLOCKS_CHUNK,
+        )  # fmt: skip
+        tl.atomic_xchg(Counter, 0)  # left at zero for the next call
+
+
+@triton.jit
 def _gate_up_kernel(
     X,  # (T, H)
     W13,  # (E, 2I, H): rows [gate | up] of each expert
@@ -156,7 +273,9 @@ def _gate_up_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(Total):
         return
@@ -210,14 +329,16 @@ def _down_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    pdl_enter(PDL)
     if pid_m * BLOCK_M >= tl.load(Total):
         return
     pairs = tl.load(SortedIds + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = pairs < p
     expert = tl.load(BlockExpert + pid_m).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < n
     a_rows = Act + pairs[:, None].to(tl.int64) * stride_am
     w_rows = W2 + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
@@ -264,14 +385,14 @@ def _down_kernel(
     tl.atomic_xchg(counters, 0, mask=last)  # left at zero for the next call
 
 
-_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}  # per device, every buffer made (the last the largest)
+_COUNTERS: dict[tuple[str, torch.device], list[torch.Tensor]] = {}  # every buffer made (the last the largest)
 
 
-def _zeroed_counters(numel: int, device: torch.device) -> torch.Tensor:
-    """int32 zeros the down kernel leaves zeroed: a buffer per device, grown as needed. Outgrown
-    buffers are kept: CUDA graphs captured with them still use them. One made during a capture is
-    that graph's own (its replays zero it first) and is not kept here."""
-    kept = _COUNTERS.setdefault(device, [])
+def _zeroed_counters(numel: int, device: torch.device, user: str = "down") -> torch.Tensor:
+    """int32 zeros a kernel (`user`) leaves zeroed: a buffer per kernel and device, grown as needed.
+    Outgrown buffers are kept: CUDA graphs captured with them still use them. One made during a
+    capture is that graph's own (its replays zero it first) and is not kept here."""
+    kept = _COUNTERS.setdefault((user, device), [])
     if kept and kept[-1].numel() >= numel:
         return kept[-1][:numel]
     zeros = torch.zeros(max(numel, 1 << 14), dtype=torch.int32, device=device)
@@ -281,6 +402,24 @@ def _zeroed_counters(numel: int, device: torch.device) -> torch.Tensor:
 
 
 ROUTE_IN_ALIGN = 16  # at most this many tokens are routed inside the alignment's one program
+
+
+def _align_buffers(
+    p: int, num_experts: int, block_m: int, dev: torch.device
+) -> tuple[tuple[torch.Tensor, ...], dict[str, int]]:
+    """The alignment's outputs and scratch (sorted_ids, block_expert, total, cursor), sized for the
+    worst case, and its launch constants."""
+    max_padded = p + min(p, num_experts) * (block_m - 1)
+    max_blocks = triton.cdiv(max_padded, block_m)
+    e_pad = triton.next_power_of_2(num_experts + 1)  # one spare bin for masked loads
+    bufs = (
+        torch.empty(max_padded, dtype=torch.int32, device=dev),
+        torch.empty(max_blocks, dtype=torch.int32, device=dev),
+        torch.empty(1, dtype=torch.int32, device=dev),
+        torch.empty(e_pad, dtype=torch.int32, device=dev),
+    )
+    consts = dict(E_PAD=e_pad, BLOCK_M=block_m, CHUNK=256, BLOCKS_CHUNK=max(1, 4096 // e_pad))
+    return bufs, consts
 
 
 def align_pairs(
@@ -294,24 +433,55 @@ def align_pairs(
     logits (T, E), weights (P,) float32, renormalize): ids (int64) and weights are written first,
     the tokens' top-k (`moe_route`'s rule)."""
     p = ids.shape[0]
-    max_padded = p + min(p, num_experts) * (block_m - 1)
-    max_blocks = triton.cdiv(max_padded, block_m)
-    e_pad = triton.next_power_of_2(num_experts + 1)  # one spare bin for masked loads
-    dev = ids.device
-    sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=dev)
-    block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
-    total = torch.empty(1, dtype=torch.int32, device=dev)
-    cursor = torch.empty(e_pad, dtype=torch.int32, device=dev)
+    bufs, consts = _align_buffers(p, num_experts, block_m, ids.device)
     logits, weights, renormalize = route if route is not None else (ids, ids, False)
     top_k = p // logits.shape[0] if route is not None else 1
+    pdl = use_pdl(ids)
     _align_kernel[(1,)](
-        ids, sorted_ids, block_expert, total, cursor, logits, weights, p, num_experts, max_padded, max_blocks,
-        logits.stride(0), E_PAD=e_pad, BLOCK_M=block_m, CHUNK=256, BLOCKS_CHUNK=max(1, 4096 // e_pad),
+        ids, *bufs, logits, weights, p, num_experts, bufs[0].shape[0], bufs[1].shape[0], logits.stride(0),
         ROUTE=route is not None, ROUTE_T=triton.next_power_of_2(p // top_k) if route is not None else 1,
         E_ROUTE=triton.next_power_of_2(num_experts), TOP_K=top_k, K_PAD=max(2, triton.next_power_of_2(top_k)),
-        RENORMALIZE=renormalize, num_warps=4,
+        RENORMALIZE=renormalize, PDL=pdl, num_warps=4, **consts, **pdl_launch(pdl),
     )  # fmt: skip
-    return sorted_ids, block_expert, total
+    return bufs[0], bufs[1], bufs[2]
+
+
+def route_and_align(
+    x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """A decode batch's router in one launch (`_router_kernel`): x (T, H) with T <= ROUTE_IN_ALIGN,
+    router (E, H) in x's dtype -> (weights (T, K) float32, ids (T, K) int64, the aligned pairs as
+    `align_pairs` gives them). The logits are x @ router^T rounded to x's dtype (what `linear`
+    gives), routed by `moe_route`'s rule."""
+    t, h = x.shape
+    e = router.shape[0]
+    if not 0 < t <= ROUTE_IN_ALIGN or router.shape[1] != h or x.stride(1) != 1 or router.stride(1) != 1:
+        raise ValueError(f"route_and_align: x {tuple(x.shape)}, router {tuple(router.shape)}")
+    dev, p = x.device, t * top_k
+    bufs, consts = _align_buffers(p, e, block_m, dev)
+    block_e, block_k = 16, 32 if x.dtype == torch.float32 else 256
+    e_route = max(block_e, triton.next_power_of_2(e))
+    per_split = triton.cdiv(h, _router_splits(e, block_e))
+    k_split = triton.cdiv(per_split, block_k) * block_k  # columns per program, whole BLOCK_K steps
+    splits = triton.cdiv(h, k_split)
+    block_t = max(16, triton.next_power_of_2(t))
+    partial = torch.empty(splits, block_t, e_route, dtype=torch.float32, device=dev)
+    weights = torch.empty(t, top_k, dtype=torch.float32, device=dev)
+    ids = torch.empty(t, top_k, dtype=torch.int64, device=dev)
+    pdl = use_pdl(x)
+    _router_kernel[(triton.cdiv(e, block_e), splits)](
+        x, router, partial, _zeroed_counters(1, dev, "router"), ids, weights, *bufs, t, e, h, x.stride(0),
+        router.stride(0), k_split, bufs[0].shape[0], bufs[1].shape[0], BLOCK_T=block_t, BLOCK_E=block_e,
+        BLOCK_K=block_k, E_ROUTE=e_route, TOP_K=top_k, K_PAD=max(2, triton.next_power_of_2(top_k)),
+        RENORMALIZE=renormalize, IEEE=x.dtype == torch.float32, PDL=pdl, num_warps=4, **consts, **pdl_launch(pdl),
+    )  # fmt: skip
+    return weights, ids, (bufs[0], bufs[1], bufs[2])
+
+
+def _router_splits(e: int, block_e: int) -> int:
+    """Slices of H per block of experts: about 32 programs in all (the router is half a MB at 128
+    experts of 2,048: latency, not bandwidth, so enough programs to have it all in flight at once)."""
+    return max(1, 32 // triton.cdiv(e, block_e))
 
 
 def routed_moe(
@@ -336,6 +506,23 @@ def routed_moe(
     return fused_moe(x, w13, w2, weights, ids, False, cfg, residual, aligned), ids
 
 
+def routed_moe_from_router(
+    x: torch.Tensor,
+    router: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`routed_moe` for a decode batch (1 to ROUTE_IN_ALIGN tokens) from the router's weight (E, H)
+    in x's dtype: the logits, the routing and the alignment in one launch (`route_and_align`), then
+    the two grouped GEMMs -> (the output, ids (T, K))."""
+    cfg = moe_config(x.shape[0] * top_k, x.dtype)
+    weights, ids, aligned = route_and_align(x, router, top_k, renormalize, cfg.block_m)
+    return fused_moe(x, w13, w2, weights, ids, False, cfg, residual, aligned), ids
+
+
 def fused_moe(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -346,12 +533,14 @@ def fused_moe(
     config: MoeConfig | None = None,
     residual: torch.Tensor | None = None,
     aligned: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    down: MoeConfig | None = None,
 ) -> torch.Tensor:
     """x (T, H), w13 (E, 2I, H) [gate | up] rows, w2 (E, H, I), each token's K experts ids (T, K)
     with float32 weights (T, K) (divided by their sum here when `renormalize`) -> (T, H) = sum over
     them of weight * w2[e] @ (silu(gate_e x) * up_e x). Unit stride along H and I. With `residual`
     (T, H) contiguous, the result is added into it in place and it is returned. aligned: the pairs
-    already sorted (`align_pairs` with `config`'s block_m)."""
+    already sorted (`align_pairs` with `config`'s block_m). down: the down GEMM's launch shape
+    (block_m must be config's; default: `down_config`'s, or config itself where config is given)."""
     t, h = x.shape
     e, two_i, _ = w13.shape
     inter, top_k = two_i // 2, ids.shape[1]
@@ -372,23 +561,27 @@ def fused_moe(
     if p == 0:
         return x.new_zeros(t, h) if residual is None else residual
     cfg = config or moe_config(p, x.dtype)
+    dcfg = down or (config if config is not None else down_config(p, x.dtype))
+    if dcfg.block_m != cfg.block_m:
+        raise ValueError(f"fused_moe: the down GEMM's block_m {dcfg.block_m} is not gate/up's {cfg.block_m}")
     sorted_ids, block_expert, total = aligned or align_pairs(ids.reshape(-1), e, cfg.block_m)
-    ieee = x.dtype == torch.float32
-    launch = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    ieee, pdl = x.dtype == torch.float32, use_pdl(x)
     blocks = block_expert.shape[0]
     act = x.new_empty(p, inter)
     _gate_up_kernel[(blocks, triton.cdiv(inter, cfg.block_n))](
         x, w13, act, sorted_ids, block_expert, total, p, top_k, inter, h,
         x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, IEEE=ieee, **launch,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, IEEE=ieee, PDL=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(pdl),
     )  # fmt: skip
     part = x.new_empty(p, h)
     out = x.new_empty(t, h) if residual is None else residual
-    col_blocks = triton.cdiv(h, cfg.block_n)
+    col_blocks = triton.cdiv(h, dcfg.block_n)
     _down_kernel[(blocks, col_blocks)](
         act, w2, part, out, out, _zeroed_counters(t * col_blocks, x.device), weights.reshape(-1).float().contiguous(),
         sorted_ids, block_expert, total, p, h, inter, act.stride(0), w2.stride(0), w2.stride(1),
         TOP_K=top_k, RENORMALIZE=renormalize, ADD_RES=residual is not None,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, IEEE=ieee, **launch,
+        BLOCK_M=dcfg.block_m, BLOCK_N=dcfg.block_n, BLOCK_K=dcfg.block_k, IEEE=ieee, PDL=pdl,
+        num_warps=dcfg.num_warps, num_stages=dcfg.num_stages, **pdl_launch(pdl),
     )  # fmt: skip
     return out

@@ -15,6 +15,34 @@ import triton.language as tl
 
 
 @triton.jit
+def topk_tile(
+    logits,  # (BLOCK_T, E_PAD) float32, -inf past the experts
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+):
+    """-> each row's top-k probabilities (BLOCK_T, K_PAD) float32 and expert ids (BLOCK_T, K_PAD) int64,
+    slots past TOP_K unused: the float32 softmax, ties to the lower index, divided by their sum when
+    RENORMALIZE."""
+    experts = tl.arange(0, E_PAD)
+    z = tl.exp(logits - tl.max(logits, 1)[:, None])  # padding: exp(-inf) = 0 (a masked row: NaN, unused)
+    probs = z / tl.sum(z, 1)[:, None]
+    slots = tl.arange(0, K_PAD)
+    chosen_p = tl.zeros([logits.shape[0], K_PAD], tl.float32)
+    chosen_e = tl.zeros([logits.shape[0], K_PAD], tl.int64)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(probs, 1)  # (BLOCK_T,)
+        idx = tl.min(tl.where(probs == best[:, None], experts[None, :], E_PAD), 1)  # ties: the lower index
+        chosen_p = tl.where(slots[None, :] == j, best[:, None], chosen_p)
+        chosen_e = tl.where(slots[None, :] == j, idx[:, None].to(tl.int64), chosen_e)
+        probs = tl.where(experts[None, :] == idx[:, None], -1.0, probs)  # taken
+    if RENORMALIZE:
+        chosen_p = chosen_p / tl.sum(tl.where(slots[None, :] < TOP_K, chosen_p, 0.0), 1)[:, None]
+    return chosen_p, chosen_e
+
+
+@triton.jit
 def topk_rows(
     Logits,  # (T, E), unit stride in E
     Weights,  # (T, TOP_K) float32 out
@@ -36,19 +64,8 @@ def topk_rows(
     ptrs = Logits + rows[:, None].to(tl.int64) * stride_l + experts[None, :]
     mask = row_mask[:, None] & (experts < e)[None, :]
     logits = tl.load(ptrs, mask=mask, other=-float("inf")).to(tl.float32)  # (BLOCK_T, E_PAD)
-    z = tl.exp(logits - tl.max(logits, 1)[:, None])  # padding: exp(-inf) = 0 (a masked row: NaN, unused)
-    probs = z / tl.sum(z, 1)[:, None]
+    chosen_p, chosen_e = topk_tile(logits, TOP_K, K_PAD, E_PAD, RENORMALIZE)
     slots = tl.arange(0, K_PAD)
-    chosen_p = tl.zeros([BLOCK_T, K_PAD], tl.float32)
-    chosen_e = tl.zeros([BLOCK_T, K_PAD], tl.int64)
-    for j in tl.static_range(TOP_K):
-        best = tl.max(probs, 1)  # (BLOCK_T,)
-        idx = tl.min(tl.where(probs == best[:, None], experts[None, :], E_PAD), 1)  # ties: the lower index
-        chosen_p = tl.where(slots[None, :] == j, best[:, None], chosen_p)
-        chosen_e = tl.where(slots[None, :] == j, idx[:, None].to(tl.int64), chosen_e)
-        probs = tl.where(experts[None, :] == idx[:, None], -1.0, probs)  # taken
-    if RENORMALIZE:
-        chosen_p = chosen_p / tl.sum(tl.where(slots[None, :] < TOP_K, chosen_p, 0.0), 1)[:, None]
     out = rows[:, None].to(tl.int64) * TOP_K + slots[None, :]
     out_mask = row_mask[:, None] & (slots < TOP_K)[None, :]
     tl.store(Weights + out, chosen_p, mask=out_mask)
