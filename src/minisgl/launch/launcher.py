@@ -47,6 +47,7 @@ from minisgl.launch.processes import Child, ProcessGroup, StartupError
 from minisgl.models.pooling import read_pooling
 from minisgl.tokenizer.server import Role, TokenizerWorkerConfig, run_tokenizer_worker
 from minisgl.utils.handshake import send_status
+from minisgl.utils.host import release_free_memory
 from minisgl.utils.logger import init_logger
 from minisgl.utils.profiling import maybe_profile
 from minisgl.utils.progress import ProgressBoard
@@ -296,6 +297,7 @@ class Launcher:
             self.board, self.schedulers, self.sched_configs, args.stall_timeout, args.watchdog_timeout
         )
         state.status = "serving"
+        release_free_memory()  # start-up's garbage in the C heap, before the first request
         print(
             f"minisgl: serving {self.args.model_name!r} at {self.args.url} "
             f"(OpenAI-compatible API at {self.args.url}/v1, device {self.device})",
