@@ -107,6 +107,7 @@ def test_missing_model_is_a_clear_error(tmp_path, capsys: pytest.CaptureFixture[
     assert main(["serve", "--model", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert "nope" in err and "no such model" in err
+    assert spawned_children() == []
 
 
 def test_busy_port_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -118,6 +119,21 @@ def test_busy_port_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
         port = s.getsockname()[1]
         assert main(["serve", "--engine", "dummy", "--port", str(port)]) == 2
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+    assert spawned_children() == []  # the warm scheduler interpreter (launch/warm.py) was stopped
+
+
+def spawned_children() -> list[int]:
+    """This process's living children started by multiprocessing's spawn method."""
+    import psutil
+
+    out = []
+    for c in psutil.Process().children():
+        try:
+            if "spawn_main" in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE:
+                out.append(c.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
 
 
 def test_bench_against_nothing_reports_failures(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:

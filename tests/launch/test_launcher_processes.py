@@ -105,3 +105,49 @@ def test_children_get_short_openmp_spins_unless_the_user_chose(group: ProcessGro
     asyncio.run(group.wait_ready([a, b], timeout=30))
     assert a.info == {"GOMP_SPINCOUNT": "1000", "OMP_WAIT_POLICY": None}
     assert b.info == {"GOMP_SPINCOUNT": None, "OMP_WAIT_POLICY": "ACTIVE"}
+
+
+def child_reports_env_and_modules(conn) -> None:
+    import sys
+
+    send_status(
+        conn,
+        "ready",
+        {
+            "pid": os.getpid(),
+            "env": os.environ.get("MINISGL_TEST_LATE"),
+            "preloaded": "json.tool" in sys.modules,
+        },
+    )
+    time.sleep(60)
+
+
+def test_a_warm_interpreter_takes_the_job_with_the_launchers_environment(
+    group: ProcessGroup, monkeypatch
+) -> None:
+    """`serve` starts scheduler rank 0's interpreter before it parses its arguments (launch/warm.py):
+    the job runs in that process, after its preloads, with the environment as it was at hand-over,
+    and reports on the same pipe; a second spawn with the used warm start gets a fresh process."""
+    from minisgl.launch.warm import WarmStart
+
+    warm = WarmStart(preload=("json.tool",))
+    warm_pid = warm.process.pid
+    monkeypatch.setenv("MINISGL_TEST_LATE", "set after the warm start")
+    a = group.spawn("rank0", child_reports_env_and_modules, warm=warm)
+    b = group.spawn("rank1", child_reports_env_and_modules, warm=warm)
+    asyncio.run(group.wait_ready([a, b], timeout=30))
+    assert a.info == {"pid": warm_pid, "env": "set after the warm start", "preloaded": True}
+    assert b.info["pid"] != warm_pid and b.info["preloaded"] is False
+    warm.discard()  # handed over: a no-op
+    assert psutil.pid_exists(warm_pid) and group.first_dead() is None
+
+
+def test_an_unused_warm_interpreter_is_stopped() -> None:
+    from minisgl.launch.warm import WarmStart
+
+    warm = WarmStart(preload=())
+    pid = warm.process.pid
+    assert warm.available
+    warm.discard()
+    assert not warm.available
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from minisgl.entrypoints.openai.state import ServerState
     from minisgl.frontend.manager import FrontendManager
     from minisgl.launch.nodes import NodeLink, TcpPlan
+    from minisgl.launch.warm import WarmStart
 
 logger = init_logger("minisgl.launcher")
 
@@ -82,12 +83,13 @@ def bind_http(host: str, port: int) -> socket.socket:
 class Launcher:
     """One server's processes, pipes and HTTP front end."""
 
-    def __init__(self, args: ServerArgs, model_dir: Path) -> None:
+    def __init__(self, args: ServerArgs, model_dir: Path, warm: WarmStart | None = None) -> None:
         from minisgl.engine.options import resolve_device
         from minisgl.launch import configs
 
         self.args = args
         self.model_dir = model_dir
+        self.warm = warm
         self.device = resolve_device(args.device)
         self.link, self.store, self.plan = _join_nodes(args)
         self.sched_configs = configs.build(args, model_dir, self.device, self.plan)
@@ -110,7 +112,8 @@ class Launcher:
         from minisgl.scheduler import run_scheduler
 
         self.schedulers = [
-            self.group.spawn(rank_name(c, self.args), run_scheduler, c) for c in self.sched_configs
+            self.group.spawn(rank_name(c, self.args), run_scheduler, c, warm=self.warm if i == 0 else None)
+            for i, c in enumerate(self.sched_configs)
         ]
         return self.schedulers
 
@@ -428,8 +431,9 @@ def _configure_logging(level: str) -> None:
     init_logger("minisgl").setLevel(level.upper())
 
 
-def serve(args: ServerArgs) -> int:
-    """Run a server until it is stopped; return the process exit code."""
+def serve(args: ServerArgs, warm: WarmStart | None = None) -> int:
+    """Run a server until it is stopped; return the process exit code. `warm`: an interpreter
+    already importing torch (`warm.py`), for scheduler rank 0; the caller discards it if unused."""
     for sig in (signal.SIGINT, signal.SIGTERM):  # until the launcher installs its own
         signal.signal(sig, raise_exit)  # nothing is running yet that needs draining
     _configure_logging(args.log_level)
@@ -451,7 +455,7 @@ def serve(args: ServerArgs) -> int:
         print(f"minisgl: {e}", file=sys.stderr)
         return 2
     try:
-        launcher = Launcher(args, model_dir)
+        launcher = Launcher(args, model_dir, warm)
     except StartupError as e:
         print(f"minisgl: {e}", file=sys.stderr)
         sock.close()

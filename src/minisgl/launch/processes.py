@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 
 from minisgl.launch.child import Lifeline, child_main
+from minisgl.launch.warm import WarmStart
 from minisgl.utils.handshake import recv_status
 from minisgl.utils.host import quiet_openmp_waits
 
@@ -58,14 +59,21 @@ class ProcessGroup:
         self.children: list[Child] = []
         self.lifeline = Lifeline(os.getpid(), ipc_dir, grace_s=parent_death_grace_s)
 
-    def spawn(self, name: str, target: Callable[..., object], *args: object) -> Child:
-        parent_end, child_end = self.ctx.Pipe(duplex=True)
-        proc = self.ctx.Process(
-            target=child_main, args=(self.lifeline, target, *args, child_end), name=name, daemon=False
-        )
-        with quiet_openmp_waits():  # the child's environment, not this process's
-            proc.start()
-        child_end.close()
+    def spawn(
+        self, name: str, target: Callable[..., object], *args: object, warm: WarmStart | None = None
+    ) -> Child:
+        """Start `target(*args, status_pipe)` in a child; in `warm`'s interpreter where it is still
+        waiting for a job (`warm.py`), else in a new one."""
+        if warm is not None and warm.available:
+            proc, parent_end = warm.hand(self.lifeline, target, args)
+        else:
+            parent_end, child_end = self.ctx.Pipe(duplex=True)
+            proc = self.ctx.Process(
+                target=child_main, args=(self.lifeline, target, *args, child_end), name=name, daemon=False
+            )
+            with quiet_openmp_waits():  # the child's environment, not this process's
+                proc.start()
+            child_end.close()
         child = Child(name, proc, parent_end)
         self.children.append(child)
         logger.info("started %s (pid %d)", name, proc.pid)

@@ -22,7 +22,13 @@ def init_logger(name: str) -> logging.Logger:
             handler = logging.StreamHandler()
             handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
             root.addHandler(handler)
-            level = os.environ.get("MINISGL_LOG_LEVEL", "INFO").upper()
-            root.setLevel(level if isinstance(logging.getLevelName(level), int) else "INFO")
+            apply_level_from_env()
         _configured = True
     return logging.getLogger(name)
+
+
+def apply_level_from_env() -> None:
+    """Set the minisgl tree's level from MINISGL_LOG_LEVEL (again: a warm interpreter, launch/warm.py,
+    imported its modules before the launcher's environment reached it)."""
+    level = os.environ.get("MINISGL_LOG_LEVEL", "INFO").upper()
+    logging.getLogger("minisgl").setLevel(level if isinstance(logging.getLevelName(level), int) else "INFO")
