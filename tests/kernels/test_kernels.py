@@ -194,6 +194,27 @@ def test_silu_mul_matches_torch(shape: tuple[int, int]) -> None:
     torch.testing.assert_close(kernels.silu_mul(gate_up), F.silu(gate) * up, atol=1e-6, rtol=1e-5)
 
 
+@needs_kernels
+@pytest.mark.parametrize("v", [1, 15, 16, 100, 49152])
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_argmax_rows_is_torch_argmax(rows: int, v: int) -> None:
+    """The greedy tokens of a CPU decode graph: the first index of each row's maximum, ties, -inf
+    rows and NaN (which torch counts as the maximum) included."""
+    torch.manual_seed(v)
+    x = torch.randn(rows, v)
+    if v >= 16:
+        x[0, 5] = x[0, v - 3] = x[0].max() + 1  # a tie: the first wins
+        x[-1, :] = float("-inf")
+    if rows > 1:
+        x[1, v // 2] = float("nan")
+        x[1, v - 1] = float("nan")
+        x[1, 0] = float("inf")
+    want = x.argmax(-1)
+    got = kernels.argmax_rows(x)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, want), (got, want)
+
+
 @pytest.mark.parametrize(
     ("env", "expected"),
     [({"MINISGL_CPU_KERNELS": "0"}, "turned off"), ({"CC": "false"}, "could not build")],

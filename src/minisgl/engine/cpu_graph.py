@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from minisgl import kernels
 from minisgl.kernels.graph import BufferPool, Program, Recorder
 
 from .cuda_graph import Forward, argmax_rows
@@ -34,7 +35,8 @@ class CpuGraphRunner:
         self.vocab_size = vocab_size
         self.inputs = torch.zeros(2, max_bs, dtype=torch.int64)  # ids; positions
         self.pool = BufferPool(max_bs)
-        self.programs: dict[int, tuple[Program, torch.Tensor]] = {}  # size -> (program, its logits)
+        # size -> (program, its logits (B, V), their argmax (B,))
+        self.programs: dict[int, tuple[Program, torch.Tensor, torch.Tensor]] = {}
         self.enabled = True
         self.checked = False
         self._prepare_ops = prepare_ops
@@ -55,20 +57,21 @@ class CpuGraphRunner:
         ids, pos = self.inputs[0, :bs], self.inputs[1, :bs]
         if bs not in self.programs:
             logits = self._record(bs, ids, pos)
-        else:
-            program, logits = self.programs[bs]
-            program.run()
-        return logits, argmax_rows(logits)
+            return logits, argmax_rows(logits)
+        program, logits, best = self.programs[bs]
+        program.run()
+        return logits, best.clone()  # the buffer is the next replay's
 
     def _record(self, bs: int, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Record size `bs` while running it (its logits are this step's); check the first one."""
         self._prepare_ops()
         with Recorder(self.pool) as rec:
             logits = self.forward(ids, pos)
+            best = kernels.argmax_rows(logits)  # the greedy tokens, in the program too
         program = rec.program()
         if not self.checked and not self._check(program, logits, ids, pos):
             return self.forward(ids, pos)  # this step eagerly; graphs are off from now on
-        self.programs[bs] = (program, logits)
+        self.programs[bs] = (program, logits, best)
         return logits
 
     def _check(self, program: Program, logits: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor) -> bool:

@@ -10,6 +10,7 @@ from .build import load
 from .ops import (
     MOE_MAX_K,
     add_rmsnorm,
+    argmax_rows,
     available,
     decode_attention,
     extend_attention,
@@ -28,6 +29,7 @@ from .triton import interpreting, triton_available
 __all__ = [
     "MOE_MAX_K",
     "add_rmsnorm",
+    "argmax_rows",
     "available",
     "check_device",
     "decode_attention",

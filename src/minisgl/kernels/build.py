@@ -99,6 +99,7 @@ _PACKED = [
     "minisgl_rope_store_packed",
     "minisgl_add_rmsnorm_packed",
     "minisgl_gather_rows_packed",
+    "minisgl_argmax_rows_packed",
 ]
 _SIGNATURES.update({name: [_ptr] for name in _PACKED})
 _SIGNATURES["minisgl_graph_run"] = [_ptr, ctypes.c_int64]

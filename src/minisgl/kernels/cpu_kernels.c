@@ -721,6 +721,56 @@ void minisgl_gather_rows(const float *restrict table, int64_t rows, const int64_
     }
 }
 
+/* The first index of row x's maximum (V > 0), as torch.argmax: a NaN counts as the maximum (its first
+ * index wins). Two passes: the maximum ignoring NaN (and whether there is one), then the first index
+ * holding it, 32 values a test. */
+static int64_t argmax_row(const float *restrict x, int64_t V) {
+    float m = x[0];
+    int nan = 0;
+    int64_t i = 0;
+#ifdef HAVE_AVX2
+    __m256 mx[4], un = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) mx[j] = _mm256_set1_ps(x[0]);
+    for (; i + 32 <= V; i += 32)
+        for (int j = 0; j < 4; ++j) {
+            const __m256 v = _mm256_loadu_ps(x + i + 8 * j);
+            un = _mm256_or_ps(un, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            mx[j] = _mm256_max_ps(v, mx[j]); /* a NaN v keeps mx */
+        }
+    const __m256 m4 = _mm256_max_ps(_mm256_max_ps(mx[0], mx[1]), _mm256_max_ps(mx[2], mx[3]));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m4);
+    for (int l = 0; l < 8; ++l) m = lanes[l] > m ? lanes[l] : m;
+    nan = _mm256_movemask_ps(un) != 0;
+#endif
+    for (; i < V; ++i) {
+        nan |= x[i] != x[i];
+        m = x[i] > m ? x[i] : m;
+    }
+    if (nan) {
+        for (int64_t j = 0; j < V; ++j)
+            if (x[j] != x[j]) return j;
+    }
+    int64_t j = 0;
+#ifdef HAVE_AVX2
+    const __m256 mm = _mm256_set1_ps(m);
+    for (; j + 32 <= V; j += 32) {
+        __m256 eq = _mm256_cmp_ps(_mm256_loadu_ps(x + j), mm, _CMP_EQ_OQ);
+        for (int k = 1; k < 4; ++k) eq = _mm256_or_ps(eq, _mm256_cmp_ps(_mm256_loadu_ps(x + j + 8 * k), mm, _CMP_EQ_OQ));
+        if (_mm256_movemask_ps(eq)) break;
+    }
+#endif
+    for (; j < V; ++j)
+        if (x[j] == m) return j;
+    return 0; /* not reached: m is one of the values */
+}
+
+/* out[b] = argmax(x[b, :V]) for b < B (a decode step's greedy tokens, from its logits) */
+void minisgl_argmax_rows(const float *restrict x, int64_t B, int64_t V, int64_t *restrict out) {
+#pragma omp parallel for schedule(static) if (B > 1 && B * V >= 65536)
+    for (int64_t b = 0; b < B; ++b) out[b] = argmax_row(x + b * V, V);
+}
+
 /* ---- packed entry points (see cpu_quant.c) and the replay of a recorded program ---------------- */
 
 INLINE float arg_float(int64_t a) {
@@ -753,6 +803,11 @@ int minisgl_add_rmsnorm_packed(const int64_t *a) {
 
 int minisgl_gather_rows_packed(const int64_t *a) {
     minisgl_gather_rows(P(0), a[1], P(2), a[3], a[4], P(5));
+    return 0;
+}
+
+int minisgl_argmax_rows_packed(const int64_t *a) {
+    minisgl_argmax_rows(P(0), a[1], a[2], P(3));
     return 0;
 }
 

@@ -266,6 +266,18 @@ def gather_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """x (B, V) float32 -> (B,) int64 the first index of each row's maximum (NaN counts as the
+    maximum), as `x.argmax(-1)`: one pass over the logits instead of torch's reductions."""
+    lib = _lib()
+    b, v = x.shape
+    if v == 0:
+        raise ValueError("argmax_rows: rows of no values")
+    out = graph.empty((b,), torch.int64)
+    graph.call(lib.minisgl_argmax_rows_packed, [_check(x, "x"), b, v, out.data_ptr()], (x, out))
+    return out
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up (T, 2I) laid out [gate | up] -> silu(gate) * up, (T, I)."""
     lib = _lib()
