@@ -132,6 +132,32 @@ def test_decode_attention_reads_a_float16_pool(hq: int, hkv: int, d: int) -> Non
 
 
 @needs_kernels
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(9, 3, 64), (6, 2, 48), (4, 4, 64)])
+def test_decode_attention_rows_do_not_depend_on_the_batch(hq: int, hkv: int, d: int) -> None:
+    """Each request's output is bitwise the same alone or in a batch (float16 pool, grouped heads),
+    and a padding row (length 0) gives zeros."""
+    torch.manual_seed(2)
+    ps, num_pages = 16, 40
+    kp, vp = torch.randn(num_pages * ps, hkv, d).half(), torch.randn(num_pages * ps, hkv, d).half()
+    lens = torch.tensor([70, 1, 0, 150], dtype=torch.int32)
+    page_rows = torch.randperm(num_pages)[:40].view(4, 10).to(torch.int32)
+    q = torch.randn(4, hq, d)
+    batch = kernels.decode_attention(q, kp, vp, page_rows, lens, ps, d**-0.5)
+    for i in range(4):
+        one = kernels.decode_attention(
+            q[i : i + 1].contiguous(),
+            kp,
+            vp,
+            page_rows[i : i + 1].contiguous(),
+            lens[i : i + 1].contiguous(),
+            ps,
+            d**-0.5,
+        )
+        assert torch.equal(one[0], batch[i]), i
+    assert torch.equal(batch[2], torch.zeros(hq, d))
+
+
+@needs_kernels
 @pytest.mark.parametrize(("hq", "hkv", "d"), [(9, 3, 64), (8, 2, 128), (6, 2, 48)])
 @pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("threads", [1, 2])
