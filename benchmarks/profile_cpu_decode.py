@@ -31,6 +31,7 @@ def names() -> dict[int, str]:
             "rope_store",
             "add_rmsnorm",
             "gather_rows",
+            "argmax_rows",
             "qlinear",
             "dequant_rows",
         ):
