@@ -432,8 +432,7 @@ def _configure_logging(level: str) -> None:
 
 
 def serve(args: ServerArgs, warm: WarmStart | None = None) -> int:
-    """Run a server until it is stopped; return the process exit code. `warm`: an interpreter
-    already importing torch (`warm.py`), for scheduler rank 0; the caller discards it if unused."""
+    """Run a server until it is stopped; return the exit code. `warm`: scheduler rank 0's (warm.py)."""
     for sig in (signal.SIGINT, signal.SIGTERM):  # until the launcher installs its own
         signal.signal(sig, raise_exit)  # nothing is running yet that needs draining
     _configure_logging(args.log_level)

@@ -62,9 +62,8 @@ class ProcessGroup:
     def spawn(
         self, name: str, target: Callable[..., object], *args: object, warm: WarmStart | None = None
     ) -> Child:
-        """Start `target(*args, status_pipe)` in a child; in `warm`'s interpreter where it is still
-        waiting for a job (`warm.py`), else in a new one."""
-        if warm is not None and warm.available:
+        """Start `target(*args, status_pipe)` in `warm`'s interpreter if still unused (warm.py), else anew."""
+        if warm is not None and warm.process is not None:
             proc, parent_end = warm.hand(self.lifeline, target, args)
         else:
             parent_end, child_end = self.ctx.Pipe(duplex=True)
