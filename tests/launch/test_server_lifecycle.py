@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import pstats
 import re
 import signal
@@ -164,6 +165,16 @@ def test_bench_client_against_dummy_server(pool_server, tmp_path) -> None:
         + [str(out)]
     )
     assert code == 0 and json.loads(out.read_text())["completed"] == 6
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux CPU sets")
+def test_every_thread_has_every_cpu_once_serving(pool_server) -> None:
+    """While the children start, the launcher and the tokenizer workers keep to one CPU (the others
+    are the schedulers'); once /health says 200 every thread of the server may run anywhere again."""
+    want = os.sched_getaffinity(0)
+    for proc in [psutil.Process(pool_server.proc.pid), *pool_server.children]:
+        for t in proc.threads():
+            assert os.sched_getaffinity(t.id) == want, (proc.cmdline()[-2:], t.id)
 
 
 def test_sigterm_leaves_no_process_and_no_socket(pool_server) -> None:

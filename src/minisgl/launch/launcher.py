@@ -47,7 +47,7 @@ from minisgl.launch.processes import Child, ProcessGroup, StartupError
 from minisgl.models.pooling import read_pooling
 from minisgl.tokenizer.server import Role, TokenizerWorkerConfig, run_tokenizer_worker
 from minisgl.utils.handshake import send_status
-from minisgl.utils.host import release_free_memory
+from minisgl.utils.host import keep_to_one_cpu, release_free_memory
 from minisgl.utils.logger import init_logger
 from minisgl.utils.profiling import maybe_profile
 from minisgl.utils.progress import ProgressBoard
@@ -103,6 +103,7 @@ class Launcher:
         self.board = ProgressBoard.create(self.addrs.ipc_dir, len(self.sched_configs))
         self.schedulers: list[Child] = []
         self.workers: list[Child] = []
+        self.give_back_cpus: Callable[[], None] = lambda: None
         self.watchdog: watchdog.Watchdog | None = None  # once every child is ready
 
     # ---- children --------------------------------------------------------------------------------
@@ -149,10 +150,11 @@ class Launcher:
         return [self.group.spawn(c.name, run_tokenizer_worker, c) for c in self._worker_configs()]
 
     def spawn_children(self) -> None:
-        """Start every child (`serve` does so before it imports the HTTP stack, which the children's
-        own start-up then overlaps)."""
+        """Start every child (before the HTTP stack's import, which their start-up overlaps); until
+        they are ready this process and the tokenizer workers keep to one CPU (`keep_to_one_cpu`)."""
         self._spawn_schedulers()
         self.workers = self._spawn_workers()
+        self.give_back_cpus = keep_to_one_cpu([0, *(w.process.pid or 0 for w in self.workers)])
 
     async def start_children(self) -> dict[str, Any]:
         """Return scheduler rank 0's info once every child (started by `spawn_children`) is ready."""
@@ -278,6 +280,7 @@ class Launcher:
     async def _start_up(self, state: ServerState, serve_task: asyncio.Task) -> None:
         start = asyncio.create_task(self.start_children())
         done, _ = await asyncio.wait({start, serve_task}, return_when=asyncio.FIRST_COMPLETED)
+        self.give_back_cpus()
         if start not in done:  # stopped (a signal) during start-up
             self.stop_requested = True
             await asyncio.wait({start})

@@ -24,15 +24,13 @@ class WarmStart:
     def __init__(self, preload: tuple[str, ...] = ("torch", "minisgl.scheduler.scheduler")) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child_end = ctx.Pipe(duplex=True)
-        self.process: BaseProcess | None = ctx.Process(
-            target=warm_main, args=(child_end, preload), daemon=False
-        )
+        self.process: BaseProcess | None = ctx.Process(target=warm_main, args=(child_end, preload))
         with quiet_openmp_waits():  # the environment a child spawned later gets
             self.process.start()
         child_end.close()
 
     def hand(
-        self, lifeline: Any, target: Callable[..., object], args: tuple[Any, ...]
+        self, lifeline: Any, target: Callable[..., object], args: tuple
     ) -> tuple[BaseProcess, Connection]:
         """Give the interpreter its job; return it and the launcher's end of its status pipe."""
         assert self.process is not None, "handed a job or discarded already"

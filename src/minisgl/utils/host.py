@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -48,6 +48,34 @@ def release_free_memory() -> bool:
         return False
     trim(ctypes.c_size_t(0))
     return True
+
+
+def set_cpus(pids: list[int], cpus: set[int]) -> None:
+    """Every thread of the processes `pids` (0: this one) to `cpus` (Linux; a no-op elsewhere, and
+    for a process that is gone). Threads inherit their creator's set, so each one is set."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    for pid in pids:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid or os.getpid()}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError:
+                pass
+
+
+def keep_to_one_cpu(pids: list[int]) -> Callable[[], None]:
+    """Every thread of `pids` (0: this process) to this process's last CPU, for a while (on 2 cores
+    a server's start-up otherwise shares both between three processes); returns what gives them all
+    of this process's CPUs back. With one CPU, or off Linux, nothing happens."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    if len(cpus) < 2:
+        return lambda: None
+    set_cpus(pids, {max(cpus)})
+    return lambda: set_cpus(pids, cpus)
 
 
 # libgomp spins this many rounds at a barrier before it sleeps (its default, 300,000, is milliseconds).
