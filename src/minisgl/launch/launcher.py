@@ -47,7 +47,7 @@ from minisgl.launch.processes import Child, ProcessGroup, StartupError
 from minisgl.models.pooling import read_pooling
 from minisgl.tokenizer.server import Role, TokenizerWorkerConfig, run_tokenizer_worker
 from minisgl.utils.handshake import send_status
-from minisgl.utils.host import keep_to_one_cpu, release_free_memory
+from minisgl.utils.host import keep_to_few_cpus, release_free_memory
 from minisgl.utils.logger import init_logger
 from minisgl.utils.profiling import maybe_profile
 from minisgl.utils.progress import ProgressBoard
@@ -151,10 +151,10 @@ class Launcher:
 
     def spawn_children(self) -> None:
         """Start every child (before the HTTP stack's import, which their start-up overlaps); until
-        they are ready this process and the tokenizer workers keep to one CPU (`keep_to_one_cpu`)."""
+        they are ready this process and the tokenizer workers keep to a CPU each (`keep_to_few_cpus`)."""
         self._spawn_schedulers()
         self.workers = self._spawn_workers()
-        self.give_back_cpus = keep_to_one_cpu([0, *(w.process.pid or 0 for w in self.workers)])
+        self.give_back_cpus = keep_to_few_cpus([0, *(w.process.pid or 0 for w in self.workers)])
 
     async def start_children(self) -> dict[str, Any]:
         """Return scheduler rank 0's info once every child (started by `spawn_children`) is ready."""

@@ -67,15 +67,16 @@ def set_cpus(pids: list[int], cpus: set[int]) -> None:
                 pass
 
 
-def keep_to_one_cpu(pids: list[int]) -> Callable[[], None]:
-    """Every thread of `pids` (0: this process) to this process's last CPU, for a while (on 2 cores
-    a server's start-up otherwise shares both between three processes); returns what gives them all
-    of this process's CPUs back. With one CPU, or off Linux, nothing happens."""
-    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+def keep_to_few_cpus(pids: list[int]) -> Callable[[], None]:
+    """Every thread of `pids` (0: this process) to the last len(pids) - 1 of this process's CPUs (at
+    least one, at most all but one), for a while: on 2 cores a server's start-up otherwise shares
+    both between three processes. Returns what gives them all of this process's CPUs back. With one
+    CPU, or off Linux, nothing happens."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if len(cpus) < 2:
         return lambda: None
-    set_cpus(pids, {max(cpus)})
-    return lambda: set_cpus(pids, cpus)
+    set_cpus(pids, set(cpus[-max(1, min(len(pids) - 1, len(cpus) - 1)) :]))
+    return lambda: set_cpus(pids, set(cpus))
 
 
 # libgomp spins this many rounds at a barrier before it sleeps (its default, 300,000, is milliseconds).
