@@ -42,6 +42,16 @@ def _check_scratch(rc: int, kernel: str) -> None:
         raise MemoryError(f"{kernel}: out of scratch memory")
 
 
+def _paged_args(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, page_rows: torch.Tensor
+) -> tuple[list[int], int]:
+    """The arguments both attention kernels start with (q, the K/V pool, the page table and its
+    width) and whether the pool is float16 (else float32)."""
+    kv = k_pool.dtype if k_pool.dtype in (torch.float32, torch.float16) else torch.float32
+    args = [_check(q, "q"), _check(k_pool, "k_pool", kv), _check(v_pool, "v_pool", kv)]
+    return [*args, _check(page_rows, "page_rows", torch.int32), page_rows.shape[1]], int(kv == torch.float16)
+
+
 def decode_attention(
     q: torch.Tensor,
     k_pool: torch.Tensor,
@@ -64,23 +74,9 @@ def decode_attention(
             f"decode_attention: shapes q {tuple(q.shape)}, pool {tuple(k_pool.shape)}, pages {tuple(page_rows.shape)}"
         )
     out = graph.empty(q.shape)
-    kv = k_pool.dtype if k_pool.dtype in (torch.float32, torch.float16) else torch.float32
-    args = [
-        _check(q, "q"),
-        _check(k_pool, "k_pool", kv),
-        _check(v_pool, "v_pool", kv),
-        _check(page_rows, "page_rows", torch.int32),
-        page_rows.shape[1],
-        _check(seq_lens, "seq_lens", torch.int32),
-        bsz,
-        hq,
-        hkv,
-        d,
-        page_size,
-        graph.float_bits(scale),
-        out.data_ptr(),
-        int(kv == torch.float16),
-    ]
+    paged, half = _paged_args(q, k_pool, v_pool, page_rows)
+    args = [*paged, _check(seq_lens, "seq_lens", torch.int32), bsz, hq, hkv, d, page_size]
+    args += [graph.float_bits(scale), out.data_ptr(), half]
     rc = graph.call(lib.minisgl_decode_attention_packed, args, (q, k_pool, v_pool, page_rows, seq_lens, out))
     _check_scratch(rc, "decode_attention")
     return out
@@ -113,24 +109,9 @@ def extend_attention(
             f"{tuple(page_rows.shape)}, starts ending {int(starts[-1])}"
         )
     out = graph.empty(q.shape)
-    kv = k_pool.dtype if k_pool.dtype in (torch.float32, torch.float16) else torch.float32
-    args = [
-        _check(q, "q"),
-        _check(k_pool, "k_pool", kv),
-        _check(v_pool, "v_pool", kv),
-        _check(page_rows, "page_rows", torch.int32),
-        page_rows.shape[1],
-        _check(seq_lens, "seq_lens", torch.int32),
-        _check(starts, "starts", torch.int64),
-        bsz,
-        hq,
-        hkv,
-        d,
-        page_size,
-        graph.float_bits(scale),
-        out.data_ptr(),
-        int(kv == torch.float16),
-    ]
+    paged, half = _paged_args(q, k_pool, v_pool, page_rows)
+    args = [*paged, _check(seq_lens, "seq_lens", torch.int32), _check(starts, "starts", torch.int64)]
+    args += [bsz, hq, hkv, d, page_size, graph.float_bits(scale), out.data_ptr(), half]
     rc = graph.call(
         lib.minisgl_extend_attention_packed, args, (q, k_pool, v_pool, page_rows, seq_lens, starts, out)
     )
