@@ -17,8 +17,7 @@ import time
 from pathlib import Path
 
 import torch
-
-from minisgl.quant import QuantizedWeight, QuantPart
+from bench_qlinear_shapes import copy_of, projection_weights  # this folder's (the scripts run from it)
 
 
 def main() -> None:
@@ -33,7 +32,6 @@ def main() -> None:
     ns = ap.parse_args()
     torch.set_num_threads(ns.threads)
     from minisgl.kernels import build, quant
-    from minisgl.models import load_model, resolve_model_path
 
     isa = build.quant_isa()
     libs = []
@@ -41,17 +39,8 @@ def main() -> None:
         build._QUANT_SOURCE = src
         build._quant.pop(isa, None)
         libs.append(build.load_quant(isa))
-    model, _ = load_model(resolve_model_path(None), torch.float32, torch.device("cpu"), native=True)
-    shapes: dict[str, QuantizedWeight] = {}
-    for name, module in model.named_modules():
-        w = getattr(module, "weight", None)
-        if isinstance(w, QuantizedWeight) and not name.endswith("embed_tokens"):
-            shapes.setdefault(name.rsplit(".", 1)[-1], w)
-    for key, w in shapes.items():
-        copies = [w] + [
-            QuantizedWeight([QuantPart(p.fmt, p.data.clone(), p.k, p.order) for p in w.parts])
-            for _ in range(ns.copies - 1)
-        ]
+    for key, w in projection_weights().items():
+        copies = [w] + [copy_of(w) for _ in range(ns.copies - 1)]
         x = torch.randn(ns.rows, w.shape[1])
         outs = []
         for lib in libs:

@@ -25,6 +25,20 @@ def copy_of(w: QuantizedWeight) -> QuantizedWeight:
     return QuantizedWeight([QuantPart(p.fmt, p.data.clone(), p.k, p.order) for p in w.parts])
 
 
+def projection_weights(gguf: str | None = None) -> dict[str, QuantizedWeight]:
+    """A GGUF model's quantized projections (default: the embedded model's), the first of each name
+    (qkv_proj, o_proj, gate_up_proj, down_proj, lm_head)."""
+    from minisgl.models import load_model, resolve_model_path
+
+    model, _ = load_model(resolve_model_path(gguf), torch.float32, torch.device("cpu"), native=True)
+    shapes: dict[str, QuantizedWeight] = {}
+    for name, module in model.named_modules():
+        w = getattr(module, "weight", None)
+        if isinstance(w, QuantizedWeight) and not name.endswith("embed_tokens"):
+            shapes.setdefault(name.rsplit(".", 1)[-1], w)
+    return shapes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf", type=Path, help="default: the embedded SmolLM2 Q4_1")
@@ -36,17 +50,8 @@ def main() -> None:
     ns = ap.parse_args()
     torch.set_num_threads(ns.threads)  # the kernels share torch's OpenMP runtime
     from minisgl.kernels import quant
-    from minisgl.models import load_model, resolve_model_path
 
-    model, _ = load_model(
-        resolve_model_path(str(ns.gguf) if ns.gguf else None), torch.float32, torch.device("cpu"), native=True
-    )
-    shapes: dict[str, QuantizedWeight] = {}
-    for name, module in model.named_modules():
-        w = getattr(module, "weight", None)
-        if isinstance(w, QuantizedWeight) and not name.endswith("embed_tokens"):
-            shapes.setdefault(name.rsplit(".", 1)[-1], w)
-    for key, w in shapes.items():
+    for key, w in projection_weights(str(ns.gguf) if ns.gguf else None).items():
         n, k = w.shape
         x = torch.randn(ns.rows, k)
         nbytes = sum(p.data.numel() for p in w.parts)

@@ -201,6 +201,21 @@ INLINE void attend_row(const float *qr, const void *k, const void *v, const int6
     }
 }
 
+/* Scratch for L positions of one request: s (L) for scores, and offs (L) each position's element
+ * offset in the pool (pages: the request's page-table row, row: elements per position). 0 when out
+ * of memory (nothing left allocated); else the caller frees both. */
+static int paged_scratch(const int32_t *pages, int64_t ps, int64_t row, int64_t L, float **s, int64_t **offs) {
+    *s = (float *)malloc(sizeof(float) * (size_t)L);
+    *offs = (int64_t *)malloc(sizeof(int64_t) * (size_t)L);
+    if (*s == NULL || *offs == NULL) {
+        free(*s);
+        free(*offs);
+        return 0;
+    }
+    for (int64_t j = 0; j < L; ++j) (*offs)[j] = ((int64_t)pages[j / ps] * ps + j % ps) * row;
+    return 1;
+}
+
 /* Decode attention over the paged KV pool of one layer, one new token per request.
  *   q        (B, Hq, D)       the new tokens' queries
  *   k, v     (S, Hkv, D)      the layer's pool (float32, or float16 for the _f16 kernel);
@@ -225,15 +240,12 @@ INLINE int decode_attention(const float *q, const void *k, const void *v, const 
             memset(out + t * D, 0, sizeof(float) * (size_t)D);
             continue;
         }
-        float *s = (float *)malloc(sizeof(float) * (size_t)L); /* (L) scores */
-        int64_t *offs = (int64_t *)malloc(sizeof(int64_t) * (size_t)L);
-        if (s == NULL || offs == NULL) {
-            free(s);
-            free(offs);
+        float *s;
+        int64_t *offs;
+        if (!paged_scratch(page_rows + b * P, ps, row, L, &s, &offs)) {
             failed = 1;
             continue;
         }
-        for (int64_t j = 0; j < L; ++j) offs[j] = ((int64_t)page_rows[b * P + j / ps] * ps + j % ps) * row;
         attend_row(q + t * D, k, v, offs, L, hq / G, D, scale, s, out + t * D, half);
         free(s);
         free(offs);
@@ -383,15 +395,12 @@ INLINE int extend_attention(const float *q, const void *k, const void *v, const 
             continue;
         }
 #endif
-        float *s = (float *)malloc(sizeof(float) * (size_t)L);
-        int64_t *offs = (int64_t *)malloc(sizeof(int64_t) * (size_t)L);
-        if (s == NULL || offs == NULL) {
-            free(s);
-            free(offs);
+        float *s;
+        int64_t *offs;
+        if (!paged_scratch(page_rows + b * P, ps, row, L, &s, &offs)) {
             failed = 1;
             continue;
         }
-        for (int64_t j = 0; j < L; ++j) offs[j] = ((int64_t)page_rows[b * P + j / ps] * ps + j % ps) * row;
         for (int64_t i = i0; i < i1; ++i)
             for (int64_t g = 0; g < G; ++g) {
                 const int64_t hq = h * G + g;
