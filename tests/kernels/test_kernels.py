@@ -266,6 +266,30 @@ def test_without_kernels_torch_paths_serve(tmp_path, env: dict[str, str], expect
     assert expected in proc.stderr
 
 
+def test_build_cache_is_keyed_by_the_compiler_install_without_running_it(
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    """A library is built once per (source, flags, compiler install): a second start reuses it, with no
+    `cc --version` subprocess; a compiler that changed on disk builds a new one."""
+    from minisgl.kernels import build
+
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    calls = tmp_path / "calls"
+    cc = tmp_path / "cc"  # a stand-in compiler: logs its arguments, writes the -o file
+    cc.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nwhile [ "$1" != -o ]; do shift; done\n: > "$2"\n')
+    cc.chmod(0o755)
+    source = tmp_path / "k.c"
+    source.write_text("int f(void) { return 1; }\n")
+    first = build._build(str(cc), source, ["-O2"], "libk.so")
+    again = build._build(str(cc), source, ["-O2"], "libk.so")
+    assert first == again and first.exists()
+    assert len(calls.read_text().splitlines()) == 1  # one compile; never a --version
+    os.utime(cc, ns=(1, 1))  # the compiler was replaced (a new install's time)
+    rebuilt = build._build(str(cc), source, ["-O2"], "libk.so")
+    assert rebuilt != first and len(calls.read_text().splitlines()) == 2
+
+
 @needs_kernels
 @pytest.mark.parametrize("rows", [1, 3, 13, 16, 130, 300])  # register blocks 1..12, two row chunks
 @pytest.mark.parametrize("bias", [False, True])

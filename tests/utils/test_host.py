@@ -34,3 +34,39 @@ def test_keep_to_few_cpus_narrows_every_thread_then_gives_all_back() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_release_free_memory_gives_back_freed_heap_without_a_subprocess(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Freed blocks below a live one stay resident until malloc_trim; the lookup of malloc_trim runs
+    no `ldconfig` (ctypes.util.find_library would, at every idle spell of the scheduler)."""
+    import ctypes
+
+    from minisgl.utils import host
+
+    def no_subprocess(*args: object, **kwargs: object) -> None:
+        raise AssertionError("release_free_memory started a subprocess")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", no_subprocess)
+    host._malloc_trim.cache_clear()
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size = 64 << 10  # under glibc's mmap threshold: from the heap
+    blocks = [libc.malloc(size) for _ in range(400)]
+    for b in blocks:
+        ctypes.memset(b, 1, size)
+    for b in blocks[::2]:  # every other one: live blocks between them keep free() from shrinking the heap
+        libc.free(b)
+    before = _rss_bytes()
+    assert host.release_free_memory() is True
+    after = _rss_bytes()
+    for b in blocks[1::2]:
+        libc.free(b)
+    assert before - after > 8 << 20, (before, after)  # most of the 12.5 MiB freed went back

@@ -117,11 +117,20 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
 
 
+def _identity(cc: str) -> str:
+    """What tells one compiler install from another, for the build cache's key: the resolved
+    executable's path, size and modification time. (`cc --version` would say it too, but costs a
+    subprocess at every process start, on the server's start-up path.)"""
+    path = shutil.which(cc) or cc
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return f"{real}:{st.st_size}:{st.st_mtime_ns}"
+
+
 def _build(
     cc: str, source: Path = _SOURCE, flags: list[str] = _FLAGS, name: str = "libminisgl_cpu.so"
 ) -> Path:
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([source.read_text(), version, *flags]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([source.read_text(), _identity(cc), *flags]).encode()).hexdigest()[:16]
     out_dir = cache_dir() / "kernels" / key
     lib = out_dir / name
     if lib.exists():

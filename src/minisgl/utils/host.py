@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 from collections.abc import Callable, Iterator
@@ -36,18 +37,25 @@ def release_free_memory() -> bool:
     """Hands the C heap's free pages back to the OS (glibc's malloc_trim): a busy step's scratch
     (prefill activations, kernel buffers) otherwise stays resident after the work ends. False where
     the C library has no malloc_trim (not glibc)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
-        return False
+    trim = _malloc_trim()
     if trim is None:
         return False
-    trim(ctypes.c_size_t(0))
+    trim(0)
     return True
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, looked up once among the symbols the process already has (no
+    ctypes.util.find_library: it runs `ldconfig -p` in a subprocess at every call)."""
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
 
 
 def set_cpus(pids: list[int], cpus: set[int]) -> None:
