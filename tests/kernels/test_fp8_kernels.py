@@ -53,8 +53,10 @@ def test_gemv_fp8_matches_the_dequantized_weight(
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("m", "n", "k"), [(1, 48, 96), (3, 40, 200)])
-def test_gemv_fp8_rows_matches_the_dequantized_weight(dtype: torch.dtype, m: int, n: int, k: int) -> None:
+@pytest.mark.parametrize(("m", "n", "k", "config"), [(1, 48, 96, (16, 64, 4)), (3, 40, 200, (4, 512, 2))])
+def test_gemv_fp8_rows_matches_the_dequantized_weight(
+    dtype: torch.dtype, m: int, n: int, k: int, config: tuple[int, int, int]
+) -> None:
     """The CUDA-core row GEMV: plain, with a bias, adding into the residual, with the RMSNorm before
     it, and with the norm and SiLU x up around a [gate | up] weight."""
     from minisgl.kernels.triton.gemv_row import RowGemvConfig, gemv_fp8_rows
@@ -66,7 +68,7 @@ def test_gemv_fp8_rows_matches_the_dequantized_weight(dtype: torch.dtype, m: int
         torch.randn(n, generator=gen),
         torch.rand(k, generator=gen) + 0.5,
     )
-    config, tol = RowGemvConfig(16, 64, 4, 1), TOL[dtype]
+    config, tol = RowGemvConfig(*config), TOL[dtype]
     xd, wd = x.to(dtype).double(), ref_w.double()
     xl, bl, gl = x.to(dtype).to(DEV), bias.to(dtype).to(DEV), g.to(dtype).to(DEV)
     ref = xd @ wd.T

@@ -7,7 +7,9 @@ adds the unrounded product, so results agree within that dtype's tolerance.
 A Triton matmul for decode batches with the norm and SiLU x up fused in as prologues lost to cuBLAS
 (README, "GPU"): the GEMV takes only the residual add, as its epilogue.
 
-fp8 weights (`Fp8Weight`): up to 16 rows in the GEMV's fp8 variant (the weight widened in registers,
+fp8 weights (`Fp8Weight`): one row with per-channel scales in the CUDA-core row GEMV
+(`kernels.triton.gemv_row`), the RMSNorm before qkv and gate/up and SiLU x up after gate/up fused in
+(`norm_linear`, `norm_mlp_add_`: two kernels for the MLP); up to 16 rows in the GEMV's fp8 variant (the weight widened in registers,
 x not quantized); where the GEMV's input comes from minisgl's RMSNorm or SiLU x up kernel (qkv,
 gate/up, down) those write it in fp16, to which the weight widens in one instruction a pair. More rows
 quantize x per token (a Triton kernel) and take `torch._scaled_mm` (per-channel weight scales:
@@ -80,7 +82,9 @@ def fp8_row_config(x: torch.Tensor, weight: Fp8Weight, gated: bool = False) -> R
         return None
     if x.dtype not in GEMV_DTYPES or not x.is_contiguous() or weight.qweight.stride(1) != 1:
         return None
-    return RowGemvConfig(4, 1024, 4, 1)
+    if gated:  # gate/up: BLOCK_N rows of each half
+        return RowGemvConfig(4, 512, 2)
+    return RowGemvConfig(4, 2048, 8 if weight.shape[1] >= 8192 else 4)  # down; qkv, o
 
 
 def fp8_matmul(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor | None:

@@ -3,11 +3,12 @@
 
 The tensor-core GEMV (`gemv.gemv_fp8`) pads one row to a 16-row tile and moves each widened weight
 tile through shared memory into the dot's operand layout; at one row that work, not the bytes, sets
-its pace. Here each program streams BLOCK_N whole rows of W in 16-byte loads, widens them to float32
-and multiplies them into a (BLOCK_N, BLOCK_K) float32 accumulator that is summed over K once, at the
-end: no shared memory, no cross-thread traffic inside the loop. Rows of x are programs on the fast
-grid axis, so the programs of one weight block run side by side and its second and later reads hit
-the L2.
+its pace. Here each program streams BLOCK_N whole rows of W: a step of BLOCK_K columns is CHUNKS
+chunks of VEC (8) columns, one per thread, so a thread loads 8 bytes of each row and the 16 bytes of
+x that go with them (the two layouts agree: no shuffle between them), widens the weights to float32
+and sums its chunk in registers into a (BLOCK_N, CHUNKS) accumulator; the sum over the chunks (the
+shuffles) comes once, after the loop. Rows of x are programs on the fast grid axis, so the programs
+of one weight block run side by side and the second row's reads hit the L2.
 
 Fused around it (each optional, decided at compile time):
 - the RMSNorm before it (`norm`): y = rsqrt(mean(x^2) + eps) * (x * g) @ W^T. Each program sums x^2
@@ -38,7 +39,15 @@ class RowGemvConfig:
     block_n: int = 4
     block_k: int = 1024
     num_warps: int = 4
-    num_stages: int = 1
+
+
+VEC = tl.constexpr(8)  # weights a thread loads at once and sums in its registers (as many as x's 16 bytes)
+
+
+@triton.jit
+def _load_tile(rows, offs, k):
+    """The (BLOCK_N, CHUNKS, VEC) fp8 tile of `rows` at column offsets `offs` (CHUNKS, VEC)."""
+    return tl.load(rows[:, :, None] + offs[None, :, :], mask=(offs < k)[None, :, :], other=0.0)
 
 
 @triton.jit
@@ -63,6 +72,7 @@ def _gemv_row_kernel(
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    CHUNKS: tl.constexpr = BLOCK_K // VEC
     row = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     n_mask = offs_n < n_out
@@ -70,22 +80,23 @@ def _gemv_row_kernel(
     w_rows = W + safe_n[:, None].to(tl.int64) * stride_wn  # (BLOCK_N, 1)
     up_rows = w_rows + n_out.to(tl.int64) * stride_wn  # GATED: the up half's rows
     x_row = X + row.to(tl.int64) * stride_xm
+    # column offsets of one step: chunk c of VEC columns at c * VEC (CHUNKS, VEC)
+    offs = tl.arange(0, CHUNKS)[:, None] * VEC + tl.arange(0, VEC)[None, :]
     pdl_enter(PDL)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    ss = tl.zeros([BLOCK_K], tl.float32)  # NORM: x^2 summed over the steps
+    acc = tl.zeros([BLOCK_N, CHUNKS], tl.float32)  # each thread's chunk sums: no shuffles in the loop
+    acc_up = tl.zeros([BLOCK_N, CHUNKS], tl.float32)
+    ss = tl.zeros([CHUNKS], tl.float32)  # NORM: x^2 summed over the steps
     for k0 in range(0, k, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < k
-        x = tl.load(x_row + offs_k, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,)
+        cols = k0 + offs  # (CHUNKS, VEC)
+        x = tl.load(x_row + cols, mask=cols < k, other=0.0).to(tl.float32)
         if NORM:
-            ss += x * x
-            x = x * tl.load(NormW + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-        w = tl.load(w_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0)  # (BLOCK_N, BLOCK_K)
-        acc += w.to(tl.float32) * x[None, :]
+            ss += tl.sum(x * x, axis=1)
+            x = x * tl.load(NormW + cols, mask=cols < k, other=0.0).to(tl.float32)
+        w = _load_tile(w_rows, cols, k)  # (BLOCK_N, CHUNKS, VEC)
+        u = _load_tile(up_rows, cols, k) if GATED else w  # both halves' loads in flight before the math
+        acc += tl.sum(w.to(tl.float32) * x[None, :, :], axis=2)
         if GATED:
-            u = tl.load(up_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0)
-            acc_up += u.to(tl.float32) * x[None, :]
+            acc_up += tl.sum(u.to(tl.float32) * x[None, :, :], axis=2)
     y = tl.sum(acc, axis=1) * tl.load(WScale + safe_n)  # (BLOCK_N,)
     if NORM:
         rstd = tl.rsqrt(tl.sum(ss, axis=0) / k + eps)
@@ -134,12 +145,12 @@ def gemv_fp8_rows(
     if m == 0:
         return out
     pdl = use_pdl(x)
-    block_k = min(config.block_k, max(16, triton.next_power_of_2(k)))
+    block_k = min(config.block_k, max(16, triton.next_power_of_2(k)))  # a power of two >= VEC
     _gemv_row_kernel[(m, triton.cdiv(n_out, config.block_n))](
         x, weight, scale, weight if bias is None else bias, x if norm is None else norm[0], out,
         n_out, k, x.stride(0), weight.stride(0), out.stride(0), 0.0 if norm is None else norm[1],
         NORM=norm is not None, GATED=gated, HAS_BIAS=bias is not None, ADD_RES=residual is not None,
         BLOCK_N=config.block_n, BLOCK_K=block_k, PDL=pdl,
-        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(pdl),
+        num_warps=config.num_warps, num_stages=1, **pdl_launch(pdl),
     )  # fmt: skip
     return out
