@@ -52,6 +52,36 @@ def test_fp8_projection_paths_match_their_emulation(block: tuple[int, int] | Non
     assert _rel(out, res.double() + want) < 1e-2
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_fp8_norm_and_mlp_ops_match_the_reference(rows: int) -> None:
+    """A decoder layer's fused fp8 calls (the row GEMV at 1 row: RMSNorm and SiLU x up fused; the
+    tensor-core GEMV with its norm and SiLU kernels at more) against the torch reference ops on the
+    dequantized weights."""
+    from minisgl.backends import REFERENCE_OPS
+    from minisgl.backends.cuda import CudaOps
+
+    gen = torch.Generator().manual_seed(rows)
+    hidden, inter = 256, 384
+    weights = {}
+    for name, (n, k) in {
+        "gate_up": (2 * inter, hidden),
+        "down": (hidden, inter),
+        "qkv": (320, hidden),
+    }.items():
+        q, s = quantize_fp8(torch.randn(n, k, generator=gen) * 0.05, None)
+        weights[name] = Fp8Weight(q.cuda(), s.cuda(), None)
+    x = torch.randn(rows, hidden, generator=gen).bfloat16().cuda()
+    g = (torch.rand(hidden, generator=gen) + 0.5).bfloat16().cuda()
+    ops = CudaOps()
+    want = REFERENCE_OPS.norm_linear(x.float(), g.float(), 1e-5, weights["qkv"], None)
+    assert _rel(ops.norm_linear(x, g, 1e-5, weights["qkv"], None), want) < 2e-2
+    ref_res = x.float().clone()
+    REFERENCE_OPS.norm_mlp_add_(x.float(), g.float(), 1e-5, weights["gate_up"], weights["down"], ref_res)
+    res = x.clone()
+    assert ops.norm_mlp_add_(res, g, 1e-5, weights["gate_up"], weights["down"], res) is res
+    assert _rel(res - x, ref_res - x.float()) < 2e-2
+
+
 @pytest.mark.parametrize("fmt", ["fp8-block", "ct-channel", "fp8-tensor"])
 def test_fp8_checkpoint_on_cuda_is_close_to_its_cpu_reference(fmt: str, tmp_path: Path) -> None:
     base = save_tiny_hf_model("LlamaForCausalLM", tmp_path / "base", tie=False)

@@ -52,6 +52,52 @@ def test_gemv_fp8_matches_the_dequantized_weight(
     assert _rel(out, res.double() + ref) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("m", "n", "k", "config"), [(1, 48, 96, (16, 64, 4)), (3, 40, 200, (4, 512, 2))])
+def test_gemv_fp8_rows_matches_the_dequantized_weight(
+    dtype: torch.dtype, m: int, n: int, k: int, config: tuple[int, int, int]
+) -> None:
+    """The CUDA-core row GEMV: plain, with a bias, adding into the residual, with the RMSNorm before
+    it, and with the norm and SiLU x up around a [gate | up] weight."""
+    from minisgl.kernels.triton.gemv_row import RowGemvConfig, gemv_fp8_rows
+
+    gen = torch.Generator().manual_seed(m * n + k)
+    q, s, ref_w = _weight(n, k, None, gen)
+    x, bias, g = (
+        torch.randn(m, k, generator=gen),
+        torch.randn(n, generator=gen),
+        torch.rand(k, generator=gen) + 0.5,
+    )
+    config, tol = RowGemvConfig(*config), TOL[dtype]
+    xd, wd = x.to(dtype).double(), ref_w.double()
+    xl, bl, gl = x.to(dtype).to(DEV), bias.to(dtype).to(DEV), g.to(dtype).to(DEV)
+    ref = xd @ wd.T
+    assert _rel(gemv_fp8_rows(xl, q, s, config=config), ref) < tol
+    assert _rel(gemv_fp8_rows(xl, q, s, bl, config=config), ref + bias.to(dtype).double()) < tol
+    res = torch.randn(m, n, generator=gen).to(dtype)
+    out = res.to(DEV, copy=True)
+    assert gemv_fp8_rows(xl, q, s, residual=out, config=config) is out  # in place
+    assert _rel(out, res.double() + ref) < tol
+    normed = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * g.to(dtype).double()
+    assert _rel(gemv_fp8_rows(xl, q, s, norm=(gl, 1e-6), config=config), normed @ wd.T) < tol
+    gate, up = (normed @ wd.T).chunk(2, -1)
+    gated = gemv_fp8_rows(xl, q, s, norm=(gl, 1e-6), gated=True, config=config)
+    assert gated.shape == (m, n // 2) and _rel(gated, torch.nn.functional.silu(gate) * up) < tol
+
+
+def test_gemv_fp8_rows_refuses_what_it_cannot_take() -> None:
+    from minisgl.kernels.triton.gemv_row import MAX_ROWS, gemv_fp8_rows
+
+    q = torch.zeros(32, 64, dtype=FP8, device=DEV)
+    with pytest.raises(ValueError, match="gemv_fp8_rows"):
+        gemv_fp8_rows(torch.zeros(MAX_ROWS + 1, 64, device=DEV), q, torch.ones(32, device=DEV))
+    with pytest.raises(ValueError, match="scale"):
+        gemv_fp8_rows(torch.zeros(1, 64, device=DEV), q, torch.ones(31, device=DEV))
+    with pytest.raises(ValueError, match="residual"):
+        gemv_fp8_rows(torch.zeros(1, 64, device=DEV), q, torch.ones(32, device=DEV), gated=True,
+                      residual=torch.zeros(1, 32, device=DEV)[:, ::2])  # fmt: skip
+
+
 def test_gemv_fp8_refuses_mismatched_scales() -> None:
     from minisgl.kernels.triton.gemv import gemv_fp8
 

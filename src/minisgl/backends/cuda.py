@@ -7,7 +7,9 @@ adds the unrounded product, so results agree within that dtype's tolerance.
 A Triton matmul for decode batches with the norm and SiLU x up fused in as prologues lost to cuBLAS
 (README, "GPU"): the GEMV takes only the residual add, as its epilogue.
 
-fp8 weights (`Fp8Weight`): up to 16 rows in the GEMV's fp8 variant (the weight widened in registers,
+fp8 weights (`Fp8Weight`): one row with per-channel scales in the CUDA-core row GEMV
+(`kernels.triton.gemv_row`), the RMSNorm before qkv and gate/up and SiLU x up after gate/up fused in
+(`norm_linear`, `norm_mlp_add_`: two kernels for the MLP); up to 16 rows in the GEMV's fp8 variant (the weight widened in registers,
 x not quantized); where the GEMV's input comes from minisgl's RMSNorm or SiLU x up kernel (qkv,
 gate/up, down) those write it in fp16, to which the weight widens in one instruction a pair. More rows
 quantize x per token (a Triton kernel) and take `torch._scaled_mm` (per-channel weight scales:
@@ -21,6 +23,7 @@ import torch
 from minisgl.kernels.triton import elementwise as tk
 from minisgl.kernels.triton import fp8 as tf8
 from minisgl.kernels.triton.gemv import GemvConfig, gemv, gemv_fp8
+from minisgl.kernels.triton.gemv_row import RowGemvConfig, gemv_fp8_rows
 from minisgl.kernels.triton.moe import ROUTE_IN_ALIGN, routed_moe, routed_moe_from_router
 from minisgl.kernels.triton.moe_route import route_topk
 from minisgl.quant import QuantizedWeight
@@ -30,6 +33,7 @@ from .torch_ops import QkNorm, TorchOps
 
 GEMV_MAX_ROWS = 16  # decode batches of up to this many rows take the GEMV (one tensor-core tile)
 GEMV_DTYPES = (torch.bfloat16, torch.float16)
+FP8_ROW_GEMV_MAX_ROWS = 1  # decode batches of up to this many rows take the fp8 row GEMV
 
 
 def gemv_config(x: torch.Tensor, weight: torch.Tensor) -> GemvConfig | None:
@@ -70,6 +74,19 @@ def fp8_gemv_config(x: torch.Tensor, weight: Fp8Weight) -> GemvConfig | None:
     return GemvConfig(64, 512, 4, 3) if n > k else GemvConfig(32, 512, 4, 4)  # qkv; o
 
 
+def fp8_row_config(x: torch.Tensor, weight: Fp8Weight, gated: bool = False) -> RowGemvConfig | None:
+    """The fp8 row GEMV's launch shape (CUDA cores, `kernels.triton.gemv_row`), or None where it does
+    not take x: per-channel scales, at most FP8_ROW_GEMV_MAX_ROWS contiguous 16-bit rows. Shapes: the
+    best of `benchmarks/bench_fp8_gemv_rows.py` on an H200 for the 8B shapes (docs/benchmarks.md, "fp8")."""
+    if weight.block is not None or x.dim() != 2 or not 0 < x.shape[0] <= FP8_ROW_GEMV_MAX_ROWS:
+        return None
+    if x.dtype not in GEMV_DTYPES or not x.is_contiguous() or weight.qweight.stride(1) != 1:
+        return None
+    if gated:  # gate/up: BLOCK_N rows of each half
+        return RowGemvConfig(4, 512, 2)
+    return RowGemvConfig(4, 2048, 8 if weight.shape[1] >= 8192 else 4)  # down; qkv, o
+
+
 def fp8_matmul(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor | None:
     """x (M, K) @ W^T (+ bias) -> (M, N) in x's dtype with x quantized per token (per group of the
     block's columns for block scales); None where neither fp8 matmul takes it (then: the reference)."""
@@ -95,6 +112,10 @@ class CudaOps(TorchOps):
     ) -> torch.Tensor:
         """`linear` (residual None) or `residual += linear` with an fp8 weight."""
         x2 = x.reshape(-1, x.shape[-1])  # (T, K)
+        row = fp8_row_config(x2, weight)
+        if row is not None and (residual is None or residual.is_contiguous()):
+            y = gemv_fp8_rows(x2, weight.qweight, weight.scale, bias, residual, config=row)
+            return y if residual is not None else y.view(*x.shape[:-1], -1)
         config = fp8_gemv_config(x2, weight)
         if config is not None and (residual is None or residual.is_contiguous()):
             y = gemv_fp8(x2, weight.qweight, weight.scale, weight.block, bias, residual, config)
@@ -118,6 +139,8 @@ class CudaOps(TorchOps):
         weight: Weight,
         bias: torch.Tensor | None,
     ) -> torch.Tensor:
+        if isinstance(weight, Fp8Weight) and (row := fp8_row_config(x, weight)) is not None:
+            return gemv_fp8_rows(x, weight.qweight, weight.scale, bias, None, (norm_weight, eps), config=row)
         config = self._fp16_gemv(x, weight)
         if config is None:
             return super().norm_linear(x, norm_weight, eps, weight, bias)
@@ -148,7 +171,7 @@ class CudaOps(TorchOps):
         if isinstance(weight, QuantizedWeight):  # a CPU checkpoint format: the reference
             return super().linear_add_(x, weight, bias, residual, gated)
         config = self._fp16_gemv(x, weight) if gated and residual.is_contiguous() else None
-        if config is not None:
+        if config is not None and fp8_row_config(x, weight) is None:
             assert isinstance(weight, Fp8Weight)
             h = tk.silu_and_mul(x, out_dtype=torch.float16)  # (T, I)
             return gemv_fp8(h, weight.qweight, weight.scale, weight.block, bias, residual, config)
@@ -161,6 +184,27 @@ class CudaOps(TorchOps):
             return gemv(x, weight, bias, residual, config)
         residual.addmm_(x, weight.t())  # one cuBLAS call: the add is the GEMM's epilogue (beta = 1)
         return residual if bias is None else residual.add_(bias)
+
+    def norm_mlp_add_(
+        self,
+        x: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        gate_up: Weight,
+        down: Weight,
+        residual: torch.Tensor,
+    ) -> torch.Tensor:
+        """fp8 weights in the row GEMV: two kernels, the norm and SiLU x up fused into the gate/up one."""
+        if (
+            isinstance(gate_up, Fp8Weight)
+            and isinstance(down, Fp8Weight)
+            and residual.is_contiguous()
+            and (row_gu := fp8_row_config(x, gate_up, gated=True)) is not None
+            and (row_down := fp8_row_config(x, down)) is not None
+        ):
+            h = gemv_fp8_rows(x, gate_up.qweight, gate_up.scale, None, None, (norm_weight, eps), True, row_gu)
+            return gemv_fp8_rows(h, down.qweight, down.scale, None, residual, config=row_down)  # (T, I) in
+        return super().norm_mlp_add_(x, norm_weight, eps, gate_up, down, residual)
 
     def rope_qkv(
         self,

@@ -71,6 +71,20 @@ class TorchOps:
             x = self.silu_and_mul(x)
         return residual.add_(self.linear(x, weight, bias))
 
+    def norm_mlp_add_(
+        self,
+        x: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        gate_up: Weight,
+        down: Weight,
+        residual: torch.Tensor,
+    ) -> torch.Tensor:
+        """SwiGLU over the normed residual stream: `residual += down(silu(gate) * up)` with [gate | up] =
+        gate_up(rmsnorm(x)), x (T, in) (may be residual itself), no biases. Returns residual."""
+        gate_up_out = self.norm_linear(x, norm_weight, eps, gate_up, None)  # (T, 2I)
+        return self.linear_add_(gate_up_out, down, None, residual, gated=True)
+
     def rope_lookup(
         self, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -92,3 +92,13 @@ class RowParallelLinear(Linear):
         if self.tp.size == 1:
             return self.ops.linear_add_(x, self.w, self.bias, residual, gated)
         return residual.add_(self(self.ops.silu_and_mul(x) if gated else x))
+
+    def forward_swiglu_add_(
+        self, gate_up: Linear, x: torch.Tensor, norm: RMSNorm, residual: torch.Tensor
+    ) -> torch.Tensor:
+        """`residual += self(silu(gate) * up)`, [gate | up] = gate_up(norm(x)): the MLP of a decoder
+        layer. One rank and no biases: one op, which a backend may fuse (the gating into the gate/up
+        projection); else `forward_add_`."""
+        if self.tp.size > 1 or self.bias is not None or gate_up.bias is not None:
+            return self.forward_add_(gate_up.forward_normed(x, norm), residual, gated=True)
+        return self.ops.norm_mlp_add_(x, norm.weight, norm.eps, gate_up.w, self.w, residual)

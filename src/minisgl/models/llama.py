@@ -132,7 +132,7 @@ class MLP(nn.Module):
 
     def forward(self, h: torch.Tensor, norm: RMSNorm) -> None:
         """`h += mlp(norm(h))` in place, h (T, hidden): SwiGLU over the fused gate/up projection."""
-        self.down_proj.forward_add_(self.gate_up_proj.forward_normed(h, norm), h, gated=True)
+        self.down_proj.forward_swiglu_add_(self.gate_up_proj, h, norm, h)
 
 
 class DecoderLayer(nn.Module):
