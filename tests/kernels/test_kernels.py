@@ -194,6 +194,37 @@ def test_extend_attention_matches_dense(hq: int, hkv: int, d: int, half: bool, t
     torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
 
 
+@needs_kernels
+@pytest.mark.parametrize("half", [False, True])
+def test_extend_attention_rows_do_not_depend_on_their_batch_or_chunk(half: bool) -> None:
+    """A new row's output is bitwise the same alone, beside another request, and when its prompt is
+    extended in two chunks (the rows grouped differently each time: blocks of 32 query rows, 12
+    (row, head) pairs sharing each K/V load)."""
+    torch.manual_seed(5)
+    hq, hkv, d, ps = 9, 3, 64, 16
+    kp, vp = torch.randn(64 * ps, hkv, d), torch.randn(64 * ps, hkv, d)
+    if half:
+        kp, vp = kp.half(), vp.half()
+    cached, new = 15, 70
+    page_rows = torch.randperm(64)[:12].view(2, 6).to(torch.int32)
+    q = torch.randn(new + 23, hq, d)
+
+    def extend(rows: slice, before: int, others: int = 0) -> torch.Tensor:
+        n = rows.stop - rows.start
+        lens = torch.tensor([before + n, 9 + others][: 1 + (others > 0)], dtype=torch.int32)
+        starts = torch.tensor([0, n, n + others][: 2 + (others > 0)], dtype=torch.int64)
+        qs = torch.cat([q[rows], q[new : new + others]]) if others else q[rows]
+        out = kernels.extend_attention(
+            qs.contiguous(), kp, vp, page_rows[: len(lens)].contiguous(), lens, starts, ps, d**-0.5
+        )
+        return out[:n]
+
+    alone = extend(slice(0, new), cached)
+    assert torch.equal(extend(slice(0, new), cached, others=23), alone)
+    head, tail = extend(slice(0, 41), cached), extend(slice(41, new), cached + 41)
+    assert torch.equal(torch.cat([head, tail]), alone)
+
+
 def test_extend_attention_rejects_bad_layouts() -> None:
     if not kernels.available():
         pytest.skip("the CPU kernels could not be built here")

@@ -280,6 +280,7 @@ int minisgl_decode_attention_f16(const float *q, const uint16_t *k, const uint16
  * head's G query heads against it. Each query row's sums follow one order whatever the batch, the
  * block or the thread (positions in blocks of 16 from 0). Returns 0, or -1 without scratch memory. */
 #define EXT_QB 32
+#define EXT_PAIRS 12 /* (query row, query head) pairs sharing each K/V vector loaded (8: 1.09-1.16x the time, 16: 1.02-1.03x) */
 #if defined(__AVX512F__)
 /* 16 x 16 floats: r[i] lane j -> r[j] lane i */
 static inline void transpose16_ps(__m512 r[16]) {
@@ -333,26 +334,62 @@ static void ext_load_kv(const void *k, const void *v, const int32_t *pages, int6
     }
 }
 
+/* NP (query row, query head) pairs against the converted K/V: pair p's query qp[p], the positions it
+ * sees Ls[p] (<= Lmax), its output op[p]; s: NP x Lp scratch. Each K or V vector loaded serves the
+ * NP pairs (one load, NP FMAs: one query row at a time took a load per FMA). A pair's score of a
+ * position and its output follow the one-row order: sums over d from 0, then over positions from 0
+ * (past its own Ls[p] its weights are 0, which adds nothing), so a row's result is the same in any
+ * group, block or batch. */
+INLINE void ext_pairs(const int NP, const float *const *qp, const int64_t *Ls, int64_t Lmax, const float *kt,
+                      const float *vs, int64_t Lp, int64_t D, float scale, float *s, float *const *op) {
+    const int64_t L16 = (Lmax + 15) / 16 * 16;
+    __m512 a[EXT_PAIRS];
+    for (int64_t j = 0; j < L16; j += 16) { /* scores of positions j .. j + 16 */
+        for (int p = 0; p < NP; ++p) a[p] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; ++d) {
+            const __m512 kv = _mm512_loadu_ps(kt + d * Lp + j);
+            for (int p = 0; p < NP; ++p) a[p] = _mm512_fmadd_ps(_mm512_set1_ps(qp[p][d]), kv, a[p]);
+        }
+        for (int p = 0; p < NP; ++p) _mm512_storeu_ps(s + p * Lp + j, a[p]);
+    }
+    for (int p = 0; p < NP; ++p) {
+        softmax_inplace(s + p * Lp, Ls[p], scale);
+        for (int64_t j = Ls[p]; j < Lmax; ++j) s[p * Lp + j] = 0.f;
+    }
+    for (int64_t c = 0; c < D; c += 16) {
+        for (int p = 0; p < NP; ++p) a[p] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < Lmax; ++j) {
+            const __m512 vv = _mm512_loadu_ps(vs + j * D + c);
+            for (int p = 0; p < NP; ++p) a[p] = _mm512_fmadd_ps(_mm512_set1_ps(s[p * Lp + j]), vv, a[p]);
+        }
+        for (int p = 0; p < NP; ++p) _mm512_storeu_ps(op[p] + c, a[p]);
+    }
+}
+
+/* Query rows i0 .. i1 of one request (new token i at position pos0 + i) and KV head h's G query heads,
+ * EXT_PAIRS (row, head) pairs at a time in row-major order; s: EXT_PAIRS x Lp scratch. */
 static void ext_rows(const float *q, const float *kt, const float *vs, int64_t Lp, int64_t pos0, int64_t i0,
                      int64_t i1, int64_t h, int64_t G, int64_t Hq, int64_t D, float scale, float *s, float *out) {
-    for (int64_t i = i0; i < i1; ++i) {
-        const int64_t L = pos0 + i + 1; /* positions this row sees */
-        const int64_t L16 = (L + 15) / 16 * 16;
-        for (int64_t g = 0; g < G; ++g) {
-            const int64_t hq = h * G + g;
-            const float *qr = q + (i * Hq + hq) * D;
-            for (int64_t j = 0; j < L16; j += 16) { /* scores of positions j .. j + 16 */
-                __m512 a = _mm512_setzero_ps();
-                for (int64_t d = 0; d < D; ++d) a = _mm512_fmadd_ps(_mm512_set1_ps(qr[d]), _mm512_loadu_ps(kt + d * Lp + j), a);
-                _mm512_storeu_ps(s + j, a);
-            }
-            softmax_inplace(s, L, scale);
-            float *o = out + (i * Hq + hq) * D;
-            for (int64_t c = 0; c < D; c += 16) {
-                __m512 a = _mm512_setzero_ps();
-                for (int64_t j = 0; j < L; ++j) a = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), _mm512_loadu_ps(vs + j * D + c), a);
-                _mm512_storeu_ps(o + c, a);
-            }
+    const int64_t total = (i1 - i0) * G;
+    for (int64_t first = 0; first < total; first += EXT_PAIRS) {
+        const int np = total - first < EXT_PAIRS ? (int)(total - first) : EXT_PAIRS;
+        const float *qp[EXT_PAIRS];
+        float *op[EXT_PAIRS];
+        int64_t Ls[EXT_PAIRS], Lmax = 0;
+        for (int p = 0; p < np; ++p) {
+            const int64_t i = i0 + (first + p) / G, hq = h * G + (first + p) % G;
+            qp[p] = q + (i * Hq + hq) * D;
+            op[p] = out + (i * Hq + hq) * D;
+            Ls[p] = pos0 + i + 1;
+            Lmax = Ls[p] > Lmax ? Ls[p] : Lmax;
+        }
+        switch (np) { /* a constant NP (cases up to EXT_PAIRS): the sums stay in registers */
+#define EXT_CASE(NP) \
+    case NP: ext_pairs(NP, qp, Ls, Lmax, kt, vs, Lp, D, scale, s, op); break;
+            EXT_CASE(12) EXT_CASE(11) EXT_CASE(10) EXT_CASE(9)
+            EXT_CASE(8) EXT_CASE(7) EXT_CASE(6) EXT_CASE(5) EXT_CASE(4) EXT_CASE(3) EXT_CASE(2)
+#undef EXT_CASE
+        default: ext_pairs(1, qp, Ls, Lmax, kt, vs, Lp, D, scale, s, op); break;
         }
     }
 }
@@ -383,7 +420,7 @@ INLINE int extend_attention(const float *q, const void *k, const void *v, const 
 #if defined(__AVX512F__)
         if (D % 16 == 0) {
             const int64_t Lp = (L + 15) / 16 * 16;
-            float *kt = (float *)malloc(sizeof(float) * (size_t)(D * Lp + Lp * D + Lp));
+            float *kt = (float *)malloc(sizeof(float) * (size_t)(D * Lp + Lp * D + EXT_PAIRS * Lp));
             if (kt == NULL) {
                 failed = 1;
                 continue;
