@@ -171,10 +171,11 @@ class CudaOps(TorchOps):
         if isinstance(weight, QuantizedWeight):  # a CPU checkpoint format: the reference
             return super().linear_add_(x, weight, bias, residual, gated)
         config = self._fp16_gemv(x, weight) if gated and residual.is_contiguous() else None
-        if config is not None and fp8_row_config(x, weight) is None:
+        if config is not None:
             assert isinstance(weight, Fp8Weight)
-            h = tk.silu_and_mul(x, out_dtype=torch.float16)  # (T, I)
-            return gemv_fp8(h, weight.qweight, weight.scale, weight.block, bias, residual, config)
+            if fp8_row_config(x, weight) is None:  # else the row GEMV below, after SiLU x up
+                h = tk.silu_and_mul(x, out_dtype=torch.float16)  # (T, I)
+                return gemv_fp8(h, weight.qweight, weight.scale, weight.block, bias, residual, config)
         if gated:
             x = self.silu_and_mul(x)
         if isinstance(weight, Fp8Weight):

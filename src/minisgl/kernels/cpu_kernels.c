@@ -280,7 +280,7 @@ int minisgl_decode_attention_f16(const float *q, const uint16_t *k, const uint16
  * head's G query heads against it. Each query row's sums follow one order whatever the batch, the
  * block or the thread (positions in blocks of 16 from 0). Returns 0, or -1 without scratch memory. */
 #define EXT_QB 32
-#define EXT_PAIRS 12 /* (query row, query head) pairs sharing each K/V vector loaded (8: 1.09-1.16x the time, 16: 1.02-1.03x) */
+#define EXT_PAIRS 12 /* (query row, query head) pairs sharing each K/V vector loaded (8: 1.09-1.16x the time, 16: 1.01-1.03x) */
 #if defined(__AVX512F__)
 /* 16 x 16 floats: r[i] lane j -> r[j] lane i */
 static inline void transpose16_ps(__m512 r[16]) {
