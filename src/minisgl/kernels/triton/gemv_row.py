@@ -1,23 +1,16 @@
 """fp8 projections of a few rows (batch-1 decode) on the CUDA cores: y = x @ (W * scale)^T, W fp8
 (N, K) with a float32 scale per output channel.
 
-The tensor-core GEMV (`gemv.gemv_fp8`) pads one row to a 16-row tile and moves each widened weight
-tile through shared memory into the dot's operand layout; at one row that work, not the bytes, sets
-its pace. Here each program streams BLOCK_N whole rows of W: a step of BLOCK_K columns is CHUNKS
-chunks of VEC (8) columns, one per thread, so a thread loads 8 bytes of each row and the 16 bytes of
-x that go with them (the two layouts agree: no shuffle between them), widens the weights to float32
-and sums its chunk in registers into a (BLOCK_N, CHUNKS) accumulator; the sum over the chunks (the
-shuffles) comes once, after the loop. Rows of x are programs on the fast grid axis, so the programs
-of one weight block run side by side and the second row's reads hit the L2.
-
-Fused around it (each optional, decided at compile time):
-- the RMSNorm before it (`norm`): y = rsqrt(mean(x^2) + eps) * (x * g) @ W^T. Each program sums x^2
-  as it streams x; the row scale multiplies the result once.
-- SiLU x up after it (`gated`, W laid out [gate | up] (2I, K)): a program takes rows j of gate and
-  I + j of up and writes silu(g) * u, (M, I).
-- the residual add (`residual`, in place) and a bias.
-
-Math in float32; the output is rounded once (as the other GEMV)."""
+At one row the tensor-core GEMV (`gemv.gemv_fp8`) is paced by padding the row to a 16-row tile and
+moving each widened weight tile through shared memory, not by the bytes. Here each program streams
+BLOCK_N whole rows of W, a step of BLOCK_K columns being one chunk of VEC (8) columns per thread: a
+thread loads 8 bytes of each row and the 16 bytes of x that go with them (no shuffle between the two
+layouts), widens to float32 and sums in registers into a (BLOCK_N, CHUNKS) accumulator, reduced over
+the chunks once after the loop. Rows of x are the fast grid axis: a second row's reads hit the L2.
+Fused, each chosen at compile time: the RMSNorm before (`norm`: x^2 summed as x streams, the row
+scale applied to the result), SiLU x up after (`gated`, W = [gate | up] (2I, K): a program takes rows
+j and I + j, writes silu(g) * u (M, I)), the residual add (in place) and a bias. Math in float32;
+the output is rounded once (as the other GEMV)."""
 
 from __future__ import annotations
 
