@@ -92,12 +92,17 @@ def _gemv_kernel(
         acc = acc * (tl.load(WScale + offs_n, mask=n_mask, other=0.0) * unit)[None, :]
     if HAS_BIAS:
         acc += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    y = acc.to(Y.dtype.element_ty)  # rounded once, as the reference rounds the projection
     y_ptrs = Y + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-    out_mask = m_mask[:, None] & n_mask[None, :]
+    store_rounded(y_ptrs, acc, m_mask[:, None] & n_mask[None, :], ADD_RES)
+
+
+@triton.jit
+def store_rounded(y_ptrs, y, mask, ADD_RES: tl.constexpr):
+    """y (float32) rounded once to y_ptrs' dtype, as the reference rounds; ADD_RES: plus what is there."""
+    out = y.to(y_ptrs.dtype.element_ty)
     if ADD_RES:
-        y = (tl.load(y_ptrs, mask=out_mask, other=0.0).to(tl.float32) + y.to(tl.float32)).to(y.dtype)
-    tl.store(y_ptrs, y, mask=out_mask)
+        out = (tl.load(y_ptrs, mask=mask, other=0.0).to(tl.float32) + out.to(tl.float32)).to(out.dtype)
+    tl.store(y_ptrs, out, mask=mask)
 
 
 def gemv(

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .gemv import store_rounded
 from .pdl import pdl_enter, pdl_launch, use_pdl
 
 MAX_ROWS = 4  # more rows re-read the weight from L2 once per row: the tensor-core GEMV takes them
@@ -103,11 +104,7 @@ def _gemv_row_kernel(
         if HAS_BIAS:
             up += tl.load(Bias + n_out + safe_n).to(tl.float32)
         y = y / (1.0 + tl.exp(-y)) * up
-    y_ptrs = Y + row.to(tl.int64) * stride_ym + offs_n
-    out = y.to(Y.dtype.element_ty)  # rounded once, as the reference rounds the projection
-    if ADD_RES:
-        out = (tl.load(y_ptrs, mask=n_mask, other=0.0).to(tl.float32) + out.to(tl.float32)).to(out.dtype)
-    tl.store(y_ptrs, out, mask=n_mask)
+    store_rounded(Y + row.to(tl.int64) * stride_ym + offs_n, y, n_mask, ADD_RES)
 
 
 def gemv_fp8_rows(
