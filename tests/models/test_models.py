@@ -10,6 +10,7 @@ import torch
 from test_models_support import run_prompts, save_tiny_hf_model
 
 from minisgl.models import ModelConfig, load_model
+from minisgl.models.config import ModelConfigError
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -107,6 +108,16 @@ def test_legacy_config_dialect_and_eos_union(tmp_path: Path) -> None:
     assert cfg.rope_theta == 1234.0 and cfg.rope_scaling == {"rope_type": "linear", "factor": 2.0}
     assert cfg.num_kv_heads == 2 and cfg.head_dim == 4
     assert cfg.eos_token_ids == [3, 5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("text", ['{"added_tokens": [', "[1, 2]", "not json"])
+def test_a_broken_tokenizer_json_is_a_clear_error(tmp_path: Path, text: str) -> None:
+    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 10, "hidden_size": 8}
+    config |= {"intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "tokenizer.json").write_text(text)
+    with pytest.raises(ModelConfigError, match=r"tokenizer\.json: cannot read JSON"):
+        ModelConfig.from_dir(tmp_path)
 
 
 def test_unsupported_rope_scaling_is_a_clear_error(tmp_path: Path) -> None:

@@ -269,6 +269,8 @@ class _TokenizerSpecials(msgspec.Struct):
 
 
 class _TokenizerVocab(msgspec.Struct):
+    """The vocabulary, read only when the EOS token is not among the special ones."""
+
     model: Any = None
 
 
