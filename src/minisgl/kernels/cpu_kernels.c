@@ -176,13 +176,103 @@ INLINE void weighted_sum64(const float *p, const void *v, int64_t v0, const int6
 }
 #endif
 
+#if defined(__AVX512F__)
+/* elements i .. i + 16 of a K/V buffer as float32 */
+INLINE __m512 kv16(const void *p, int64_t i, int half) {
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)))
+                : _mm512_loadu_ps((const float *)p + i);
+}
+#endif
+
+#if defined(HAVE_KV8) && defined(__AVX512F__)
+/* The AVX-512 forms of scores64 / weighted_sum64: a 64-wide head row is 4 registers, not 8, so a
+ * position costs half the loads, conversions and FMAs (decode attention at batch 16: 12% of the
+ * scheduler's CPU time with the AVX2 forms). */
+
+/* The lane sums of r[0..15] as one vector, lane u holding r[u]'s: a transpose as it adds (45
+ * operations against 16 separate reductions' ~130). */
+INLINE __m512 hsum16x16(const __m512 r[16]) {
+    __m512 w[8], x[4], u[2];
+    /* the tree below leaves v[L + 4 j] in lane 4 L + j: feed it v[m] = r[4 (m % 4) + m / 4] */
+#define HSUM_V(m) r[4 * ((m) % 4) + (m) / 4]
+    for (int i = 0; i < 8; ++i) /* lanes 0-7: v[2i] j + j + 8; lanes 8-15: v[2i + 1]'s */
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(HSUM_V(2 * i), HSUM_V(2 * i + 1), 0x44),
+                             _mm512_shuffle_f32x4(HSUM_V(2 * i), HSUM_V(2 * i + 1), 0xEE));
+#undef HSUM_V
+    for (int i = 0; i < 4; ++i) /* 128-bit lane L: v[4i + L] j + j + 4 */
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; ++i) /* 128-bit lane L: v[8i + L] and v[8i + 4 + L], two lanes each */
+        u[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], 0x88), _mm512_shuffle_ps(u[0], u[1], 0xDD));
+}
+
+/* s[0:L] (+)= q[0:64] . K[j][0:64] (K[j] at element k0 + offs[j]): 16 positions per step, q in 4
+ * registers; the last L % 16 positions one at a time. */
+INLINE void scores64x16(const float *q, const void *k, int64_t k0, const int64_t *offs, int64_t L, float *s,
+                        int first, int half) {
+    const int64_t esize = half ? 2 : 4;
+    __m512 qv[4];
+    for (int i = 0; i < 4; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i);
+    int64_t j = 0;
+    for (; j + 16 <= L; j += 16) {
+        __m512 r[16];
+        for (int u = 0; u < 16; ++u) {
+            const int64_t kr = k0 + offs[j + u];
+            if (j + 32 < L) _mm_prefetch((const char *)k + (k0 + offs[j + u + 16]) * esize, _MM_HINT_T0);
+            __m512 a = _mm512_mul_ps(qv[0], kv16(k, kr, half));
+            for (int i = 1; i < 4; ++i) a = _mm512_fmadd_ps(qv[i], kv16(k, kr + 16 * i, half), a);
+            r[u] = a;
+        }
+        __m512 t = hsum16x16(r);
+        if (!first) t = _mm512_add_ps(t, _mm512_loadu_ps(s + j));
+        _mm512_storeu_ps(s + j, t);
+    }
+    for (; j < L; ++j) {
+        const int64_t kr = k0 + offs[j];
+        __m512 a = _mm512_mul_ps(qv[0], kv16(k, kr, half));
+        for (int i = 1; i < 4; ++i) a = _mm512_fmadd_ps(qv[i], kv16(k, kr + 16 * i, half), a);
+        const float d = _mm512_reduce_add_ps(a);
+        s[j] = first ? d : s[j] + d;
+    }
+}
+
+/* o[0:64] = sum_j p[j] * V[j][0:64] (V[j] at element v0 + offs[j]): even and odd positions in two
+ * sets of 4 accumulators (one set would wait on the FMA latency), added at the end. */
+INLINE void weighted_sum64x16(const float *p, const void *v, int64_t v0, const int64_t *offs, int64_t L, float *o,
+                              int half) {
+    __m512 a[4], b[4];
+    for (int i = 0; i < 4; ++i) a[i] = b[i] = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 2 <= L; j += 2) {
+        const __m512 p0 = _mm512_set1_ps(p[j]), p1 = _mm512_set1_ps(p[j + 1]);
+        const int64_t r0 = v0 + offs[j], r1 = v0 + offs[j + 1];
+        for (int i = 0; i < 4; ++i) {
+            a[i] = _mm512_fmadd_ps(p0, kv16(v, r0 + 16 * i, half), a[i]);
+            b[i] = _mm512_fmadd_ps(p1, kv16(v, r1 + 16 * i, half), b[i]);
+        }
+    }
+    if (j < L) {
+        const __m512 p0 = _mm512_set1_ps(p[j]);
+        for (int i = 0; i < 4; ++i) a[i] = _mm512_fmadd_ps(p0, kv16(v, v0 + offs[j] + 16 * i, half), a[i]);
+    }
+    for (int i = 0; i < 4; ++i) _mm512_storeu_ps(o + 16 * i, _mm512_add_ps(a[i], b[i]));
+}
+#define SCORES64 scores64x16
+#define WEIGHTED_SUM64 weighted_sum64x16
+#elif defined(HAVE_KV8)
+#define SCORES64 scores64
+#define WEIGHTED_SUM64 weighted_sum64
+#endif
+
 /* Query head hq of one query row against its L positions (element offsets offs[j] of each
  * position's row of Hkv * D): scores, softmax, weighted sum of V -> o[0:D]. s: scratch of L. */
 INLINE void attend_row(const float *qr, const void *k, const void *v, const int64_t *offs, int64_t L, int64_t h,
                        int64_t D, float scale, float *s, float *o, int half) {
     int64_t c = 0;
 #ifdef HAVE_KV8
-    for (; c + 64 <= D; c += 64) scores64(qr + c, k, h * D + c, offs, L, s, c == 0, half);
+    for (; c + 64 <= D; c += 64) SCORES64(qr + c, k, h * D + c, offs, L, s, c == 0, half);
 #endif
     if (c < D)
         for (int64_t j = 0; j < L; ++j) {
@@ -192,7 +282,7 @@ INLINE void attend_row(const float *qr, const void *k, const void *v, const int6
     softmax_inplace(s, L, scale);
     c = 0;
 #ifdef HAVE_KV8
-    for (; c + 64 <= D; c += 64) weighted_sum64(s, v, h * D + c, offs, L, o + c, half);
+    for (; c + 64 <= D; c += 64) WEIGHTED_SUM64(s, v, h * D + c, offs, L, o + c, half);
 #endif
     for (; c < D; ++c) {
         float a = 0.f;
@@ -212,7 +302,11 @@ static int paged_scratch(const int32_t *pages, int64_t ps, int64_t row, int64_t 
         free(*offs);
         return 0;
     }
-    for (int64_t j = 0; j < L; ++j) (*offs)[j] = ((int64_t)pages[j / ps] * ps + j % ps) * row;
+    int64_t *o = *offs;
+    for (int64_t j0 = 0, p = 0; j0 < L; j0 += ps, ++p) { /* page by page: no division per position */
+        const int64_t base = (int64_t)pages[p] * ps * row, n = L - j0 < ps ? L - j0 : ps;
+        for (int64_t i = 0; i < n; ++i) o[j0 + i] = base + i * row;
+    }
     return 1;
 }
 
@@ -304,12 +398,6 @@ static inline void transpose16_ps(__m512 r[16]) {
         t[12 + e] = _mm512_shuffle_f32x4(b, d, 0xDD);
     }
     for (int i = 0; i < 16; ++i) r[i] = t[i];
-}
-
-/* 16 values of the pool at element i as float32 */
-static inline __m512 kv16(const void *p, int64_t i, int half) {
-    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)))
-                : _mm512_loadu_ps((const float *)p + i);
 }
 
 /* KV head h of positions 0 .. L (pages `pages`) as float32: kt (D x Lp) transposed, vs (Lp x D);
