@@ -3,10 +3,11 @@ replayed from a CUDA graph over weight copies that stream past the L2: the tenso
 its RMSNorm / SiLU x up kernels (`tc`) against the CUDA-core row GEMV with those fused (`rows`, every
 launch shape `sweep` gives the projection). Per projection: qkv (norm + GEMV), o (+ residual),
 gate/up (norm + GEMV + SiLU x up; the row GEMV writes silu(gate) * up), down (+ residual; its input
-already gated). `--json PATH` writes each projection's best launch shape at the first --rows, keyed as
+already gated); with `--lm-head`, also the LM head (plain; beside bf16's cuBLAS call, `tc` there being
+the bf16 head as `CudaOps.linear` runs it). `--json PATH` writes each projection's best launch shape at the first --rows, keyed as
 `fp8_row_config` reads it from MINISGL_FP8_ROW_CONFIGS (N x K, "g" for [gate | up]).
 
-    python benchmarks/bench_fp8_gemv_rows.py [--rows 1] [--model-config llama3-8b] [--top 4] [--json PATH]
+    python benchmarks/bench_fp8_gemv_rows.py [--rows 1] [--model-config llama3-8b] [--top 4] [--json PATH] [--lm-head]
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import triton
 from bench_linear import L2_DEFEAT_BYTES, shapes
 from triton.testing import do_bench_cudagraph
 
-from minisgl.backends.cuda import fp8_gemv_config, fp8_row_config, fp8_row_key
+from minisgl.backends.cuda import CudaOps, fp8_gemv_config, fp8_row_config, fp8_row_key
 from minisgl.backends.fp8 import Fp8Weight, quantize_fp8
 from minisgl.kernels.triton import elementwise as tk
 from minisgl.kernels.triton.gemv import RowGemvConfig, gemv_fp8, gemv_fp8_rows
@@ -35,6 +36,9 @@ def sweep(name: str, k: int) -> list[RowGemvConfig]:
     if k > 8192:  # down: K in steps, or one step of 16384 columns over 8 warps
         steps = [(4, 2048, 8), (1, 1024, 2), (1, 2048, 2), (2, 2048, 4), (4, 1024, 4)]
         one = [(1, kp, 8, 1), (1, kp, 8, 2), (1, kp, 8, 4), (2, kp, 8, 1), (2, kp, 8, 2)]
+    elif name == "lm_head":  # 128K rows: K in steps as gate/up, or one step with several blocks a program
+        steps = [(2, 1024, 2), (4, 512, 2), (4, 1024, 4), (2, 2048, 4), (4, 2048, 8)]
+        one = [(2, kp, 8, 8), (2, kp, 4, 4), (2, kp, 8, 4), (4, kp, 8, 4), (4, kp, 8, 2), (1, kp, 4, 8)]
     elif name == "gate_up":  # per half
         steps = [(4, 512, 2), (2, 1024, 2), (2, 512, 2)]
         one = [
@@ -73,8 +77,18 @@ def timed(fn: Call, ws: list[Fp8Weight]) -> float:
 
 
 def tc_call(name: str, x: torch.Tensor, g: torch.Tensor, res: torch.Tensor) -> Call:
-    """The tensor-core GEMV path of the tree before the row GEMV, as the layer calls it."""
+    """The tensor-core GEMV path of the tree before the row GEMV, as the layer calls it; the LM head:
+    bf16 (each copy's weight dequantized once), as `CudaOps.linear` runs it (cuBLAS)."""
     x16 = x.to(torch.float16)  # down's input, as SiLU x up wrote it
+    if name == "lm_head":
+        ops, bf16 = CudaOps(), {}
+
+        def head(w: Fp8Weight) -> torch.Tensor:
+            if id(w) not in bf16:
+                bf16[id(w)] = w.dequantize(torch.bfloat16)
+            return ops.linear(x, bf16[id(w)], None)
+
+        return head
 
     def call(w: Fp8Weight) -> torch.Tensor:
         cfg = fp8_gemv_config(x, w)
@@ -90,7 +104,7 @@ def tc_call(name: str, x: torch.Tensor, g: torch.Tensor, res: torch.Tensor) -> C
 
 def row_call(name: str, x: torch.Tensor, g: torch.Tensor, res: torch.Tensor, cfg: RowGemvConfig) -> Call:
     norm = (g, EPS) if name in ("qkv", "gate_up") else None
-    out = None if norm else res
+    out = None if norm or name == "lm_head" else res
     return lambda w: gemv_fp8_rows(x, w.qweight, w.scale, None, out, norm, name == "gate_up", cfg)
 
 
@@ -103,7 +117,7 @@ def reference(name: str, x: torch.Tensor, g: torch.Tensor, res: torch.Tensor, w:
             gate, up = y.chunk(2, -1)
             y = torch.nn.functional.silu(gate) * up
         return y
-    return res.double() + xd @ wd.T
+    return xd @ wd.T if name == "lm_head" else res.double() + xd @ wd.T
 
 
 def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -159,17 +173,24 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--no-tc", action="store_true", help="skip the tensor-core GEMV's timings")
     ap.add_argument("--json", help="write the best launch shapes (first --rows) here")
+    ap.add_argument("--lm-head", action="store_true", help="also the LM head (not in a layer's sums)")
+    ap.add_argument("--only", help="comma-separated projections to time (qkv, o, gate_up, down, lm_head)")
     ns = ap.parse_args()
     rows = [int(r) for r in ns.rows.split(",")]
     total: dict[int, list[float]] = {m: [0.0, 0.0, 0.0] for m in rows}
     best: dict[str, list[int | bool]] = {}
     for name, (n, k) in shapes(ns.model_config).items():
-        if name == "lm_head":
+        if (name == "lm_head" and not ns.lm_head) or (ns.only and name not in ns.only.split(",")):
             continue
         for m, (t_tc, t_ch, t_best, cfg) in bench(name, n, k, rows, ns.top, not ns.no_tc).items():
-            total[m][0] += t_tc
-            total[m][1] += t_ch
-            total[m][2] += t_best
+            if name == "lm_head":
+                print(
+                    f"lm_head rows {m}: bf16 {t_tc:.1f} us, fp8 rows chosen {t_ch:.1f} us, best {t_best:.1f} us"
+                )
+            else:
+                total[m][0] += t_tc
+                total[m][1] += t_ch
+                total[m][2] += t_best
             if m == rows[0]:
                 key = fp8_row_key(n, k, name == "gate_up")
                 best[key] = [cfg.block_n, cfg.block_k, cfg.num_warps, cfg.iters, cfg.prefetch]
