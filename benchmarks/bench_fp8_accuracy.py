@@ -3,7 +3,7 @@ engines fed the same tokens, bf16 the reference; at every position, whether each
 token equals bf16's and the KL divergence of its next-token distribution from bf16's.
 
 Engines (`--compare`): fp8 weights + fp8 KV (`--quantization fp8 --kv-cache-dtype fp8_e4m3`), fp8
-weights alone, fp8 KV alone, and float32 with bf16's exact weights: the control, bf16's own rounding
+weights alone (`fp8w`), fp8 weights and the LM head (`fp8h`, `--quantization fp8_lm_head`), fp8 KV alone, and float32 with bf16's exact weights: the control, bf16's own rounding
 measured the same way. Each prompt is `--prompt-len` random token ids, prefilled in groups (W8A8
 matmuls, the extend attention kernel), then `--decode-len` decode steps of all prompts together
 feeding bf16's greedy token (at more than 16 rows the W8A8 matmuls, else the W8A16 GEMV; the decode
@@ -193,6 +193,7 @@ def run(ns: argparse.Namespace) -> None:
         kinds = {
             "fp8": ("fp8 weights (per channel, activations per token) + fp8 KV", dict(quantization="fp8", kv_cache_dtype="fp8_e4m3")),
             "fp8w": ("fp8 weights, bf16 KV", dict(quantization="fp8")),
+            "fp8h": ("fp8 weights and LM head (per vocab row), bf16 KV", dict(quantization="fp8_lm_head")),
             "kv": ("bf16 weights + fp8 KV", dict(kv_cache_dtype="fp8_e4m3")),
             "fp32": ("float32 (the same weights; the control: bf16's own rounding against it)", dict(dtype="float32")),
         }  # fmt: skip

@@ -1,7 +1,7 @@
 """Decode-step projections on the GPU, each replayed from a CUDA graph as a decode step runs it: the
 ways of calling cuBLAS for one projection (with the residual add in the epilogue, plain, through
 cuBLASLt) and the kernels each launches, for a model's shapes at a few row counts. `--sweep` times
-minisgl's Triton GEMV (kernels/triton/gemv.py) in each launch shape of SWEEP against cuBLAS instead:
+minisgl's Triton GEMV (kernels/triton/gemv/tile.py) in each launch shape of SWEEP against cuBLAS instead:
 the projections with a residual add (o, down) against `addmm_`, the others against `linear`.
 
     python benchmarks/bench_linear.py [--rows 1,8] [--model-config llama3-8b] [--sweep [--only qkv,o,down]]

@@ -195,6 +195,26 @@ def test_quantization_fp8_quantizes_a_float_checkpoint_per_channel(base_dir: Pat
         assert 0 < rel < 0.05, rel  # fp8's rounding, and nothing worse
 
 
+def test_fp8_lm_head_quantizes_the_head_per_row_too(base_dir: Path, tmp_path: Path) -> None:
+    """`quantization="fp8_lm_head"`: the projections as with "fp8" and the LM head in fp8 with a scale
+    per vocab row (run dequantized on the CPU); with tied embeddings on one rank the head is the
+    embedding table and stays in the model's dtype."""
+    model, _ = load_model(base_dir, torch.float32, "cpu", progress=False, quantization="fp8_lm_head")
+    fp8, _ = load_model(base_dir, torch.float32, "cpu", progress=False, quantization="fp8")
+    tensors = load_file(str(base_dir / "model.safetensors"))
+    q, s = quantize_fp8(tensors["lm_head.weight"], None)
+    head = model.lm_head
+    assert head.fp8 is not None and fp8.lm_head.fp8 is None
+    assert torch.equal(head.weight.float(), q.float()) and torch.equal(head.weight_scale, s)
+    for got, want in zip(run_prompts(model, PROMPTS), run_prompts(fp8, PROMPTS), strict=True):
+        rel = float((got - want).norm() / want.norm())
+        assert 0 < rel < 0.05, rel
+    tied_dir = save_tiny_hf_model("Qwen3ForCausalLM", tmp_path / "tied", tie=True)
+    tied, _ = load_model(tied_dir, torch.float32, "cpu", progress=False, quantization="fp8_lm_head")
+    assert tied.lm_head.fp8 is None and tied.lm_head.weight is tied.model.embed_tokens.weight
+    assert tied.model.layers[0].mlp.gate_up_proj.fp8 is not None
+
+
 def test_random_weights_take_the_configs_blocks(base_dir: Path, tmp_path: Path) -> None:
     d = _write(base_dir, tmp_path / "cfg", FORMATS["fp8-block"][0], lambda n, t: {n: t})
     model, cfg = load_model(d, torch.bfloat16, "cpu", dummy=True, progress=False)

@@ -137,3 +137,20 @@ def test_fp8_weights_and_kv_under_cuda_graphs_change_no_token(small_model: Path,
         torch.cuda.empty_cache()
     assert outs["graphs"] == outs["eager"]
     assert all(len(t) == 24 for t in outs["graphs"])
+
+
+def test_fp8_lm_head_on_cuda_is_close_to_its_cpu_reference(tmp_path: Path) -> None:
+    """`quantization="fp8_lm_head"` on CUDA (one row: the head in the row GEMV; 37: the W8A8 matmul)
+    against the same option on the CPU, which runs the head dequantized."""
+    from minisgl.backends import bind_ops, create_ops
+
+    base = save_tiny_hf_model("LlamaForCausalLM", tmp_path / "base", tie=False, vocab=1000)
+    ref, _ = load_model(base, torch.float32, "cpu", progress=False, quantization="fp8_lm_head")
+    model, _ = load_model(base, torch.bfloat16, "cuda", progress=False, quantization="fp8_lm_head")
+    assert model.lm_head.fp8 is not None
+    bind_ops(model, create_ops("cuda", "cuda"))
+    errors = []
+    for prompts in ([[40]], [[5, 6, 7, 8, 9, 10, 11], list(range(50, 80))]):  # 1 row; 37 rows
+        got = run_prompts(model, prompts)
+        errors += [_rel(g, w) for g, w in zip(got, run_prompts(ref, prompts), strict=True)]
+    assert max(errors) < 0.12, errors

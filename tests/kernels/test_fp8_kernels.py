@@ -53,13 +53,24 @@ def test_gemv_fp8_matches_the_dequantized_weight(
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("m", "n", "k", "config"), [(1, 48, 96, (16, 64, 4)), (3, 40, 200, (4, 512, 2))])
+@pytest.mark.parametrize(
+    ("m", "n", "k", "config"),
+    [
+        (1, 48, 96, (16, 64, 4)),  # K in steps
+        (3, 40, 200, (4, 512, 2)),  # one step over K
+        (1, 48, 200, (4, 256, 2, 1, True)),  # one step, the first tile before PDL's wait
+        (2, 40, 200, (2, 256, 2, 3, True)),  # x kept, 3 blocks of rows a program, the last one partial
+        (1, 48, 96, (1, 128, 1, 8, False)),
+    ],
+)
 def test_gemv_fp8_rows_matches_the_dequantized_weight(
-    dtype: torch.dtype, m: int, n: int, k: int, config: tuple[int, int, int]
+    dtype: torch.dtype, m: int, n: int, k: int, config: tuple[int, int, int, int, bool] | tuple[int, int, int]
 ) -> None:
     """The CUDA-core row GEMV: plain, with a bias, adding into the residual, with the RMSNorm before
-    it, and with the norm and SiLU x up around a [gate | up] weight."""
-    from minisgl.kernels.triton.gemv_row import RowGemvConfig, gemv_fp8_rows
+    it, and with the norm and SiLU x up around a [gate | up] weight; each launch shape: K in steps or
+    in one (then x is loaded once and a program may take several blocks of rows), the first weight
+    tile loaded before or after PDL's wait."""
+    from minisgl.kernels.triton.gemv import RowGemvConfig, gemv_fp8_rows
 
     gen = torch.Generator().manual_seed(m * n + k)
     q, s, ref_w = _weight(n, k, None, gen)
@@ -86,7 +97,7 @@ def test_gemv_fp8_rows_matches_the_dequantized_weight(
 
 
 def test_gemv_fp8_rows_refuses_what_it_cannot_take() -> None:
-    from minisgl.kernels.triton.gemv_row import MAX_ROWS, gemv_fp8_rows
+    from minisgl.kernels.triton.gemv.row import MAX_ROWS, RowGemvConfig, gemv_fp8_rows
 
     q = torch.zeros(32, 64, dtype=FP8, device=DEV)
     with pytest.raises(ValueError, match="gemv_fp8_rows"):
@@ -96,6 +107,9 @@ def test_gemv_fp8_rows_refuses_what_it_cannot_take() -> None:
     with pytest.raises(ValueError, match="residual"):
         gemv_fp8_rows(torch.zeros(1, 64, device=DEV), q, torch.ones(32, device=DEV), gated=True,
                       residual=torch.zeros(1, 32, device=DEV)[:, ::2])  # fmt: skip
+    for config in (RowGemvConfig(4, 32, 1, 2), RowGemvConfig(4, 32, 1, 1, True)):  # only in one step over K
+        with pytest.raises(ValueError, match="one step over K"):
+            gemv_fp8_rows(torch.zeros(1, 64, device=DEV), q, torch.ones(32, device=DEV), config=config)
 
 
 def test_gemv_fp8_refuses_mismatched_scales() -> None:

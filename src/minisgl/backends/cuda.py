@@ -8,7 +8,7 @@ A Triton matmul for decode batches with the norm and SiLU x up fused in as prolo
 (README, "GPU"): the GEMV takes only the residual add, as its epilogue.
 
 fp8 weights (`Fp8Weight`): one row with per-channel scales in the CUDA-core row GEMV
-(`kernels.triton.gemv_row`), the RMSNorm before qkv and gate/up and SiLU x up after gate/up fused in
+(`kernels.triton.gemv.row`), the RMSNorm before qkv and gate/up and SiLU x up after gate/up fused in
 (`norm_linear`, `norm_mlp_add_`: two kernels for the MLP); up to 16 rows in the GEMV's fp8 variant (the weight widened in registers,
 x not quantized); where the GEMV's input comes from minisgl's RMSNorm or SiLU x up kernel (qkv,
 gate/up, down) those write it in fp16, to which the weight widens in one instruction a pair. More rows
@@ -18,12 +18,16 @@ cuBLASLt's fp8 with row and column scales) or minisgl's Triton block-scaled fp8 
 
 from __future__ import annotations
 
+import functools
+import json
+import os
+
 import torch
+import triton
 
 from minisgl.kernels.triton import elementwise as tk
 from minisgl.kernels.triton import fp8 as tf8
-from minisgl.kernels.triton.gemv import GemvConfig, gemv, gemv_fp8
-from minisgl.kernels.triton.gemv_row import RowGemvConfig, gemv_fp8_rows
+from minisgl.kernels.triton.gemv import GemvConfig, RowGemvConfig, gemv, gemv_fp8, gemv_fp8_rows
 from minisgl.kernels.triton.moe import ROUTE_IN_ALIGN, routed_moe, routed_moe_from_router
 from minisgl.kernels.triton.moe_route import route_topk
 from minisgl.quant import QuantizedWeight
@@ -34,6 +38,7 @@ from .torch_ops import QkNorm, TorchOps
 GEMV_MAX_ROWS = 16  # decode batches of up to this many rows take the GEMV (one tensor-core tile)
 GEMV_DTYPES = (torch.bfloat16, torch.float16)
 FP8_ROW_GEMV_MAX_ROWS = 1  # decode batches of up to this many rows take the fp8 row GEMV
+FP8_ROW_RESIDENT_K = 4096  # up to this K, one step of the row GEMV spans a row and x stays in registers
 
 
 def gemv_config(x: torch.Tensor, weight: torch.Tensor) -> GemvConfig | None:
@@ -74,17 +79,41 @@ def fp8_gemv_config(x: torch.Tensor, weight: Fp8Weight) -> GemvConfig | None:
     return GemvConfig(64, 512, 4, 3) if n > k else GemvConfig(32, 512, 4, 4)  # qkv; o
 
 
+def fp8_row_key(n: int, k: int, gated: bool) -> str:
+    """A weight's key in MINISGL_FP8_ROW_CONFIGS: "NxK", "g" after it for a [gate | up] weight."""
+    return f"{n}x{k}{'g' if gated else ''}"
+
+
+@functools.cache
+def _fp8_row_overrides() -> dict[str, RowGemvConfig]:
+    """Launch shapes from the JSON file MINISGL_FP8_ROW_CONFIGS names ({key: [block_n, block_k,
+    num_warps, iters, prefetch]}, as `benchmarks/bench_fp8_gemv_rows.py --json` writes it): for tuning."""
+    path = os.environ.get("MINISGL_FP8_ROW_CONFIGS")
+    if not path:
+        return {}
+    with open(path) as f:
+        return {key: RowGemvConfig(*shape) for key, shape in json.load(f).items()}
+
+
 def fp8_row_config(x: torch.Tensor, weight: Fp8Weight, gated: bool = False) -> RowGemvConfig | None:
-    """The fp8 row GEMV's launch shape (CUDA cores, `kernels.triton.gemv_row`), or None where it does
+    """The fp8 row GEMV's launch shape (CUDA cores, `kernels.triton.gemv.row`), or None where it does
     not take x: per-channel scales, at most FP8_ROW_GEMV_MAX_ROWS contiguous 16-bit rows. Shapes: the
     best of `benchmarks/bench_fp8_gemv_rows.py` on an H200 for the 8B shapes (docs/benchmarks.md, "fp8")."""
     if weight.block is not None or x.dim() != 2 or not 0 < x.shape[0] <= FP8_ROW_GEMV_MAX_ROWS:
         return None
     if x.dtype not in GEMV_DTYPES or not x.is_contiguous() or weight.qweight.stride(1) != 1:
         return None
-    if gated:  # gate/up: BLOCK_N rows of each half
-        return RowGemvConfig(4, 512, 2)
-    return RowGemvConfig(4, 2048, 8 if weight.shape[1] >= 8192 else 4)  # down; qkv, o
+    n, k = weight.shape
+    if (override := _fp8_row_overrides().get(fp8_row_key(n, k, gated))) is not None:
+        return override
+    if gated:  # gate/up, BLOCK_N rows of each half: K in steps (one step over K, 34.1 us, lost)
+        return RowGemvConfig(2, 1024, 2)
+    if k > FP8_ROW_RESIDENT_K:  # down: K in steps, x read with each (one step of 16384, 21.5 us, lost)
+        return RowGemvConfig(1, 1024, 2)
+    kp = triton.next_power_of_2(k)  # qkv, o: one step over K, x loaded once, several blocks a program
+    if n >= 8 * k:  # an fp8 LM head (`fp8_lm_head`; 8B: 126 us, 4.2 TB/s, against 157 in qkv's shape)
+        return RowGemvConfig(1, kp, 4, 8)
+    return RowGemvConfig(2, kp, 8, 8, True) if n > k else RowGemvConfig(2, kp, 4, 4, True)
 
 
 def fp8_matmul(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor | None:

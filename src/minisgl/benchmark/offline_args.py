@@ -64,7 +64,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "off (every repeat starts cold) and the per-phase figures are not printed",
     )
     ap.add_argument(
-        "--quantization", choices=["fp8"], default=None, help="as for `minisgl serve` (minisgl only)"
+        "--quantization",
+        choices=["fp8", "fp8_lm_head"],
+        default=None,
+        help="as for `minisgl serve` (minisgl only)",
     )
     ap.add_argument(
         "--kv-cache-dtype", choices=["auto", "fp8_e4m3"], default="auto", help="as for `minisgl serve`"

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 ENGINES = ("model", "dummy")
 TASKS = ("generate", "embed")
-QUANTIZATIONS = (None, "fp8")  # see minisgl.checkpoint.fp8
+QUANTIZATIONS = (None, "fp8", "fp8_lm_head")  # see minisgl.checkpoint.fp8
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # auto: the model's dtype
 DTYPES = ("float32", "float16", "bfloat16")  # the activations' dtypes, by their torch names
 
@@ -88,7 +88,7 @@ class EngineOptions:
         None,
         "fp8: quantize a 16/32-bit checkpoint's projections to fp8 as it loads (one scale per output "
         "channel, activations per token); fp8 checkpoints (quantization_config) load as published "
-        "without it",
+        "without it; fp8_lm_head: the same and the LM head too (per vocab row; opt-in, see docs)",
         unset="none",
     )
     kv_cache_dtype: str = option(
@@ -124,7 +124,7 @@ class EngineOptions:
         if self.native_weights and self.device != "cpu":
             raise ValueError(f"native_weights runs on the CPU, not on {self.device}")
         if self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be fp8 or None, got {self.quantization!r}")
+            raise ValueError(f"quantization must be fp8, fp8_lm_head or None, got {self.quantization!r}")
         if self.num_pages is not None and self.kv_cache_memory is not None:
             raise ValueError("num_pages and kv_cache_memory both size the KV pool: give one of them")
         _at_least(self, 1, "page_size", "max_running_requests")

@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .fp8 import WIDEN, widen_fp8
-from .pdl import pdl_enter, pdl_launch, use_pdl
+from ..fp8 import WIDEN, widen_fp8
+from ..pdl import pdl_enter, pdl_launch, use_pdl
 
 MAX_ROWS = 16  # the rows of x are padded to one 16-row tensor-core tile
 
