@@ -214,3 +214,27 @@ def test_chat_answers_the_capital_of_france(llm: LLM) -> None:
     )
     assert "Paris" in out[0]["text"]
     assert out[0]["finish_reason"] in ("stop", "length")
+
+
+def test_llm_starts_without_transformers_and_its_tokenizer_is_transformers() -> None:
+    """LLM() encodes, decodes and chats through tokenizer.json alone (transformers' import is ~1.5 s
+    of its start); `llm.tokenizer` is still transformers' tokenizer, loaded when first asked for,
+    and gives the same ids and text."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import minisgl
+llm = minisgl.LLM(device="cpu")
+out = llm.generate(["The capital of France is"], minisgl.SamplingParams(max_tokens=4, ignore_eos=True))[0]
+assert "transformers" not in sys.modules, "LLM() and generate() imported transformers"
+tok = llm.tokenizer
+from transformers import PreTrainedTokenizerBase
+assert isinstance(tok, PreTrainedTokenizerBase), type(tok)
+assert tok.encode("The capital of France is") == llm._text.encode("The capital of France is")
+assert tok.decode(out["token_ids"], skip_special_tokens=True) == out["text"], out
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]

@@ -8,6 +8,7 @@ rank 0 of its tensor-parallel processes.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
     from minisgl.models.hub import HubOptions
     from minisgl.scheduler.config import SchedulerConfig
+    from minisgl.tokenizer.fast import FastTokenizer
 
 Prompts = str | list[str] | list[int] | list[list[int]]
 
@@ -34,7 +36,6 @@ Prompts = str | list[str] | list[int] | list[list[int]]
 class OfflineAPI:
     """The user-facing half of an offline LLM (see the module docstring)."""
 
-    tokenizer: PreTrainedTokenizerBase
     vocab_size: int
     max_seq_len: int
     config: SchedulerConfig
@@ -42,6 +43,25 @@ class OfflineAPI:
     def _init_api(self) -> None:
         self._results: dict[int, dict[str, Any]] = {}
         self._next_uid = 0
+        self._hf_tokenizer: PreTrainedTokenizerBase | None = None
+
+    def _load_text(self, model_dir: str | Path) -> None:
+        """The tokenizer this LLM encodes, decodes and renders chats with: tokenizer.json through
+        `tokenizers`, as the server's tokenizer workers do, without importing transformers (~1.5 s of
+        LLM()'s start on a 2-core machine); `tokenizer` loads transformers' own on first use."""
+        from minisgl.tokenizer.fast import load_fast_tokenizer
+
+        self._model_dir = Path(model_dir)
+        self._text: FastTokenizer | PreTrainedTokenizerBase = load_fast_tokenizer(model_dir)
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The model's Hugging Face tokenizer (transformers', loaded when first asked for)."""
+        if self._hf_tokenizer is None:
+            from minisgl.utils.hf import load_tokenizer
+
+            self._hf_tokenizer = load_tokenizer(self._model_dir)
+        return self._hf_tokenizer
 
     # -- where requests go (the subclass) --------------------------------------------------------------
     def _submit(self, msgs: list[BaseBackendMsg]) -> None:
@@ -106,7 +126,7 @@ class OfflineAPI:
         for conv in convs:
             if not isinstance(conv, list) or not conv or not all(isinstance(m, dict) for m in conv):
                 raise ValueError("each conversation must be a non-empty list of {'role', 'content'} dicts")
-        return self.generate([apply_chat_template(self.tokenizer, conv) for conv in convs], sampling_params)
+        return self.generate([apply_chat_template(self._text, conv) for conv in convs], sampling_params)
 
     def embed(self, prompts: Prompts, dimensions: int | None = None) -> list[list[float]]:
         """The embedding of each prompt (text or token ids): the model's final hidden states pooled
@@ -137,7 +157,7 @@ class OfflineAPI:
     # -- helpers ---------------------------------------------------------------------------------------
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
-            return list(self.tokenizer.encode(prompt)) if prompt else []
+            return list(self._text.encode(prompt)) if prompt else []
         return list(prompt)
 
     def _check(self, i: int, ids: list[int], params: SamplingParams) -> None:
@@ -165,7 +185,7 @@ class OfflineAPI:
             results = [self._results.pop(u) for u in uids]
         for res, ids in zip(results, token_lists, strict=True):
             res["prompt_tokens"] = len(ids)
-            res["text"] = self.tokenizer.decode(res["token_ids"], skip_special_tokens=True)
+            res["text"] = self._text.decode(res["token_ids"], skip_special_tokens=True)
         return results
 
 

@@ -47,7 +47,6 @@ class LLM(OfflineAPI, Scheduler):
         from minisgl.distributed import DistributedInfo
         from minisgl.models import resolve_model_path
         from minisgl.scheduler.config import SchedulerConfig
-        from minisgl.utils.hf import load_tokenizer
 
         options.pop("tp", None)
         device = resolve_device(str(options.pop("device", "auto")))
@@ -69,7 +68,7 @@ class LLM(OfflineAPI, Scheduler):
         self._inbox: list[BaseBackendMsg] = []
         self._init_api()
         super().__init__(config)
-        self.tokenizer = load_tokenizer(model_dir)
+        self._load_text(model_dir)
 
     # -- offline IO (bound by SchedulerIOMixin in offline mode) ----------------------------------------
     def offline_receive_msg(self, blocking: bool = False) -> list[BaseBackendMsg]:

@@ -46,7 +46,6 @@ class MultiRankLLM(OfflineAPI):
         self, model: str | None = None, tp: int = 2, startup_timeout: float = 600.0, **options: Any
     ) -> None:
         from minisgl.models import resolve_model_path
-        from minisgl.utils.hf import load_tokenizer
 
         self._init_api()
         self.closed = True
@@ -58,7 +57,7 @@ class MultiRankLLM(OfflineAPI):
             model, require_weights=not options.get("dummy_weights", False), hub=hub
         )
         check_options(options)
-        self.tokenizer = load_tokenizer(model_dir)
+        self._load_text(model_dir)
         self._store = host_store("127.0.0.1", find_free_port())
         rank0 = SchedulerConfig(
             model_path=str(model_dir),
