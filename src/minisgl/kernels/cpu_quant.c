@@ -1209,13 +1209,16 @@ static void amx_configure(void) {
 }
 
 /* Activations f32 (M rows, stride ld) -> bf16 in AMX's pair layout, zero past M (Mp rows, a multiple
- * of 32): for k-step s and row tile r, 16 k pairs x 16 rows x 2: element (m, 2j + h) of the step at
- * ((s * Mp / 16 + m / 16) * 16 + j) * 32 + (m % 16) * 2 + h. */
+ * of 32): for row tile r = m / 16 and k-step s, 16 k pairs x 16 rows x 2: element (m, 2j + h) of the
+ * step at ((r * K / 32 + s) * 16 + j) * 32 + (m % 16) * 2 + h. A row tile's steps lie one after the
+ * other, so the tile loop over K reads them as one stream, and it prefetches the next step's two
+ * tiles into L1 (the steps of all row tiles interleaved, each step jumping Mp KB, made the tile
+ * loads wait: the projections at M = 2,048 took 1.4-1.55x the time, at M = 128 1.02-1.15x). */
 static void amx_pack_acts(const float *x, int64_t ld, int64_t M, int64_t Mp, int64_t K, uint16_t *out) {
 #pragma omp parallel for if (M * K >= 65536)
     for (int64_t m = 0; m < Mp; ++m) {
         for (int64_t s = 0; s < K / 32; ++s) {
-            uint32_t *dst = (uint32_t *)(out + ((s * (Mp / 16) + m / 16) * 16) * 32) + (m % 16);
+            uint32_t *dst = (uint32_t *)(out + ((m / 16 * (K / 32) + s) * 16) * 32) + (m % 16);
             if (m >= M) {
                 for (int j = 0; j < 16; ++j) dst[j * 16] = 0;
                 continue;
@@ -1251,7 +1254,7 @@ static void amx_tile_pair(const int64_t *row_ptrs, const int32_t *row_fmts, int6
         else
             memset(wbf + i * K, 0, sizeof(uint16_t) * (size_t)K);
     }
-    const int64_t steps = K / 32, mt = Mp / 16;
+    const int64_t steps = K / 32;
     for (int64_t m0 = 0; m0 < Mp; m0 += 32) {
         _tile_zero(0);
         _tile_zero(1);
@@ -1260,8 +1263,13 @@ static void amx_tile_pair(const int64_t *row_ptrs, const int32_t *row_fmts, int6
         for (int64_t s = 0; s < steps; ++s) {
             _tile_loadd(4, wbf + 32 * s, K * 2);
             _tile_loadd(5, wbf + 16 * K + 32 * s, K * 2);
-            _tile_loadd(6, acts + ((s * mt + m0 / 16) * 16) * 32, 64);
-            _tile_loadd(7, acts + ((s * mt + m0 / 16 + 1) * 16) * 32, 64);
+            const uint16_t *a0 = acts + ((m0 / 16 * steps + s) * 16) * 32, *a1 = a0 + steps * 16 * 32;
+            for (int l = 0; l < 16; ++l) { /* the next step's activation tiles into L1, a line each */
+                _mm_prefetch((const char *)(a0 + 512) + 64 * l, _MM_HINT_T0);
+                _mm_prefetch((const char *)(a1 + 512) + 64 * l, _MM_HINT_T0);
+            }
+            _tile_loadd(6, a0, 64);
+            _tile_loadd(7, a1, 64);
             _tile_dpbf16ps(0, 4, 6); /* weight rows 0..15 x act rows 0..15 */
             _tile_dpbf16ps(1, 4, 7);
             _tile_dpbf16ps(2, 5, 6);
