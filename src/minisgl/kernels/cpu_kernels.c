@@ -109,6 +109,50 @@ INLINE float dot(const float *a, const void *b, int64_t b0, int64_t D, int half)
     return s;
 }
 
+#if defined(HAVE_AVX2) && defined(__AVX512F__)
+/* exp8's polynomial on 16 floats */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+/* x[0:n] <- softmax(scale * x), in place (scale > 0): 16 lanes at a time, the tail masked (the
+ * scalar max and normalisation loops of the AVX2 form took 13% of a 1,024-token prefill) */
+static void softmax_inplace(float *x, int64_t n, float scale) {
+    const int64_t n16 = n / 16 * 16;
+    const __mmask16 tail = (__mmask16)((1u << (n - n16)) - 1);
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < n16; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(x + j));
+    vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail, x + n16));
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vm)), vscale = _mm512_set1_ps(scale);
+    __m512 vs = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n16; j += 16) {
+        const __m512 e = exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), m), vscale));
+        _mm512_storeu_ps(x + j, e);
+        vs = _mm512_add_ps(vs, e);
+    }
+    if (tail) {
+        const __m512 e = exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + n16), m), vscale));
+        _mm512_mask_storeu_ps(x + n16, tail, e);
+        vs = _mm512_add_ps(vs, _mm512_maskz_mov_ps(tail, e));
+    }
+    const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(vs));
+    for (int64_t j = 0; j < n16; j += 16) _mm512_storeu_ps(x + j, _mm512_mul_ps(_mm512_loadu_ps(x + j), inv));
+    if (tail) _mm512_mask_storeu_ps(x + n16, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + n16), inv));
+}
+#else
 /* x[0:n] <- softmax(scale * x), in place (scale > 0) */
 static void softmax_inplace(float *x, int64_t n, float scale) {
     float m = x[0];
@@ -132,6 +176,8 @@ static void softmax_inplace(float *x, int64_t n, float scale) {
     const float inv = 1.f / sum;
     for (j = 0; j < n; ++j) x[j] *= inv;
 }
+
+#endif
 
 #ifdef HAVE_KV8
 /* s[0:L] (+)= q[0:64] . K[j][0:64] where K[j] starts at element k0 + offs[j]: 8 positions per step,
