@@ -254,6 +254,13 @@ INLINE __m512 hsum16x16(const __m512 r[16]) {
     return _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], 0x88), _mm512_shuffle_ps(u[0], u[1], 0xDD));
 }
 
+/* q[0:64] . K row at element kr, left in 16 lanes (their sum is the dot product) */
+INLINE __m512 dot64_lanes(const __m512 qv[4], const void *k, int64_t kr, int half) {
+    __m512 a = _mm512_mul_ps(qv[0], kv16(k, kr, half));
+    for (int i = 1; i < 4; ++i) a = _mm512_fmadd_ps(qv[i], kv16(k, kr + 16 * i, half), a);
+    return a;
+}
+
 /* s[0:L] (+)= q[0:64] . K[j][0:64] (K[j] at element k0 + offs[j]): 16 positions per step, q in 4
  * registers; the last L % 16 positions one at a time. */
 INLINE void scores64x16(const float *q, const void *k, int64_t k0, const int64_t *offs, int64_t L, float *s,
@@ -267,19 +274,14 @@ INLINE void scores64x16(const float *q, const void *k, int64_t k0, const int64_t
         for (int u = 0; u < 16; ++u) {
             const int64_t kr = k0 + offs[j + u];
             if (j + 32 < L) _mm_prefetch((const char *)k + (k0 + offs[j + u + 16]) * esize, _MM_HINT_T0);
-            __m512 a = _mm512_mul_ps(qv[0], kv16(k, kr, half));
-            for (int i = 1; i < 4; ++i) a = _mm512_fmadd_ps(qv[i], kv16(k, kr + 16 * i, half), a);
-            r[u] = a;
+            r[u] = dot64_lanes(qv, k, kr, half);
         }
         __m512 t = hsum16x16(r);
         if (!first) t = _mm512_add_ps(t, _mm512_loadu_ps(s + j));
         _mm512_storeu_ps(s + j, t);
     }
     for (; j < L; ++j) {
-        const int64_t kr = k0 + offs[j];
-        __m512 a = _mm512_mul_ps(qv[0], kv16(k, kr, half));
-        for (int i = 1; i < 4; ++i) a = _mm512_fmadd_ps(qv[i], kv16(k, kr + 16 * i, half), a);
-        const float d = _mm512_reduce_add_ps(a);
+        const float d = _mm512_reduce_add_ps(dot64_lanes(qv, k, k0 + offs[j], half));
         s[j] = first ? d : s[j] + d;
     }
 }
