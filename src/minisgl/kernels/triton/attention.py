@@ -170,10 +170,10 @@ def _rotate(x1, x2, cos, sin, ROPE: tl.constexpr):
 
 
 @triton.jit
-def _kv_block(KCache, VCache, pt_row, n0, cached_end, kvh, offs_j, j_mask, offs_d, d_mask, stride_cs, stride_ch,
-              stride_vp, D: tl.constexpr, PS: tl.constexpr, BLOCK_N: tl.constexpr, V_T: tl.constexpr):  # fmt: skip
-    """Positions [n0, n0 + BLOCK_N) below cached_end: their mask (BLOCK_N,), K's two halves
-    (BLOCK_N, BLOCK_HALF) each and V (BLOCK_N, BLOCK_D), as stored (masked positions 0)."""
+def _k_block(KCache, pt_row, n0, cached_end, kvh, offs_j, j_mask, stride_cs, stride_ch, D: tl.constexpr,
+             PS: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Positions [n0, n0 + BLOCK_N) below cached_end: (pos, their mask, the mask of their pages, the
+    pages, K's two halves (BLOCK_N, BLOCK_HALF) each as stored, masked positions 0)."""
     pos = n0 + tl.arange(0, BLOCK_N)
     n_mask = pos < cached_end
     # V by page transposed loads whole pages (a page's tokens are one vector; the positions past
@@ -184,25 +184,30 @@ def _kv_block(KCache, VCache, pt_row, n0, cached_end, kvh, offs_j, j_mask, offs_
     k_mask = n_mask[:, None] & j_mask[None, :]
     k1 = tl.load(KCache + slot_off + offs_j[None, :], mask=k_mask, other=0.0)
     k2 = tl.load(KCache + slot_off + D // 2 + offs_j[None, :], mask=k_mask, other=0.0)
-    v_ptr = _v_at(VCache, page[:, None], (pos % PS)[:, None], kvh, offs_d[None, :], stride_cs, stride_ch,
-                  stride_vp, D, PS, V_T)  # fmt: skip
-    v_mask = (page_mask if V_T else n_mask)[:, None] & d_mask[None, :]
-    return n_mask, k1, k2, tl.load(v_ptr, mask=v_mask, other=0.0)
+    return pos, n_mask, page_mask, page, k1, k2
 
 
 @triton.jit
-def _attend_block(q1, q2, k1, k2, v, n_mask, m_i, l_i, acc, s_scale, wide: tl.constexpr, IEEE: tl.constexpr):
-    """The online softmax over one block of `_kv_block` (at least one position unmasked): the new
-    (max, sum, acc); scores scaled by s_scale, acc in the tiles' units."""
+def _v_block(VCache, pos, n_mask, page_mask, page, kvh, offs_d, d_mask, stride_cs, stride_ch, stride_vp,
+             D: tl.constexpr, PS: tl.constexpr, V_T: tl.constexpr):  # fmt: skip
+    """V (BLOCK_N, BLOCK_D) of `_k_block`'s positions, as stored."""
+    v_ptr = _v_at(VCache, page[:, None], (pos % PS)[:, None], kvh, offs_d[None, :], stride_cs, stride_ch,
+                  stride_vp, D, PS, V_T)  # fmt: skip
+    v_mask = (page_mask if V_T else n_mask)[:, None] & d_mask[None, :]
+    return tl.load(v_ptr, mask=v_mask, other=0.0)
+
+
+@triton.jit
+def _scores(q1, q2, k1, k2, n_mask, m_i, l_i, s_scale, wide: tl.constexpr, IEEE: tl.constexpr):
+    """The online softmax over one block (at least one position unmasked): (new max, new sum, the
+    block's weights p (BLOCK_H, BLOCK_N), the factor alpha for what was summed before)."""
     k1, k2 = _widen(k1, q1.dtype, wide), _widen(k2, q1.dtype, wide)
     s = (_dot(q1, tl.trans(k1), IEEE) + _dot(q2, tl.trans(k2), IEEE)) * s_scale  # (BLOCK_H, BLOCK_N)
     s = tl.where(n_mask[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    v = _widen(v, q1.dtype, wide)
-    return m_new, l_i, acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+    return m_new, l_i * alpha + tl.sum(p, 1), p, alpha
 
 
 @triton.jit
@@ -248,18 +253,20 @@ def _decode_kernel(
     V_T: tl.constexpr,
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
-    PREWAIT: tl.constexpr,
+    PEEL: tl.constexpr,  # the first block loaded before the wait (see below)
     BLOCK_G: tl.constexpr,  # the merge's heads at a time
     BLOCK_S: tl.constexpr,  # NUM_SPLITS padded to a power of two
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    # PREWAIT: what the kernel before cannot have written (seq_lens, the page table, the pool's cached
+    # PEEL: what the kernel before cannot have written (seq_lens, the page table, the pool's cached
     # positions: all written before the step's first kernel) is loaded before PDL's wait, the split's
     # first block of K/V included, so those loads stream during that kernel's tail; q, the new K/V and
-    # the split counters after it. Without new_kv the pool's last position may be the kernel before's.
-    pdl_enter(PDL and not PREWAIT)
+    # the split counters after it. Only with new_kv (without, the pool's last position may be the
+    # kernel before's) and with splits (one split a row is a large batch: a long loop, and the first
+    # block peeled off made it slower, 287 against 257 us at batch 256, context 1024).
+    pdl_enter(PDL and not PEEL)
     seq_len = tl.load(SeqLens + b)
     chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * chunk
@@ -273,9 +280,12 @@ def _decode_kernel(
     offs_j = tl.arange(0, BLOCK_HALF)  # q and k are handled as two halves: RoPE pairs j with j + D/2
     j_mask = offs_j < HALF
     pt_row = PageTable + b.to(tl.int64) * stride_pt
-    n_mask0, k01, k02, v0 = _kv_block(KCache, VCache, pt_row, start, cached_end, kvh, offs_j, j_mask, offs_d,
-                                      d_mask, stride_cs, stride_ch, stride_vp, D, PS, BLOCK_N, V_T)  # fmt: skip
-    pdl_enter(PDL and PREWAIT)
+    if PEEL:
+        pos0, n_mask0, page_mask0, page0, k01, k02 = _k_block(KCache, pt_row, start, cached_end, kvh, offs_j, j_mask,
+                                                              stride_cs, stride_ch, D, PS, BLOCK_N)  # fmt: skip
+        v0 = _v_block(VCache, pos0, n_mask0, page_mask0, page0, kvh, offs_d, d_mask, stride_cs, stride_ch,
+                      stride_vp, D, PS, V_T)  # fmt: skip
+    pdl_enter(PDL and PEEL)
     # An fp8 cache: scores and outputs in the cache's units, scaled once; the dots in fp16 (KV_F16)
     # or, for bf16 q, in `widen_fp8`'s units (the tiles 2^-112 times their values: `unit` puts it back).
     wide: tl.constexpr = QUANT and not KV_F16 and Q.dtype.element_ty == tl.bfloat16
@@ -333,12 +343,20 @@ def _decode_kernel(
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     s_scale = qk_scale * unit
-    if start < cached_end:  # the first block, loaded above
-        m_i, l_i, acc = _attend_block(q1, q2, k01, k02, v0, n_mask0, m_i, l_i, acc, s_scale, wide, IEEE)
-    for n0 in range(start + BLOCK_N, cached_end, BLOCK_N):
-        n_mask, k1, k2, v = _kv_block(KCache, VCache, pt_row, n0, cached_end, kvh, offs_j, j_mask, offs_d,
-                                      d_mask, stride_cs, stride_ch, stride_vp, D, PS, BLOCK_N, V_T)  # fmt: skip
-        m_i, l_i, acc = _attend_block(q1, q2, k1, k2, v, n_mask, m_i, l_i, acc, s_scale, wide, IEEE)
+    loop_start = start
+    if PEEL:
+        loop_start = start + BLOCK_N
+        if start < cached_end:  # the first block, loaded before the wait
+            m_i, l_i, p, alpha = _scores(q1, q2, k01, k02, n_mask0, m_i, l_i, s_scale, wide, IEEE)
+            v = _widen(v0, q1.dtype, wide)
+            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)  # in `unit`s
+    for n0 in range(loop_start, cached_end, BLOCK_N):
+        pos, n_mask, page_mask, page, k1, k2 = _k_block(KCache, pt_row, n0, cached_end, kvh, offs_j, j_mask,
+                                                        stride_cs, stride_ch, D, PS, BLOCK_N)  # fmt: skip
+        m_i, l_i, p, alpha = _scores(q1, q2, k1, k2, n_mask, m_i, l_i, s_scale, wide, IEEE)
+        v = _widen(_v_block(VCache, pos, n_mask, page_mask, page, kvh, offs_d, d_mask, stride_cs, stride_ch,
+                            stride_vp, D, PS, V_T), q1.dtype, wide)  # fmt: skip
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
     if HAS_NEW:
         if (start <= seq_len - 1) & (seq_len - 1 < end):
             s_new = tl.sum(q1.to(tl.float32) * kn1.to(tl.float32)[None, :], 1)
@@ -491,7 +509,7 @@ def decode_attention(
         BLOCK_HALF=max(16, triton.next_power_of_2(d // 2)), PS=page_size, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, ROPE=rope is not None, QUANT=quant,
         KV_F16=_kv_f16(quant, q), V_T=_v_layout(k_cache, v_cache, page_size)[0], IEEE=ieee, PDL=pdl,
-        PREWAIT=pdl and new_kv is not None and _PREWAIT, BLOCK_G=block_g, BLOCK_S=block_s,
+        PEEL=new_kv is not None and num_splits > 1 and _PREWAIT, BLOCK_G=block_g, BLOCK_S=block_s,
         num_warps=warps, num_stages=stages, **pdl_launch(pdl),
     )  # fmt: skip
     return out
