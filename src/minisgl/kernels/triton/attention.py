@@ -15,6 +15,10 @@ page `slot // PS`, column `slot % PS`.
   token's K/V, it also stores them (the split-0 program of each head writes its slot) and reads them
   from the inputs rather than the pool, so no program reads a slot being written: one kernel fewer
   per layer than a separate `store_kv`.
+  With splits and the new token given (a decode step), the lengths, the page table and each split's
+  first block of K/V are loaded before PDL's wait (the kernel before writes none of them), so they
+  stream during that kernel's tail (batch 1, 8B: 8.8 -> 5.9 us a layer with the merge below); the
+  last program merges every split in one load (not one round trip each).
 - `extend_attention`: any number of new tokens per request over its cached prefix, causal, all
   requests of the batch in one launch. Grid (query blocks, Hq, B); K/V come from the pool (the new
   tokens' K/V are stored first), so fresh prompts and chunks over a prefix take the same path.
