@@ -3,8 +3,13 @@ KV pool with scattered pages (Llama-3.1-8B's heads by default), by launch shape 
 stages) and split count, with the KV bytes it reads per second. `--new` runs it as a decode step
 does: q, k and v are views of the fused projection, rotated and stored by the kernel. `--kv-dtype fp8`:
 the pool in float8_e4m3fn (`--kv-cache-dtype fp8_e4m3`, V by page transposed), half the bytes.
+`--layers L` (with `--new`): a step's chain instead, L layers' pools each called once in one graph
+(PDL between the kernels), the time per layer; `--qkv` puts each layer's fp8 qkv projection (the
+row GEMV with its RMSNorm, the 8B shape) before its attention, as a step runs them, and prints the
+GEMVs alone too, so that the difference is what attention adds to a layer.
 
     python benchmarks/bench_decode_attention.py [--batch 256] [--context 416] [--splits 1,2] [--new] [--kv-dtype fp8]
+        [--layers 32 [--qkv]]
 """
 
 from __future__ import annotations
@@ -32,7 +37,11 @@ def main() -> None:
     ap.add_argument("--new", action="store_true", help="the new token's K/V and RoPE in the kernel")
     ap.add_argument("--kv-dtype", choices=["bf16", "fp8"], default="bf16")
     ap.add_argument("--launches", default="", help="only these (BLOCK_N:warps:stages,...), default all")
+    ap.add_argument("--layers", type=int, default=0, help="with --new: a chain of this many layers' calls")
+    ap.add_argument("--qkv", action="store_true", help="with --layers: each layer's fp8 qkv GEMV before it")
     ns = ap.parse_args()
+    if ns.layers:
+        return layers(ns)
     hq, hkv, d = (int(v) for v in ns.heads.split(","))
     b, ps = ns.batch, ns.page_size
     pages_per_req = -(-ns.context // ps)
@@ -79,6 +88,75 @@ def main() -> None:
             print(
                 f"splits {splits} launch {launch}: {us:7.1f} us  {kv_gb / us * 1e6:5.0f} GB/s  max diff {err:.2g}"
             )
+
+
+def layers(ns: argparse.Namespace) -> None:
+    """`--layers`: per layer, [the qkv row GEMV, then] decode attention over that layer's pool."""
+    from minisgl.kernels.triton.gemv.row import RowGemvConfig, gemv_fp8_rows
+
+    if not ns.new or ns.kv_dtype != "bf16":
+        raise SystemExit("--layers runs --new over a bf16 pool")
+    hq, hkv, d = (int(v) for v in ns.heads.split(","))
+    b, ps, n_layers = ns.batch, ns.page_size, ns.layers
+    pages_per_req = -(-ns.context // ps)
+    num_pages = b * pages_per_req * 2
+    gen = torch.Generator().manual_seed(0)
+    page_table = torch.randperm(num_pages, generator=gen)[: b * pages_per_req].view(b, pages_per_req)
+    page_table = page_table.int().cuda()
+    pools = [
+        (torch.randn(num_pages * ps, hkv, d, device="cuda", dtype=torch.bfloat16),)
+        + (torch.randn(num_pages * ps, hkv, d, device="cuda", dtype=torch.bfloat16),)
+        for _ in range(n_layers)
+    ]
+    hidden, n_qkv = hq * d, (hq + 2 * hkv) * d
+    x = torch.randn(b, hidden, device="cuda", dtype=torch.bfloat16)
+    g = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
+    weights = [
+        (
+            torch.randn(n_qkv, hidden, device="cuda").to(torch.float8_e4m3fn),
+            torch.full((n_qkv,), 0.02, device="cuda"),
+        )
+        for _ in range(n_layers if ns.qkv else 0)
+    ]
+    qkv_cfg = RowGemvConfig(2, triton_pow2(hidden), 8, 8, True)  # backends.cuda.fp8_row_config's qkv shape
+    qkvs = [torch.randn(b, n_qkv, device="cuda", dtype=torch.bfloat16) for _ in range(n_layers)]
+    last = ns.context - 1
+    slots = (page_table[:, last // ps] * ps + last % ps).int()
+    angles = torch.rand(b, d // 2, device="cuda") * 6
+    rope = (angles.cos().bfloat16(), angles.sin().bfloat16())
+    seq_lens = torch.full((b,), ns.context, dtype=torch.int32, device="cuda")
+    done = torch.zeros(b * hkv, dtype=torch.int32, device="cuda")
+
+    def step(splits: int, launch: tuple[int, int, int] | None, attend: bool = True) -> None:
+        for i in range(n_layers):
+            qkv = qkvs[i]
+            if ns.qkv:
+                qkv = gemv_fp8_rows(x, *weights[i], norm=(g, 1e-5), config=qkv_cfg)
+            if attend:
+                q = qkv[:, : hq * d].view(b, hq, d)
+                k = qkv[:, hq * d : (hq + hkv) * d].view(b, hkv, d)
+                v = qkv[:, (hq + hkv) * d :].view(b, hkv, d)
+                decode_attention(
+                    q, *pools[i], page_table, seq_lens, ps, d**-0.5, splits, done=done, launch=launch,
+                    new_kv=(k, v, slots), rope=rope,
+                )  # fmt: skip
+
+    print(f"{n_layers} layers{' with the fp8 qkv GEMV' if ns.qkv else ''}: batch {b}, context {ns.context}")
+    if ns.qkv:
+        us = do_bench_cudagraph(functools.partial(step, 1, None, False), rep=100, return_mode="median") * 1e3
+        print(f"qkv GEMV alone: {us / n_layers:6.2f} us a layer")
+    launches = [tuple(int(v) for v in t.split(":")) for t in ns.launches.split(",") if t] or [None]
+    for splits in (int(s) for s in ns.splits.split(",")):
+        for launch in launches:
+            us = (
+                do_bench_cudagraph(functools.partial(step, splits, launch), rep=100, return_mode="median")
+                * 1e3
+            )
+            print(f"splits {splits} launch {launch or 'default'}: {us / n_layers:6.2f} us a layer")
+
+
+def triton_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 if __name__ == "__main__":

@@ -91,12 +91,14 @@ def test_decode_attention_matches_dense(
 @pytest.mark.parametrize("splits", [1, 4])
 def test_decode_attention_stores_and_uses_the_new_tokens(dtype: torch.dtype, splits: int) -> None:
     """With new_kv, the kernel writes each new token's K/V to its slot (which held NaN before: the
-    kernel must not read it) and attends over it; a slot of -1 (graph padding) is not written."""
+    kernel must not read it) and attends over it; a slot of -1 (graph padding) is not written. At
+    4 splits the 300 tokens give each split two blocks of 64: the first loaded before the loop (and
+    on a GPU before PDL's wait), the second in it."""
     from minisgl.kernels.triton.attention import decode_attention
 
     gen = torch.Generator().manual_seed(splits)
     hq, hkv, d, ps = 8, 2, 64, 4
-    lens = [9, 1, 0, 70]
+    lens = [9, 1, 0, 70, 300]
     max_pages = -(-max(lens) // ps)
     num_pages = len(lens) * max_pages + 1
     k_cache = torch.randn(num_pages * ps, hkv, d, generator=gen).to(dtype)

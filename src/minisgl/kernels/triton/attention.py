@@ -15,6 +15,10 @@ page `slot // PS`, column `slot % PS`.
   token's K/V, it also stores them (the split-0 program of each head writes its slot) and reads them
   from the inputs rather than the pool, so no program reads a slot being written: one kernel fewer
   per layer than a separate `store_kv`.
+  With splits and the new token given (a decode step), the lengths, the page table and each split's
+  first block of K/V are loaded before PDL's wait (the kernel before writes none of them), so they
+  stream during that kernel's tail (batch 1, 8B: 8.8 -> 5.9 us a layer with the merge below); the
+  last program merges every split in one load (not one round trip each).
 - `extend_attention`: any number of new tokens per request over its cached prefix, causal, all
   requests of the batch in one launch. Grid (query blocks, Hq, B); K/V come from the pool (the new
   tokens' K/V are stored first), so fresh prompts and chunks over a prefix take the same path.
@@ -43,6 +47,7 @@ from .fp8 import WIDEN, quantize_fp8, widen_fp8
 from .pdl import pdl_enter, pdl_launch, use_pdl
 
 _FP8_DOT_BF16 = os.environ.get("MINISGL_FP8_ATTN_DOT") == "bf16"
+_PREWAIT = os.environ.get("MINISGL_DECODE_PREWAIT", "1") != "0"  # 0: every load after PDL's wait (A/B)
 
 
 @triton.jit
@@ -169,6 +174,47 @@ def _rotate(x1, x2, cos, sin, ROPE: tl.constexpr):
 
 
 @triton.jit
+def _k_block(KCache, pt_row, n0, cached_end, kvh, offs_j, j_mask, stride_cs, stride_ch, D: tl.constexpr,
+             PS: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Positions [n0, n0 + BLOCK_N) below cached_end: (pos, their mask, the mask of their pages, the
+    pages, K's two halves (BLOCK_N, BLOCK_HALF) each as stored, masked positions 0)."""
+    pos = n0 + tl.arange(0, BLOCK_N)
+    n_mask = pos < cached_end
+    # V by page transposed loads whole pages (a page's tokens are one vector; the positions past
+    # the end weigh 0, and an fp8 pool holds no NaN: zeroed at start, written saturating)
+    page_mask = (pos // PS) * PS < cached_end
+    page = tl.load(pt_row + pos // PS, mask=page_mask, other=0).to(tl.int64)
+    slot_off = (page * PS + pos % PS)[:, None] * stride_cs + kvh * stride_ch  # (BLOCK_N, 1)
+    k_mask = n_mask[:, None] & j_mask[None, :]
+    k1 = tl.load(KCache + slot_off + offs_j[None, :], mask=k_mask, other=0.0)
+    k2 = tl.load(KCache + slot_off + D // 2 + offs_j[None, :], mask=k_mask, other=0.0)
+    return pos, n_mask, page_mask, page, k1, k2
+
+
+@triton.jit
+def _v_block(VCache, pos, n_mask, page_mask, page, kvh, offs_d, d_mask, stride_cs, stride_ch, stride_vp,
+             D: tl.constexpr, PS: tl.constexpr, V_T: tl.constexpr):  # fmt: skip
+    """V (BLOCK_N, BLOCK_D) of `_k_block`'s positions, as stored."""
+    v_ptr = _v_at(VCache, page[:, None], (pos % PS)[:, None], kvh, offs_d[None, :], stride_cs, stride_ch,
+                  stride_vp, D, PS, V_T)  # fmt: skip
+    v_mask = (page_mask if V_T else n_mask)[:, None] & d_mask[None, :]
+    return tl.load(v_ptr, mask=v_mask, other=0.0)
+
+
+@triton.jit
+def _scores(q1, q2, k1, k2, n_mask, m_i, l_i, s_scale, wide: tl.constexpr, IEEE: tl.constexpr):
+    """The online softmax over one block (at least one position unmasked): (new max, new sum, the
+    block's weights p (BLOCK_H, BLOCK_N), the factor alpha for what was summed before)."""
+    k1, k2 = _widen(k1, q1.dtype, wide), _widen(k2, q1.dtype, wide)
+    s = (_dot(q1, tl.trans(k1), IEEE) + _dot(q2, tl.trans(k2), IEEE)) * s_scale  # (BLOCK_H, BLOCK_N)
+    s = tl.where(n_mask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), p, alpha
+
+
+@triton.jit
 def _decode_kernel(
     Q,  # (B, HQ, D) strided: unit stride in D
     KCache,  # (S, HKV, D)
@@ -211,12 +257,39 @@ def _decode_kernel(
     V_T: tl.constexpr,
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
+    PEEL: tl.constexpr,  # the first block loaded before the wait (see below)
+    BLOCK_G: tl.constexpr,  # the merge's heads at a time
+    BLOCK_S: tl.constexpr,  # NUM_SPLITS padded to a power of two
 ):
-    pdl_enter(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    # PEEL: what the kernel before cannot have written (seq_lens, the page table, the pool's cached
+    # positions: all written before the step's first kernel) is loaded before PDL's wait, the split's
+    # first block of K/V included, so those loads stream during that kernel's tail; q, the new K/V and
+    # the split counters after it. Only with new_kv (without, the pool's last position may be the
+    # kernel before's) and with splits (one split a row is a large batch: a long loop, and the first
+    # block peeled off made it slower, 287 against 257 us at batch 256, context 1024).
+    pdl_enter(PDL and not PEEL)
     seq_len = tl.load(SeqLens + b)
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    # With HAS_NEW the newest position comes from the inputs (its slot is being written): the loop
+    # reads the pool up to it, and the split that holds it folds it in after the loop.
+    cached_end = tl.minimum(end, seq_len - 1) if HAS_NEW else end
+    HALF: tl.constexpr = D // 2
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    offs_j = tl.arange(0, BLOCK_HALF)  # q and k are handled as two halves: RoPE pairs j with j + D/2
+    j_mask = offs_j < HALF
+    pt_row = PageTable + b.to(tl.int64) * stride_pt
+    if PEEL:
+        pos0, n_mask0, page_mask0, page0, k01, k02 = _k_block(KCache, pt_row, start, cached_end, kvh, offs_j, j_mask,
+                                                              stride_cs, stride_ch, D, PS, BLOCK_N)  # fmt: skip
+        v0 = _v_block(VCache, pos0, n_mask0, page_mask0, page0, kvh, offs_d, d_mask, stride_cs, stride_ch,
+                      stride_vp, D, PS, V_T)  # fmt: skip
+    pdl_enter(PDL and PEEL)
     # An fp8 cache: scores and outputs in the cache's units, scaled once; the dots in fp16 (KV_F16)
     # or, for bf16 q, in `widen_fp8`'s units (the tiles 2^-112 times their values: `unit` puts it back).
     wide: tl.constexpr = QUANT and not KV_F16 and Q.dtype.element_ty == tl.bfloat16
@@ -228,11 +301,6 @@ def _decode_kernel(
         k_scale = 1.0
         v_scale = 1.0
     qk_scale = sm_scale * k_scale
-    HALF: tl.constexpr = D // 2
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < D
-    offs_j = tl.arange(0, BLOCK_HALF)  # q and k are handled as two halves: RoPE pairs j with j + D/2
-    j_mask = offs_j < HALF
     if ROPE:
         cos = tl.load(Cos + b.to(tl.int64) * stride_rope + offs_j, mask=j_mask, other=1.0).to(tl.float32)
         sin = tl.load(Sin + b.to(tl.int64) * stride_rope + offs_j, mask=j_mask, other=0.0).to(tl.float32)
@@ -274,43 +342,25 @@ def _decode_kernel(
             if QUANT:
                 vn = quantize_fp8(vn, v_scale)
             tl.store(dst, vn, mask=v_mask)
-    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * chunk
-    end = tl.minimum(start + chunk, seq_len)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    pt_row = PageTable + b.to(tl.int64) * stride_pt
-    # With HAS_NEW the newest position comes from the inputs (its slot is being written): the loop
-    # reads the pool up to it, and the split that holds it folds it in after the loop.
-    cached_end = tl.minimum(end, seq_len - 1) if HAS_NEW else end
-    for n0 in range(start, cached_end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        n_mask = pos < cached_end
-        # V by page transposed loads whole pages (a page's tokens are one vector; the positions past
-        # the end weigh 0, and an fp8 pool holds no NaN: zeroed at start, written saturating)
-        page_mask = (pos // PS) * PS < cached_end
-        page = tl.load(pt_row + pos // PS, mask=page_mask, other=0).to(tl.int64)
-        slot_off = (page * PS + pos % PS)[:, None] * stride_cs + kvh * stride_ch  # (BLOCK_N, 1)
-        k_mask = n_mask[:, None] & j_mask[None, :]
-        k1 = tl.load(KCache + slot_off + offs_j[None, :], mask=k_mask, other=0.0)  # (BLOCK_N, BLOCK_HALF)
-        k2 = tl.load(KCache + slot_off + HALF + offs_j[None, :], mask=k_mask, other=0.0)
-        k1, k2 = _widen(k1, q1.dtype, wide), _widen(k2, q1.dtype, wide)
-        s = (_dot(q1, tl.trans(k1), IEEE) + _dot(q2, tl.trans(k2), IEEE)) * (
-            qk_scale * unit
-        )  # (BLOCK_H, BLOCK_N)
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v_ptr = _v_at(VCache, page[:, None], (pos % PS)[:, None], kvh, offs_d[None, :], stride_cs, stride_ch,
-                      stride_vp, D, PS, V_T)  # fmt: skip
-        v_mask = (page_mask if V_T else n_mask)[:, None] & d_mask[None, :]
-        v = _widen(tl.load(v_ptr, mask=v_mask, other=0.0), q1.dtype, wide)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)  # in `unit`s
-        m_i = m_new
+    s_scale = qk_scale * unit
+    loop_start = start
+    if PEEL:
+        loop_start = start + BLOCK_N
+        if start < cached_end:  # the first block, loaded before the wait
+            m_i, l_i, p, alpha = _scores(q1, q2, k01, k02, n_mask0, m_i, l_i, s_scale, wide, IEEE)
+            v = _widen(v0, q1.dtype, wide)
+            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)  # in `unit`s
+    for n0 in range(loop_start, cached_end, BLOCK_N):
+        pos, n_mask, page_mask, page, k1, k2 = _k_block(KCache, pt_row, n0, cached_end, kvh, offs_j, j_mask,
+                                                        stride_cs, stride_ch, D, PS, BLOCK_N)  # fmt: skip
+        m_i, l_i, p, alpha = _scores(q1, q2, k1, k2, n_mask, m_i, l_i, s_scale, wide, IEEE)
+        v = _widen(_v_block(VCache, pos, n_mask, page_mask, page, kvh, offs_d, d_mask, stride_cs, stride_ch,
+                            stride_vp, D, PS, V_T), q1.dtype, wide)  # fmt: skip
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
     if HAS_NEW:
         if (start <= seq_len - 1) & (seq_len - 1 < end):
             s_new = tl.sum(q1.to(tl.float32) * kn1.to(tl.float32)[None, :], 1)
@@ -343,34 +393,41 @@ def _decode_kernel(
         counter = Done + b * tl.num_programs(1) + kvh
         if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
             tl.store(counter, 0)  # ready for the next launch (kernel boundaries order it)
-            _merge_splits(Partial, Lse, Out, row, h_mask, offs_d, d_mask, NUM_SPLITS, D, BLOCK_H, BLOCK_D)
+            first = b.to(tl.int64) * (GROUP * tl.num_programs(1)) + kvh * GROUP
+            _merge_splits(Partial, Lse, Out, first, GROUP, NUM_SPLITS, D, BLOCK_G, BLOCK_S, BLOCK_D)
 
 
 @triton.jit
-def _merge_splits(Partial, Lse, Out, row, h_mask, offs_d, d_mask, NUM_SPLITS: tl.constexpr, D: tl.constexpr,
-                  BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
-    """Out[row] = the splits' outputs weighted by their softmax mass (exp of their log-sum-exp)."""
-    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    den = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    mask = h_mask[:, None] & d_mask[None, :]
-    for s in range(NUM_SPLITS):
-        lse = tl.load(Lse + row * NUM_SPLITS + s, mask=h_mask, other=float("-inf"), cache_modifier=".cg")
-        part = tl.load(
-            Partial + (row[:, None] * NUM_SPLITS + s) * D + offs_d[None, :],
-            mask=mask,
-            other=0.0,
+def _merge_splits(Partial, Lse, Out, first_row, GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, D: tl.constexpr,
+                  BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """Out of the GROUP rows from first_row = the splits' outputs weighted by their softmax mass (exp
+    of their log-sum-exp): every split of BLOCK_G heads loaded at once (one round trip to the L2, not
+    one per split)."""
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    for g0 in tl.static_range(0, GROUP, BLOCK_G):
+        g_mask = g0 + offs_g < GROUP
+        row = first_row + g0 + offs_g  # (BLOCK_G,)
+        gs_mask = g_mask[:, None] & (offs_s < NUM_SPLITS)[None, :]
+        lse = tl.load(
+            Lse + row[:, None] * NUM_SPLITS + offs_s[None, :],
+            mask=gs_mask,
+            other=float("-inf"),
             cache_modifier=".cg",
+        )  # fmt: skip  (BLOCK_G, BLOCK_S)
+        part_ptr = (
+            Partial + (row[:, None, None] * NUM_SPLITS + offs_s[None, :, None]) * D + offs_d[None, None, :]
         )
-        m_new = tl.maximum(m, lse)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no split with keys yet: weights 0
-        scale = tl.exp(m - m_safe)
-        w = tl.exp(lse - m_safe)
-        den = den * scale + w
-        acc = acc * scale[:, None] + w[:, None] * part
-        m = m_new
-    out = acc / tl.where(den > 0, den, 1.0)[:, None]
-    tl.store(Out + row[:, None] * D + offs_d[None, :], out.to(Out.dtype.element_ty), mask=mask)
+        part = tl.load(
+            part_ptr, mask=gs_mask[:, :, None] & (offs_d < D)[None, None, :], other=0.0, cache_modifier=".cg"
+        )  # fmt: skip  (BLOCK_G, BLOCK_S, BLOCK_D)
+        m = tl.max(lse, 1)
+        w = tl.exp(lse - tl.where(m == float("-inf"), 0.0, m)[:, None])  # no split with keys: weights 0
+        den = tl.sum(w, 1)
+        out = tl.sum(w[:, :, None] * part, 1) / tl.where(den > 0, den, 1.0)[:, None]  # (BLOCK_G, BLOCK_D)
+        mask = g_mask[:, None] & (offs_d < D)[None, :]
+        tl.store(Out + row[:, None] * D + offs_d[None, :], out.to(Out.dtype.element_ty), mask=mask)
 
 
 def decode_splits(batch_size: int, num_kv_heads: int, num_sms: int, max_splits: int = 16) -> int:
@@ -445,6 +502,8 @@ def decode_attention(
             done = torch.zeros(bsz * hkv, dtype=torch.int32, device=q.device)
     k_scale, v_scale, quant = _scale_args(k_cache, scales)
     pdl = use_pdl(q)
+    block_s = triton.next_power_of_2(num_splits)
+    block_g = min(triton.next_power_of_2(group), max(1, 8192 // (block_s * block_d)))  # <= 64 floats a thread
     _decode_kernel[(bsz, hkv, num_splits)](
         q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, cos, sin, k_scale, v_scale, out,
         partial, lse, done,
@@ -454,6 +513,7 @@ def decode_attention(
         BLOCK_HALF=max(16, triton.next_power_of_2(d // 2)), PS=page_size, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, ROPE=rope is not None, QUANT=quant,
         KV_F16=_kv_f16(quant, q), V_T=_v_layout(k_cache, v_cache, page_size)[0], IEEE=ieee, PDL=pdl,
+        PEEL=new_kv is not None and num_splits > 1 and _PREWAIT, BLOCK_G=block_g, BLOCK_S=block_s,
         num_warps=warps, num_stages=stages, **pdl_launch(pdl),
     )  # fmt: skip
     return out
