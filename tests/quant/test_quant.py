@@ -265,6 +265,10 @@ from minisgl.quant import QuantizedWeight, QuantPart
 
 page = mmap.PAGESIZE
 k, rows = 96, 3  # an odd number of blocks per row
+# fixed activations: torch seeds each process at random, and an activation that lands on a rounding
+# tie of its int8 quantization can round one way here and the other in q8_activations (one step of
+# dx, ~2e-3 of the output: seen once in make test)
+torch.manual_seed(0)
 for isa in sys.argv[1].split(","):
     for fmt in DIRECT_FORMATS:
         print(isa, fmt.name, flush=True)  # the last line printed names the culprit of a crash
