@@ -8,8 +8,13 @@ the pool in float8_e4m3fn (`--kv-cache-dtype fp8_e4m3`, V by page transposed), h
 row GEMV with its RMSNorm, the 8B shape) before its attention, as a step runs them, and prints the
 GEMVs alone too, so that the difference is what attention adds to a layer.
 
+`--context-range LO:HI`: each request's context uniform in [LO, HI] (seeded) instead of one length,
+in `--order` random (as uid order leaves them), desc (the scheduler's longest first) or asc;
+`--grid heads,reqs` times both orders of the kernel's grid (a request's KV heads side by side, the
+default, or every request of one head first).
+
     python benchmarks/bench_decode_attention.py [--batch 256] [--context 416] [--splits 1,2] [--new] [--kv-dtype fp8]
-        [--layers 32 [--qkv]]
+        [--layers 32 [--qkv]] [--context-range 300:1300 --order random,desc --grid heads,reqs]
 """
 
 from __future__ import annotations
@@ -39,12 +44,43 @@ def main() -> None:
     ap.add_argument("--launches", default="", help="only these (BLOCK_N:warps:stages,...), default all")
     ap.add_argument("--layers", type=int, default=0, help="with --new: a chain of this many layers' calls")
     ap.add_argument("--qkv", action="store_true", help="with --layers: each layer's fp8 qkv GEMV before it")
+    ap.add_argument("--context-range", default="", help="LO:HI: contexts uniform in [LO, HI] per request")
+    ap.add_argument("--order", default="random", help="with --context-range: random,desc,asc")
+    ap.add_argument(
+        "--grid", default="", help="heads,reqs: the kernel's grid orders to time (default: its own)"
+    )
     ns = ap.parse_args()
     if ns.layers:
         return layers(ns)
+    if ns.context_range:
+        for order in ns.order.split(","):
+            ns.context_lens = _context_lens(ns, order)
+            ns.order_label = order
+            _kernel_table(ns)
+        return None
+    ns.context_lens = None
+    ns.order_label = ""
+    return _kernel_table(ns)
+
+
+def _context_lens(ns: argparse.Namespace, order: str) -> list[int]:
+    lo, hi = (int(v) for v in ns.context_range.split(":"))
+    gen = torch.Generator().manual_seed(1)
+    lens = torch.randint(lo, hi + 1, (ns.batch,), generator=gen).tolist()
+    if order == "desc":
+        return sorted(lens, reverse=True)
+    if order == "asc":
+        return sorted(lens)
+    if order != "random":
+        raise SystemExit(f"--order: random, desc or asc, not {order}")
+    return lens
+
+
+def _kernel_table(ns: argparse.Namespace) -> None:
     hq, hkv, d = (int(v) for v in ns.heads.split(","))
     b, ps = ns.batch, ns.page_size
-    pages_per_req = -(-ns.context // ps)
+    ctx = ns.context_lens or [ns.context] * b
+    pages_per_req = -(-max(ctx) // ps)
     num_pages = b * pages_per_req * 2
     gen = torch.Generator().manual_seed(0)
     page_table = torch.randperm(num_pages, generator=gen)[: b * pages_per_req].view(b, pages_per_req)
@@ -60,34 +96,41 @@ def main() -> None:
     qkv = torch.randn(b, (hq + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
     q = qkv[:, : hq * d].view(b, hq, d)
     if ns.new:
-        last = ns.context - 1
-        slots = (page_table[:, last // ps] * ps + last % ps).int()
+        last = torch.tensor(ctx, device="cuda") - 1
+        slots = (page_table.gather(1, (last // ps)[:, None])[:, 0] * ps + last % ps).int()
         angles = torch.rand(b, d // 2, device="cuda") * 6
         k_new = qkv[:, hq * d : (hq + hkv) * d].view(b, hkv, d)
         v_new = qkv[:, (hq + hkv) * d :].view(b, hkv, d)
         extra.update(new_kv=(k_new, v_new, slots), rope=(angles.cos().bfloat16(), angles.sin().bfloat16()))
-    seq_lens = torch.full((b,), ns.context, dtype=torch.int32, device="cuda")
-    kv_gb = b * ns.context * hkv * d * 2 * k_cache.element_size() / 1e9
+    seq_lens = torch.tensor(ctx, dtype=torch.int32, device="cuda")
+    kv_gb = sum(ctx) * hkv * d * 2 * k_cache.element_size() / 1e9
+    context = f"context {ns.context}" if ns.context_lens is None else (
+        f"contexts in [{min(ctx)}, {max(ctx)}] (mean {sum(ctx) / b:.0f}), {ns.order_label} order"
+    )  # fmt: skip
     print(
-        f"{'new K/V and RoPE in the kernel, ' if ns.new else ''}batch {b}, context {ns.context}, heads {hq}/{hkv}x{d}, "
+        f"{'new K/V and RoPE in the kernel, ' if ns.new else ''}batch {b}, {context}, heads {hq}/{hkv}x{d}, "
         f"page {ps}, KV {ns.kv_dtype}: {kv_gb:.3f} GB of K/V per call"
     )
     launches = [tuple(int(v) for v in t.split(":")) for t in ns.launches.split(",") if t] or LAUNCHES
+    grids: list[bool | None] = [{"heads": True, "reqs": False}[g] for g in ns.grid.split(",") if g] or [None]
     ref = None
     for splits in (int(s) for s in ns.splits.split(",")):
         done = torch.zeros(b * hkv, dtype=torch.int32, device="cuda")
         for launch in launches:
-            fn = functools.partial(
-                decode_attention, q, k_cache, v_cache, page_table, seq_lens, ps, d**-0.5, splits,
-                done=done, launch=launch, **extra,
-            )  # fmt: skip
-            out = fn()
-            ref = out if ref is None else ref
-            err = float((out.float() - ref.float()).abs().max())
-            us = do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
-            print(
-                f"splits {splits} launch {launch}: {us:7.1f} us  {kv_gb / us * 1e6:5.0f} GB/s  max diff {err:.2g}"
-            )
+            for first in grids:
+                fn = functools.partial(
+                    decode_attention, q, k_cache, v_cache, page_table, seq_lens, ps, d**-0.5, splits,
+                    done=done, launch=launch, heads_first=first, **extra,
+                )  # fmt: skip
+                out = fn()
+                ref = out if ref is None else ref
+                err = float((out.float() - ref.float()).abs().max())
+                us = do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+                grid = "" if first is None else f" grid {'heads' if first else 'reqs'}"
+                print(
+                    f"splits {splits} launch {launch}{grid}: {us:7.1f} us  {kv_gb / us * 1e6:5.0f} GB/s  "
+                    f"max diff {err:.2g}"
+                )
 
 
 def layers(ns: argparse.Namespace) -> None:

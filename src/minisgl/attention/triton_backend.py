@@ -108,7 +108,8 @@ class TritonAttentionBackend(AttentionBackend):
                 inp.page_rows.numpy().astype(np.int32, copy=False).reshape(-1),
             ]
         )
-        dev = torch.from_numpy(host).to(self.device, non_blocking=True)
+        src = torch.from_numpy(host)  # pinned, so that the copy never waits for the device
+        dev = (src.pin_memory() if self.device.type == "cuda" else src).to(self.device, non_blocking=True)
         p = inp.page_rows.shape[1]
         return _ExtendMeta(
             out_slots=dev[:t],

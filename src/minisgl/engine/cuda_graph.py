@@ -4,8 +4,9 @@ A decode step of B requests replays the graph of the smallest captured size >= B
 ids, positions) and the attention backend's metadata live in buffers whose addresses never change;
 the replay writes nothing else and allocates nothing. Padding rows compute garbage that nobody reads
 (the attention backend gives them length 0 and no KV slot). The graph covers the whole forward
-pass, the LM head and the greedy choice: it outputs the (B, vocab) float32 logits and their argmax
-per row, which an all-greedy batch takes as its tokens (other batches sample the logits).
+pass, the LM head and the greedy choice: it outputs the (B, vocab) logits in the head's dtype (bf16
+for a bf16 model: no float32 copy is written) and their argmax per row, which an all-greedy batch
+takes as its tokens (other batches sample the logits, cast to float32 outside the graph).
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ class CudaGraphRunner:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """inputs (2, B) int64 on the CPU: token ids, then positions; pending: (rows, token ids) on
         the device that replace those rows' ids; the attention backend already prepared -> logits
-        (B, V) float32 and their argmax (B,), views of the graph's output (valid until the next replay)."""
+        (B, V) in the head's dtype and their argmax (B,), views of the graph's output (valid until
+        the next replay)."""
         bs = inputs.shape[1]
         size = self.padded_size(bs)
         assert size is not None, f"no CUDA graph holds a batch of {bs}"

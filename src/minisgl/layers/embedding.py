@@ -71,8 +71,9 @@ class LMHead(nn.Module, OpsUser):
         self.weight_scale = nn.Parameter(scale, requires_grad=False)
         self.fp8 = Fp8Weight(self.weight, self.weight_scale, None)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:  # (B, hidden) -> (B, vocab) float32
+    def forward(self, h: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        """(B, hidden) -> (B, vocab) float32 logits (upcast=False: in the linear's output dtype)."""
         logits = all_gather_last_dim(self.ops.linear(h, self.w, None), self.tp)  # (B, N * rows)
         if logits.shape[-1] != self.vocab_size:
             logits = logits[:, : self.vocab_size]
-        return logits.float()
+        return logits.float() if upcast else logits.contiguous()

@@ -17,3 +17,9 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, hidden) rows of `forward`'s output -> (B, vocab) float32 logits."""
         raise NotImplementedError
+
+    def compute_logits_raw(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`compute_logits` before the float32 cast (the head's output dtype): a CUDA graph's
+        greedy argmax reads these, and the float32 copy is made only for a step that samples or
+        wants logprobs. Models whose logits are float32 already need not override it."""
+        return self.compute_logits(hidden)

@@ -213,6 +213,11 @@ class LlamaForCausalLM(CausalLM):
         """(B, hidden) rows of `forward`'s output -> (B, vocab) float32 logits."""
         return self.lm_head(hidden)
 
+    @torch.inference_mode()
+    def compute_logits_raw(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits in the head's output dtype (`compute_logits` without the float32 cast)."""
+        return self.lm_head(hidden, upcast=False)
+
     # ---------------------------------------------------------------------------------------------
     # Where each checkpoint tensor goes (see weights.py)
 

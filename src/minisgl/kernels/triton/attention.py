@@ -48,6 +48,9 @@ from .pdl import pdl_enter, pdl_launch, use_pdl
 
 _FP8_DOT_BF16 = os.environ.get("MINISGL_FP8_ATTN_DOT") == "bf16"
 _PREWAIT = os.environ.get("MINISGL_DECODE_PREWAIT", "1") != "0"  # 0: every load after PDL's wait (A/B)
+# The decode grid's order: a request's KV heads side by side (1, the default) or every request of
+# one KV head before the next head (0, the old order; for A/B).
+_HEADS_FIRST = os.environ.get("MINISGL_DECODE_HEADS_FIRST", "1") != "0"
 
 
 @triton.jit
@@ -260,9 +263,16 @@ def _decode_kernel(
     PEEL: tl.constexpr,  # the first block loaded before the wait (see below)
     BLOCK_G: tl.constexpr,  # the merge's heads at a time
     BLOCK_S: tl.constexpr,  # NUM_SPLITS padded to a power of two
+    HEADS_FIRST: tl.constexpr,  # grid (Hkv, B, splits): a request's heads launch one after the other
 ):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    if HEADS_FIRST:
+        kvh = tl.program_id(0)
+        b = tl.program_id(1)
+        num_kvh = tl.num_programs(0)
+    else:
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        num_kvh = tl.num_programs(1)
     split = tl.program_id(2)
     # PEEL: what the kernel before cannot have written (seq_lens, the page table, the pool's cached
     # positions: all written before the step's first kernel) is loaded before PDL's wait, the split's
@@ -379,7 +389,7 @@ def _decode_kernel(
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = tl.where(has, acc * (v_scale * unit / safe_l)[:, None], 0.0)
     out_mask = h_mask[:, None] & d_mask[None, :]
-    row = b.to(tl.int64) * (GROUP * tl.num_programs(1)) + heads  # (BLOCK_H,) flat (b, head)
+    row = b.to(tl.int64) * (GROUP * num_kvh) + heads  # (BLOCK_H,) flat (b, head)
     if NUM_SPLITS == 1:
         tl.store(Out + row[:, None] * D + offs_d[None, :], out.to(Out.dtype.element_ty), mask=out_mask)
     else:
@@ -390,10 +400,10 @@ def _decode_kernel(
         # The barrier orders this program's stores before its release; the acquire orders the
         # other programs' stores before the loads below.
         tl.debug_barrier()
-        counter = Done + b * tl.num_programs(1) + kvh
+        counter = Done + b * num_kvh + kvh
         if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
             tl.store(counter, 0)  # ready for the next launch (kernel boundaries order it)
-            first = b.to(tl.int64) * (GROUP * tl.num_programs(1)) + kvh * GROUP
+            first = b.to(tl.int64) * (GROUP * num_kvh) + kvh * GROUP
             _merge_splits(Partial, Lse, Out, first, GROUP, NUM_SPLITS, D, BLOCK_G, BLOCK_S, BLOCK_D)
 
 
@@ -432,8 +442,14 @@ def _merge_splits(Partial, Lse, Out, first_row, GROUP: tl.constexpr, NUM_SPLITS:
 
 def decode_splits(batch_size: int, num_kv_heads: int, num_sms: int, max_splits: int = 16) -> int:
     """Programs per (request, KV head) so that a decode step fills the GPU: about two waves of
-    (B * Hkv * splits) programs over the multiprocessors, at most `max_splits`."""
-    want = triton.cdiv(2 * num_sms, max(1, batch_size * num_kv_heads))
+    (B * Hkv * splits) programs over the multiprocessors, at most `max_splits`; and two splits while
+    one would leave at most four programs a multiprocessor (8B shapes on an H200, batch 48, contexts
+    904-1918: 73 us with two against 95 with one, the batch longest first; at batch 96, 131 against
+    128, so one stays there)."""
+    rows = max(1, batch_size * num_kv_heads)
+    want = triton.cdiv(2 * num_sms, rows)
+    if rows <= 4 * num_sms:
+        want = max(want, 2)
     return max(1, min(max_splits, triton.next_power_of_2(want)))
 
 
@@ -452,6 +468,7 @@ def decode_attention(
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     launch: tuple[int, int, int] | None = None,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    heads_first: bool | None = None,
 ) -> torch.Tensor:
     """q (B, Hq, D) (unit stride in D, D even); k/v_cache (S, Hkv, D) contiguous; page_table (>= B, P)
     int32 (unit stride in P); seq_lens (B,) int32 (0: an empty row, output 0) -> (B, Hq, D) in q's dtype.
@@ -465,7 +482,10 @@ def decode_attention(
     before RoPE and the kernel rotates them (rotate-half, rounded once to q's dtype, as
     `elementwise.rope_qkv` does), so q/k/v may be views of the fused projection's output.
     launch: (BLOCK_N, num_warps, num_stages), for benchmarks; default (64 or 32 by D, 4, 2).
-    scales: an fp8 cache's (k_scale, v_scale), each (Hkv,) float32."""
+    scales: an fp8 cache's (k_scale, v_scale), each (Hkv,) float32.
+    heads_first: the grid's order, for benchmarks (default MINISGL_DECODE_HEADS_FIRST, on): a
+    request's KV heads are neighbouring programs, so the GPU starts them together (they read the same
+    token rows of the pool) and a batch ordered longest first starts its longest requests first."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     if hq % hkv or k_cache.shape[2] != d or d % 2 or q.stride(2) != 1 or page_table.stride(1) != 1:
@@ -504,7 +524,8 @@ def decode_attention(
     pdl = use_pdl(q)
     block_s = triton.next_power_of_2(num_splits)
     block_g = min(triton.next_power_of_2(group), max(1, 8192 // (block_s * block_d)))  # <= 64 floats a thread
-    _decode_kernel[(bsz, hkv, num_splits)](
+    first = _HEADS_FIRST if heads_first is None else heads_first
+    _decode_kernel[(hkv, bsz, num_splits) if first else (bsz, hkv, num_splits)](
         q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, cos, sin, k_scale, v_scale, out,
         partial, lse, done,
         q.stride(0), q.stride(1), k_new.stride(0), v_new.stride(0), k_cache.stride(0), k_cache.stride(1),
@@ -514,7 +535,7 @@ def decode_attention(
         NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, ROPE=rope is not None, QUANT=quant,
         KV_F16=_kv_f16(quant, q), V_T=_v_layout(k_cache, v_cache, page_size)[0], IEEE=ieee, PDL=pdl,
         PEEL=new_kv is not None and num_splits > 1 and _PREWAIT, BLOCK_G=block_g, BLOCK_S=block_s,
-        num_warps=warps, num_stages=stages, **pdl_launch(pdl),
+        HEADS_FIRST=first, num_warps=warps, num_stages=stages, **pdl_launch(pdl),
     )  # fmt: skip
     return out
 
