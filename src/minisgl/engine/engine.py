@@ -28,6 +28,7 @@ from minisgl.grammar import GrammarCompiler, apply_bitmask
 from minisgl.kvcache import KVPool, PageAllocator, PageTable, kv_bytes_per_page
 from minisgl.kvcache.pool import FP8_KV
 from minisgl.layers import AttentionLayer
+from minisgl.utils.transfer import to_device
 
 from .cpu_graph import CpuGraphRunner
 from .cuda_graph import CudaGraphRunner
@@ -314,7 +315,7 @@ class Engine:
         if logits is raw and any(r.sampling_params.logprobs is not None for r in reqs):
             logits = logits.clone()
         apply_bitmask(
-            logits, mask, None if len(rows) == len(reqs) else torch.tensor(rows, device=self.device)
+            logits, mask, None if len(rows) == len(reqs) else to_device(rows, self.device, torch.int64)
         )
         return logits
 
@@ -324,7 +325,7 @@ class Engine:
         if not rows:
             return logits
         logits = logits.clone()
-        idx = torch.tensor(rows, device=self.device)
+        idx = to_device(rows, self.device, torch.int64)
         sub = apply_penalties(
             logits.index_select(0, idx),
             [reqs[i] for i in rows],
@@ -355,7 +356,7 @@ class Engine:
         sampled = None
         uids = [(reqs[i].uid, reqs[i].sampling_params.logprobs or 0) for i in rows]
         if rows and raw is not None:
-            idx = torch.tensor(rows, device=self.device)
+            idx = to_device(rows, self.device, torch.int64)
             k = max(k for _, k in uids)
             sampled = LogprobTensors.of(raw.index_select(0, idx), tokens.index_select(0, idx), k)
         prompt = None
@@ -467,14 +468,11 @@ class Engine:
         return PooledRows(uids, sums.index_add_(0, self._to_device(torch.tensor(groups)), picked))
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
-        """A host tensor on the device without waiting for the device: on a GPU copied from pinned
-        memory, asynchronously. A copy from pageable memory (`torch.tensor(rows, device=...)`, or a
-        large one with non_blocking) waits until every kernel queued before it has run: in a prefill
-        step that stalled the host until the forward pass was done, and the GPU then idled while the
-        host prepared the next step (~8 ms of a 97 ms step of 4,096 tokens, 8B shapes on an H200)."""
-        if self.device.type != "cuda":
-            return t.to(self.device)
-        return t.pin_memory().to(self.device, non_blocking=True)
+        """A host tensor on the device without waiting for the device (`utils.transfer`): in a
+        prefill step, a pageable copy before the LM head stalled the host until the forward pass was
+        done, and the GPU then idled while the host prepared the next step (~8 ms of a 97 ms step of
+        4,096 tokens, 8B shapes on an H200)."""
+        return to_device(t, self.device)
 
     @staticmethod
     def _flat_rows(batch: Batch, prompt_rows: list[tuple[Req, int, int]]) -> list[int]:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from minisgl.core import Req
+from minisgl.utils.transfer import to_device
 
 
 def apply_penalties(
@@ -50,11 +51,11 @@ def apply_penalties(
     f32 = torch.float32
     if any(r != 1.0 for r in rep):
         seen = _counts(n, vocab, [r.token_ids[: r.prompt_len] for r in reqs], None, dev) + counts > 0
-        r_t = torch.tensor(rep, dtype=f32, device=dev)[:, None].expand_as(logits)  # (n, V)
+        r_t = to_device(rep, dev, f32)[:, None].expand_as(logits)  # (n, V)
         scaled = torch.where(logits > 0, logits / r_t, logits * r_t)
         logits.copy_(torch.where(seen, scaled, logits))
-    f_t = torch.tensor(freq, dtype=f32, device=dev)[:, None]  # (n, 1)
-    p_t = torch.tensor(pres, dtype=f32, device=dev)[:, None]
+    f_t = to_device(freq, dev, f32)[:, None]  # (n, 1)
+    p_t = to_device(pres, dev, f32)[:, None]
     logits.sub_(f_t * counts + p_t * (counts > 0).to(f32))
     return logits
 
@@ -66,8 +67,8 @@ def _add_bias(logits: torch.Tensor, biases: list[dict[int, float]]) -> None:
     ids = [t for b in biases for t in b]
     values = [v for b in biases for v in b.values()]
     dev = logits.device
-    index = (torch.tensor(rows, device=dev), torch.tensor(ids, device=dev))
-    logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=dev), accumulate=True)
+    index = (to_device(rows, dev, torch.int64), to_device(ids, dev, torch.int64))
+    logits.index_put_(index, to_device(values, dev, logits.dtype), accumulate=True)
 
 
 def _suppress_stops(logits: torch.Tensor, stops: list[list[int]]) -> None:
@@ -75,8 +76,8 @@ def _suppress_stops(logits: torch.Tensor, stops: list[list[int]]) -> None:
     if not rows:
         return
     dev = logits.device
-    index = (torch.tensor(rows, device=dev), torch.tensor([t for s in stops for t in s], device=dev))
-    logits.index_put_(index, torch.tensor(float("-inf"), dtype=logits.dtype, device=dev))
+    index = (to_device(rows, dev, torch.int64), to_device([t for s in stops for t in s], dev, torch.int64))
+    logits.index_put_(index, to_device(float("-inf"), dev, logits.dtype))
 
 
 def _counts(
@@ -86,8 +87,7 @@ def _counts(
     counts = torch.zeros(n, vocab, dtype=torch.float32, device=dev)
     rows = [i for i, x in enumerate(ids) for _ in x]
     if rows:
-        flat = torch.tensor([t for x in ids for t in x], dtype=torch.int64)
-        index = (torch.tensor(rows, dtype=torch.int64).to(dev), flat.to(dev))
+        index = (to_device(rows, dev, torch.int64), to_device([t for x in ids for t in x], dev, torch.int64))
         counts.index_put_(index, torch.ones(len(rows), device=dev), accumulate=True)
     if pending is not None:
         valid = (pending >= 0).to(torch.float32)  # (n,)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from minisgl.core import SamplingParams
+from minisgl.utils.transfer import to_device
 
 
 class Sampler:
@@ -40,7 +41,7 @@ class Sampler:
             if len(rows) == len(params):
                 return method(logits, params, generators)
             if rows:
-                idx = torch.tensor(rows, device=logits.device)
+                idx = to_device(rows, logits.device, torch.int64)
                 picked = method(
                     logits.index_select(0, idx), [params[i] for i in rows], [generators[i] for i in rows]
                 )
@@ -53,7 +54,7 @@ class Sampler:
         """No top-k, no top-p: the inverse CDF over the whole vocabulary in its own order, no sort
         (the sort of a (B, V) block dominated CPU steps at large batches)."""
         dev, f32 = logits.device, torch.float32
-        temps = torch.tensor([p.temperature for p in params], device=dev, dtype=f32)
+        temps = to_device([p.temperature for p in params], dev, f32)
         # (n, V). A row with NaN or +inf logits (or all -inf) has no mass: it takes its argmax below.
         probs = (logits.to(f32) / temps[:, None]).softmax(dim=-1).nan_to_num_(nan=0.0)
         cdf = probs.cumsum(dim=-1)  # (n, V)
@@ -72,9 +73,9 @@ class Sampler:
         n, vocab = logits.shape
         dev = logits.device
         f32 = torch.float32  # whatever the logits' dtype, 1/T and the CDF need float32's range
-        temps = torch.tensor([p.temperature for p in params], device=dev, dtype=f32)
-        top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=dev)
-        top_p = torch.tensor([p.top_p for p in params], device=dev, dtype=f32)
+        temps = to_device([p.temperature for p in params], dev, f32)
+        top_k = to_device([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], dev, torch.int64)
+        top_p = to_device([p.top_p for p in params], dev, f32)
         sorted_logits, sorted_idx = (logits.to(f32) / temps[:, None]).sort(dim=-1, descending=True)  # (n, V)
         rank = torch.arange(vocab, device=dev)
         sorted_logits.masked_fill_(rank[None, :] >= top_k[:, None], float("-inf"))
@@ -98,7 +99,9 @@ class Sampler:
         shared = [i for i, g in enumerate(generators) if g is None]
         u = torch.empty(len(generators), device=dev, dtype=torch.float64)
         if shared:
-            u[shared] = torch.rand(len(shared), generator=self.generator, device=dev, dtype=torch.float64)
+            u[to_device(shared, dev, torch.int64)] = torch.rand(
+                len(shared), generator=self.generator, device=dev, dtype=torch.float64
+            )
         for i, g in enumerate(generators):
             if g is not None:
                 u[i] = torch.rand(1, generator=g, device=dev, dtype=torch.float64)[0]
