@@ -78,3 +78,57 @@ def test_a_seeded_row_does_not_depend_on_its_batch_mates() -> None:
     mixed = s.sample(logits, params, [s.request_generator(3), None, None, s.request_generator(4)])
     assert int(mixed[0]) == alone0 and int(mixed[3]) == alone3
     assert int(mixed[1]) == int(logits[1].argmax())
+
+
+def _sorted_rows(scale: float, seed: int) -> tuple[torch.Tensor, list[SamplingParams]]:
+    """24 rows over a 5,000-token vocabulary (more than the CPU's 1,024 candidates) and top-k/top-p
+    parameters of every kind, the logits spread by `scale`."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(24, 5000, generator=g) * scale
+    kinds = [
+        SamplingParams(temperature=0.8, top_p=0.9),
+        SamplingParams(temperature=1.0, top_p=0.5, seed=11),
+        SamplingParams(temperature=0.7, top_k=40),
+        SamplingParams(temperature=1.2, top_k=40, top_p=0.8),
+        SamplingParams(temperature=1.0, top_k=2000, top_p=0.95),
+        SamplingParams(temperature=0.5, top_p=1e-6),
+    ]
+    return logits, [kinds[i % len(kinds)] for i in range(24)]
+
+
+def _sample_both(
+    logits: torch.Tensor, params: list[SamplingParams]
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(tokens through the candidates, tokens through the whole sorted vocabulary, how many times
+    the candidate sampler fell back to the full sort), the same uniforms for both."""
+    fast, full = Sampler(CPU, seed=1), Sampler(CPU, seed=1)
+    full.candidates = None
+    fallbacks = 0
+    inner = fast._sample_sorted_full
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        nonlocal fallbacks
+        fallbacks += 1
+        return inner(*args, **kwargs)
+
+    fast._sample_sorted_full = counted  # type: ignore[method-assign]
+    gens = [
+        [s.request_generator(p.seed) if p.seed is not None else None for p in params] for s in (fast, full)
+    ]
+    return fast.sample(logits, params, gens[0]), full.sample(logits, params, gens[1]), fallbacks
+
+
+def test_top_k_top_p_over_the_candidates_picks_what_the_full_sort_picks() -> None:
+    for seed in range(3):
+        logits, params = _sorted_rows(scale=4.0, seed=seed)  # peaked: every nucleus among 1,024 tokens
+        fast, full, fallbacks = _sample_both(logits, params)
+        assert fallbacks == 0
+        assert torch.equal(fast, full), (fast, full)
+        assert all(int(t) in set(logits[i].topk(2000).indices.tolist()) for i, t in enumerate(fast))
+
+
+def test_a_nucleus_past_the_candidates_takes_the_full_sort() -> None:
+    logits, params = _sorted_rows(scale=0.1, seed=5)  # flat: top_p 0.9 needs ~4,500 of 5,000 tokens
+    fast, full, fallbacks = _sample_both(logits, params)
+    assert fallbacks == 1
+    assert torch.equal(fast, full)

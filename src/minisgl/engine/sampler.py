@@ -12,10 +12,17 @@ import torch
 from minisgl.core import SamplingParams
 from minisgl.utils.transfer import to_device
 
+# How many of a row's most likely tokens top-k/top-p sampling orders (`Sampler._sample_sorted`).
+_CANDIDATES = 1024
+
 
 class Sampler:
     def __init__(self, device: torch.device, seed: int) -> None:
         self.device = device
+        # Top-k/top-p over the candidates needs one look at the device's numbers (whether every
+        # nucleus fits): free on the CPU, a wait for the forward pass on a GPU, where the sort of the
+        # whole row is cheap and stays queued behind it instead.
+        self.candidates = _CANDIDATES if device.type == "cpu" else None
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
 
@@ -69,30 +76,78 @@ class Sampler:
     def _sample_sorted(
         self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
     ) -> torch.Tensor:
-        """Top-k and top-p: the inverse CDF over the tokens sorted by probability."""
+        """Top-k and top-p: the inverse CDF over the tokens by descending probability. Only the
+        `_CANDIDATES` most likely tokens (or top_k's, if more) are ordered, with `topk`, not the
+        whole vocabulary: a nucleus is almost always far smaller (sorting a 49,152-token row took
+        ~40% of a CPU decode step at batch 1). A row whose nucleus does not end among them (a flat
+        distribution with top_p near 1) sends the batch through the full sort; so does a GPU
+        (`candidates` None: see __init__)."""
         n, vocab = logits.shape
         dev = logits.device
         f32 = torch.float32  # whatever the logits' dtype, 1/T and the CDF need float32's range
+        ks = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]
+        cand = (
+            vocab
+            if self.candidates is None
+            else min(vocab, max([self.candidates, *(k for k in ks if k < vocab)]))
+        )
         temps = to_device([p.temperature for p in params], dev, f32)
-        top_k = to_device([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], dev, torch.int64)
+        top_k = to_device(ks, dev, torch.int64)
         top_p = to_device([p.top_p for p in params], dev, f32)
-        sorted_logits, sorted_idx = (logits.to(f32) / temps[:, None]).sort(dim=-1, descending=True)  # (n, V)
-        rank = torch.arange(vocab, device=dev)
-        sorted_logits.masked_fill_(rank[None, :] >= top_k[:, None], float("-inf"))
-        # (n, V), descending. A row with NaN or +inf logits (or all -inf) has NaN probabilities:
-        # zeroed, it has no mass and falls back to its first sorted token below.
-        probs = sorted_logits.softmax(dim=-1).nan_to_num_(nan=0.0)
+        scaled = logits.to(f32) / temps[:, None]  # (n, V)
+        if cand == vocab:
+            return self._sample_sorted_full(scaled, top_k, top_p, generators)
+        top_logits, top_idx = scaled.topk(cand, dim=-1)  # (n, C), descending
+        rank = torch.arange(cand, device=dev)
+        top_logits.masked_fill_(rank[None, :] >= top_k[:, None], float("-inf"))
+        # The softmax over the kept tokens: top-k's among the candidates, or the whole row (its
+        # normalizer from every logit). A row with NaN or +inf logits (or all -inf) has NaN
+        # probabilities: zeroed, it has no mass and falls back to its first candidate below.
+        peak = top_logits[:, :1]  # (n, 1) the row's largest kept logit
+        full_z = (scaled - peak).exp().sum(dim=-1, keepdim=True)  # (n, 1)
+        e = (top_logits - peak).exp()  # (n, C)
+        z = torch.where(top_k[:, None] < vocab, e.sum(dim=-1, keepdim=True), full_z)
+        probs = (e / z).nan_to_num_(nan=0.0)
         # top-p: keep the smallest prefix whose mass reaches top_p; the first token always stays,
         # even when top_p rounds to 0 in float32.
+        before = probs.cumsum(dim=-1) - probs  # (n, C) the mass ahead of each candidate
+        if bool(((before[:, -1] + probs[:, -1] < top_p) & (top_k >= cand) & (z[:, 0] > 0)).any()):
+            return self._sample_sorted_full(scaled, top_k, top_p, generators)
+        probs.masked_fill_((before >= top_p[:, None]) & (rank[None, :] > 0), 0.0)
+        return self._pick(probs, top_idx, generators, dev)
+
+    def _sample_sorted_full(
+        self,
+        scaled: torch.Tensor,
+        top_k: torch.Tensor,
+        top_p: torch.Tensor,
+        generators: list[torch.Generator | None],
+    ) -> torch.Tensor:
+        """`_sample_sorted` over the whole vocabulary sorted (a nucleus past the candidates)."""
+        vocab, dev = scaled.shape[1], scaled.device
+        sorted_logits, sorted_idx = scaled.sort(dim=-1, descending=True)  # (n, V)
+        rank = torch.arange(vocab, device=dev)
+        sorted_logits.masked_fill_(rank[None, :] >= top_k[:, None], float("-inf"))
+        probs = sorted_logits.softmax(dim=-1).nan_to_num_(nan=0.0)
         probs.masked_fill_((probs.cumsum(dim=-1) - probs >= top_p[:, None]) & (rank[None, :] > 0), 0.0)
-        cdf = probs.cumsum(dim=-1)  # (n, V)
+        return self._pick(probs, sorted_idx, generators, dev)
+
+    def _pick(
+        self,
+        probs: torch.Tensor,  # (n, C) by descending probability, zero past each row's kept tokens
+        idx: torch.Tensor,  # (n, C) their token ids
+        generators: list[torch.Generator | None],
+        dev: torch.device,
+    ) -> torch.Tensor:
+        """One token per row by the inverse CDF of `probs`."""
+        cdf = probs.cumsum(dim=-1)  # (n, C)
         u = self._uniforms(generators, dev) * cdf[:, -1]  # (n,) in [0, mass)
         choice = torch.searchsorted(cdf, u[:, None], right=True)  # (n, 1)
         # Rounding can put u at the very top of the CDF: never step past the last kept token (nor
         # below the first, for a row with no mass at all).
         last_kept = ((probs > 0).sum(dim=-1, keepdim=True) - 1).clamp_(min=0)
         choice = torch.minimum(choice, last_kept)
-        return sorted_idx.gather(1, choice).squeeze(1)
+        return idx.gather(1, choice).squeeze(1)
 
     def _uniforms(self, generators: list[torch.Generator | None], dev: torch.device) -> torch.Tensor:
         """One U[0, 1) per row; unseeded rows share one draw from the engine's generator."""
