@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from minisgl.core import SamplingParams
@@ -118,9 +119,12 @@ def _sample_both(
     return fast.sample(logits, params, gens[0]), full.sample(logits, params, gens[1]), fallbacks
 
 
-def test_top_k_top_p_over_the_candidates_picks_what_the_full_sort_picks() -> None:
+@pytest.mark.parametrize("big_top_k", [True, False], ids=["top_k_2000", "nuclei_in_64"])
+def test_top_k_top_p_over_the_candidates_picks_what_the_full_sort_picks(big_top_k: bool) -> None:
     for seed in range(3):
         logits, params = _sorted_rows(scale=4.0, seed=seed)  # peaked: every nucleus among 1,024 tokens
+        if not big_top_k:  # no top_k past the first candidate size: 64 candidates, then 1,024
+            params = [p if p.top_k != 2000 else SamplingParams(temperature=1.0, top_p=0.3) for p in params]
         fast, full, fallbacks = _sample_both(logits, params)
         assert fallbacks == 0
         assert torch.equal(fast, full), (fast, full)
