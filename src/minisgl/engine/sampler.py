@@ -89,8 +89,7 @@ class Sampler:
         took ~40% of a CPU decode step at batch 1). While a row's nucleus does not end among them
         (a flat distribution with top_p near 1) the batch tries the next size, then the full sort;
         a GPU sorts the whole row at once (`candidates` None: see __init__)."""
-        n, vocab = logits.shape
-        dev = logits.device
+        vocab, dev = logits.shape[1], logits.device
         f32 = torch.float32  # whatever the logits' dtype, 1/T and the CDF need float32's range
         ks = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]
         temps = to_device([p.temperature for p in params], dev, f32)
@@ -98,8 +97,8 @@ class Sampler:
         top_p = to_device([p.top_p for p in params], dev, f32)
         scaled = logits.to(f32) / temps[:, None]  # (n, V)
         need = max([0, *(k for k in ks if k < vocab)])  # every row's top-k among the candidates
-        sizes = [c for c in self.candidates if need <= c < vocab] if self.candidates else []
-        if need > 0 and self.candidates and need < vocab and need > self.candidates[-1]:
+        sizes = [c for c in self.candidates or () if need <= c < vocab]
+        if self.candidates and need > self.candidates[-1]:  # a top_k past the sizes: its own
             sizes = [need]
         full_z = None
         for cand in sizes:
