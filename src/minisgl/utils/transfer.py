@@ -24,6 +24,6 @@ def to_device(
     t = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
-    if device.type != "cuda":
+    if device.type != "cuda" or t.device.type != "cpu":  # (a tensor on a device already: .to)
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
