@@ -23,6 +23,10 @@ Their results are batch-invariant too, and the same in prefill and decode.
 
 from __future__ import annotations
 
+import logging
+import os
+import time
+
 import torch
 
 from minisgl import kernels
@@ -31,6 +35,8 @@ from minisgl.quant import QuantizedWeight
 
 from .fp8 import Fp8Weight, Weight
 from .torch_ops import QkNorm, TorchOps
+
+logger = logging.getLogger(__name__)
 
 # Rows the oneDNN layout is tuned for. Any value >= 16 gives the same kernel for every row count (1
 # uses a GEMV path whose single-row results differ bitwise from the batched ones): keep it >= 16.
@@ -124,6 +130,26 @@ class CpuOps(TorchOps):
 
     def prepare(self, is_decode: bool) -> None:
         self.decode = is_decode
+
+    def adopt(self, model: torch.nn.Module) -> None:
+        """Repack the Q4_0/Q4_1/Q8_0 weights for the decode kernel (`quant.repack`), unless
+        MINISGL_CPU_REPACK=0 (the direct kernel over the file's blocks, for comparison)."""
+        if os.environ.get("MINISGL_CPU_REPACK", "1") == "0" or not quant.quant_available():
+            return
+        start, done, nbytes = time.perf_counter(), 0, 0
+        weights = {
+            id(w): w for m in model.modules() for w in vars(m).values() if isinstance(w, QuantizedWeight)
+        }
+        for w in weights.values():
+            if quant.repack(w):
+                done, nbytes = done + 1, nbytes + w.nbytes
+        if done:
+            logger.info(
+                "repacked %d weights (%.1f MiB) for the decode kernel in %.2f s",
+                done,
+                nbytes / 2**20,
+                time.perf_counter() - start,
+            )
 
     def dequantized(self, weight: Fp8Weight, dtype: torch.dtype) -> torch.Tensor:
         """`weight` dequantized to `dtype`, made at first use and remade when its tensors change."""

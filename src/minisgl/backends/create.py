@@ -38,3 +38,4 @@ def bind_ops(model: nn.Module, ops: TorchOps) -> None:
     for module in model.modules():
         if isinstance(module, OpsUser):
             module.ops = ops
+    ops.adopt(model)

@@ -24,6 +24,10 @@ class TorchOps:
     def prepare(self, is_decode: bool) -> None:
         """Called by the engine before each forward pass (a backend may pick kernels per pass)."""
 
+    def adopt(self, model: torch.nn.Module) -> None:
+        """Called once with the model whose layers this backend serves (`bind_ops`), after its weights
+        are loaded: a backend may lay weights out for its kernels here."""
+
     def linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
         """x (..., in) @ weight (out, in)^T (+ bias) -> (..., out). An fp8 weight, or one kept in a
         checkpoint's block format, is dequantized (the reference: what the checkpoint's numbers mean;

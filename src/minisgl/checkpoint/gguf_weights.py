@@ -218,7 +218,7 @@ def _part(gguf: GGUFFile, t: GGUFTensor, slot: WeightSlot, n_heads: int | None) 
         first = slot.start // bs * fmt.type_size
         data = data[:, first : first + fmt.row_bytes(slot.length)]
         k = slot.length
-    return QuantPart(fmt, data, k, order)
+    return QuantPart(fmt, data, k, order, mapped=True)
 
 
 def _installed(entries: list[tuple[WeightSlot, QuantPart]]) -> QuantizedWeight:

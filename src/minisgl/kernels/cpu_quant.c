@@ -42,6 +42,10 @@
 
 /* ggml type ids */
 enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30 };
+/* minisgl's own: Q4_0, Q4_1 and Q8_0 rows repacked for the decode passes (see "repacked rows" below) */
+enum { REPACKED = 100, Q4_0R = REPACKED + Q4_0, Q4_1R = REPACKED + Q4_1, Q8_0R = REPACKED + Q8_0 };
+static inline int is_repacked(int fmt) { return fmt == Q4_0R || fmt == Q4_1R || fmt == Q8_0R; }
+static inline int base_fmt(int fmt) { return is_repacked(fmt) ? fmt - REPACKED : fmt; }
 enum { PRE_NONE = 0, PRE_RMSNORM = 1, PRE_SILU_MUL = 2 };
 
 #define TILE_ROWS 8  /* weight rows decoded together */
@@ -109,7 +113,7 @@ static int same_fmt(const int32_t *row_fmts, int64_t N) {
 }
 
 static int type_size(int fmt) {
-    switch (fmt) {
+    switch (base_fmt(fmt)) {
     case F32: return 4;
     case F16: case BF16: return 2;
     case Q4_0: return 18;
@@ -125,12 +129,107 @@ static int type_size(int fmt) {
 }
 
 static int block_size(int fmt) {
-    switch (fmt) {
+    switch (base_fmt(fmt)) {
     case F32: case F16: case BF16: return 1;
     case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: return 32;
     case Q4_K: case Q5_K: case Q6_K: return 256;
     default: return 0;
     }
+}
+
+/* ---- repacked rows ---------------------------------------------------------------------------------
+ * A Q4_0, Q4_1 or Q8_0 row repacked (minisgl_repack_rows, once at load: the same bytes, reordered, in
+ * place of the file's) so that a decode pass keeps one int32 lane per (block, half of 16 weights) and
+ * sums a block's integer products in that lane before any float work: a row's blocks go in sub-groups
+ * of 8, then 4, 2 and 1 for the remainder (K = 576: 8 + 8 + 2). A sub-group of n blocks holds their f16
+ * d (then Q4_1's m), then the quants: Q4_0/Q4_1 4n dwords, dword s * n + b = bytes [4s, 4s + 4) of
+ * block b's nibbles (the low nibbles are weights 4s.., the high ones 16 + 4s..); Q8_0 8n dwords in the
+ * order of the lanes that read them. A decode pass reads max(1, n / 2) vectors of 16 lanes per
+ * sub-group; lane i of vector j is block b = i % n, half h = (i / n) % 2, dword s = j * 8 / n + i / 2n
+ * of that half (n = 1: lanes 0-7 only). The bytes per block are the original format's. */
+static inline int packable_fmt(int fmt) { return fmt == Q4_0 || fmt == Q4_1 || fmt == Q8_0; }
+static inline int sub_group(int64_t nb, int64_t b0) {
+    const int64_t r = nb - b0;
+    return r >= 8 ? 8 : r >= 4 ? 4 : r >= 2 ? 2 : 1;
+}
+
+/* the row of K weights at `plain` (fmt's blocks) <-> the same row repacked at `packed`; unpack: the
+ * other way round */
+static void repack_row(int fmt, uint8_t *plain, uint8_t *packed, int64_t K, int unpack) {
+    const int ts = type_size(fmt), q8 = fmt == Q8_0, has_min = fmt == Q4_1;
+    const int64_t nb = K / 32;
+#define MOVE(dst_off, src_off, len)                                                                      \
+    (unpack ? memcpy(plain + (src_off), packed + (dst_off), len) : memcpy(packed + (dst_off), plain + (src_off), len))
+    for (int64_t g0 = 0; g0 < nb;) {
+        const int n = sub_group(nb, g0);
+        const int64_t base = g0 * ts;
+        for (int b = 0; b < n; ++b) {
+            const int64_t blk = (g0 + b) * ts;
+            MOVE(base + 2 * b, blk, 2);
+            if (has_min) MOVE(base + 2 * n + 2 * b, blk + 2, 2);
+        }
+        const int64_t quants = base + (has_min ? 4 : 2) * n;
+        if (!q8) {
+            for (int sd = 0; sd < 4; ++sd)
+                for (int b = 0; b < n; ++b) MOVE(quants + 4 * (sd * n + b), (g0 + b) * ts + 2 + 2 * has_min + 4 * sd, 4);
+        } else {
+            const int nz = n >= 2 ? n / 2 : 1, lanes = n == 1 ? 8 : 16;
+            for (int j = 0; j < nz; ++j)
+                for (int i = 0; i < lanes; ++i) {
+                    const int b = i % n, h = (i / n) % 2, sd = j * (8 / n) + i / (2 * n);
+                    MOVE(quants + 4 * (16 * j + i), (g0 + b) * ts + 2 + 16 * h + 4 * sd, 4);
+                }
+        }
+        g0 += n;
+    }
+#undef MOVE
+}
+
+/* A row in its format's own block layout: p itself, or (a repacked row) a per-thread copy put back
+ * in order, *fmt then the base format; NULL without memory. */
+static const uint8_t *plain_row(int *fmt, const uint8_t *p, int64_t K) {
+    if (!is_repacked(*fmt)) return p;
+    static _Thread_local uint8_t *buf = NULL;
+    static _Thread_local size_t cap = 0;
+    const int base = base_fmt(*fmt);
+    const size_t need = (size_t)(K / 32 * type_size(base));
+    if (need > cap) {
+        uint8_t *grown = (uint8_t *)malloc(need);
+        if (grown == NULL) return NULL;
+        free(buf);
+        buf = grown, cap = need;
+    }
+    repack_row(base, buf, (uint8_t *)(intptr_t)p, K, 1);
+    *fmt = base;
+    return buf;
+}
+
+/* Rows (row_ptrs, row_fmts: N rows of K weights) repacked into dst, one after another; their new
+ * addresses and formats into out_ptrs/out_fmts. -1 (nothing written) unless every row is Q4_0, Q4_1
+ * or Q8_0 and K whole blocks. */
+int minisgl_repack_rows(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t K, uint8_t *dst,
+                        int64_t *out_ptrs, int32_t *out_fmts) {
+    if (K <= 0 || K % 32) return -1;
+    int64_t off = 0;
+    for (int64_t n = 0; n < N; ++n) {
+        if (!packable_fmt(row_fmts[n])) return -1;
+        out_ptrs[n] = (int64_t)(intptr_t)(dst + off);
+        out_fmts[n] = REPACKED + row_fmts[n];
+        off += K / 32 * type_size(row_fmts[n]);
+    }
+#pragma omp parallel for schedule(static) if (N * K >= 262144)
+    for (int64_t n = 0; n < N; ++n)
+        repack_row(row_fmts[n], (uint8_t *)(intptr_t)row_ptrs[n], (uint8_t *)(intptr_t)out_ptrs[n], K, 0);
+    return 0;
+}
+
+/* whether this build's decode passes have the repacked rows' kernel (else repacking gains nothing) */
+int minisgl_repack_supported(void) {
+#if defined(MINISGL_AVX512)
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 /* ---- dequantization to float32, exactly as minisgl.quant.formats computes it ------------------- */
@@ -148,6 +247,11 @@ static inline void k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
 
 /* One row of K weights of type fmt at p -> out[0..K) */
 static void dequant_row(int fmt, const uint8_t *p, int64_t K, float *restrict out) {
+    p = plain_row(&fmt, p, K);
+    if (p == NULL) { /* no memory for the copy: NaNs, never silently zeros */
+        for (int64_t i = 0; i < K; ++i) out[i] = NAN;
+        return;
+    }
     switch (fmt) {
     case F32: memcpy(out, p, sizeof(float) * (size_t)K); break;
     case F16:
@@ -425,6 +529,12 @@ static inline void nibbles_4blocks(const uint8_t *p, int bytes, int off, int qh_
 
 /* Decodes an integer-format row; returns the row's kind (see Decoded). signed8: Q8_0 as int8 */
 static int decode_row(int fmt, const uint8_t *p, int64_t K, Decoded *r, int signed8) {
+    p = plain_row(&fmt, p, K);
+    if (p == NULL) { /* no memory for the copy: NaN scales, never silently zeros */
+        memset(r->u, 0, (size_t)K);
+        for (int64_t c = 0; c < K / 16; ++c) r->sc[c] = NAN, r->bi[c] = 0.f;
+        return 1;
+    }
     uint8_t *u = r->u;
     float *sc = r->sc, *bi = r->bi;
     switch (fmt) {
@@ -1137,6 +1247,244 @@ static int qlinear_direct(const float *xf, int64_t ldf, int64_t M, int64_t K, co
     free(buf);
     return 0;
 }
+
+/* ---- decode passes over repacked rows (AVX-512; the layout: "repacked rows" above) ----------------
+ * A (row, activation row) pair keeps one int32 vector per sub-group: a lane sums its 16 (Q4_0/Q4_1:
+ * one vpdpbusd per 4 of them) or its 4 to 16 products (the smaller sub-groups) of one block half
+ * against the activations' int8, then the lane is scaled once by its block's d times its 16
+ * activations' dx and the offsets (m, -8 d, -128 d) times the block's sum of quantized activations
+ * are added: four float operations per pair and 8 blocks, against 16 for the direct kernel above.
+ * The activations are quantized per 16 as for the direct kernel and laid out lane by lane. Each pair
+ * is one fixed sequence of operations whatever M, the tile or the thread count (batch-invariant). */
+typedef struct {
+    int64_t QB, SB; /* per activation row: bytes of qx, floats of each of dl, dl16, xs */
+    const int8_t *qx;
+    const float *dl, *dl16, *xs; /* per sub-group 16 lanes: dx (dl16: / 16 in the high halves), the sums */
+} RepackActs;
+
+static void repack_act_sizes(int64_t nb, int64_t *qb, int64_t *sb) {
+    int64_t q = 0, g = 0;
+    for (int64_t g0 = 0; g0 < nb; ++g) {
+        const int n = sub_group(nb, g0);
+        q += 64 * (n >= 2 ? n / 2 : 1);
+        g0 += n;
+    }
+    *qb = q, *sb = 16 * g;
+}
+
+/* One activation row (K floats) quantized per 16 (as quantize_row) into the repacked lanes */
+static void quantize_repacked(const float *restrict x, int64_t K, int64_t QB, int64_t SB, int8_t *restrict qx,
+                              float *restrict dl, float *restrict dl16, float *restrict xs) {
+    memset(qx, 0, (size_t)QB);
+    memset(dl, 0, sizeof(float) * (size_t)SB);
+    memset(dl16, 0, sizeof(float) * (size_t)SB);
+    memset(xs, 0, sizeof(float) * (size_t)SB);
+    const int64_t nb = K / 32;
+    int64_t qo = 0, so = 0;
+    for (int64_t g0 = 0; g0 < nb;) {
+        const int n = sub_group(nb, g0), per = 8 / n, copies = per < 4 ? per : 4;
+        for (int b = 0; b < n; ++b)
+            for (int h = 0; h < 2; ++h) {
+                const __m512 v = _mm512_loadu_ps(x + 32 * (g0 + b) + 16 * h);
+                const float d = _mm512_reduce_max_ps(_mm512_abs_ps(v)) / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+                const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, _mm512_set1_ps(id)));
+                int32_t w[4];
+                _mm_storeu_si128((__m128i *)w, _mm512_cvtepi32_epi8(q));
+                for (int sd = 0; sd < 4; ++sd) {
+                    const int lane = (sd % per) * 2 * n + h * n + b;
+                    memcpy(qx + qo + 64 * (sd / per) + 4 * lane, &w[sd], 4);
+                }
+                for (int c = 0; c < copies; ++c) {
+                    const int lane = c * 2 * n + h * n + b;
+                    dl[so + lane] = d;
+                    dl16[so + lane] = h ? d * 0.0625f : d;
+                }
+                xs[so + h * n + b] = d * (float)_mm512_reduce_add_epi32(q);
+            }
+        qo += 64 * (n >= 2 ? n / 2 : 1);
+        so += 16;
+        g0 += n;
+    }
+}
+
+/* One sub-group of n blocks: rows at p[r] (the sub-group's first byte) against activation rows
+ * (qx, dl, xs: the sub-group's, row a at + a * QB / SB), added into acc[r][a] */
+static inline __attribute__((always_inline)) void rp_sub(const int fmt, const int n, const int NR, const int NA,
+                                                          const uint8_t *const *p, const int8_t *qx, int64_t QB,
+                                                          const float *dl, const float *xs, int64_t SB,
+                                                          __m512 acc[][4]) {
+    const int nz = n >= 2 ? n / 2 : 1, has_min = fmt == Q4_1R, q8 = fmt == Q8_0R;
+    const int log_n = n == 8 ? 3 : n == 4 ? 2 : n == 2 ? 1 : 0;
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i bi = _mm512_and_si512(lane, _mm512_set1_epi32(n - 1));
+    const __mmask16 high = _mm512_test_epi32_mask(lane, _mm512_set1_epi32(n)); /* h = 1 */
+    const __m512i nib = _mm512_mask_blend_epi32(high, _mm512_set1_epi32(0x0F0F0F0F), _mm512_set1_epi32((int)0xF0F0F0F0));
+    const __m512i widx = _mm512_add_epi32(_mm512_slli_epi32(_mm512_srli_epi32(lane, log_n + 1), log_n), bi);
+    const float bias_of_d = fmt == Q4_0R ? -8.f : -128.f;
+    __m512 dd[4], mm[4];
+    __m512i ia[4][4];
+    for (int r = 0; r < NR; ++r) {
+        __m512 v; /* d[0..n) (Q4_1: then m[0..n)) in its first lanes */
+        if (n == 8 && has_min) v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p[r]));
+        else v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)((1u << ((has_min ? 2 : 1) * n)) - 1), p[r]));
+        dd[r] = n == 8 ? _mm512_shuffle_f32x4(v, v, 0x44) : _mm512_permutexvar_ps(bi, v);
+        if (has_min) mm[r] = n == 8 ? _mm512_shuffle_f32x4(v, v, 0xEE) : _mm512_permutexvar_ps(_mm512_add_epi32(bi, _mm512_set1_epi32(n)), v);
+        else mm[r] = _mm512_mul_ps(_mm512_set1_ps(bias_of_d), dd[r]);
+        for (int a = 0; a < NA; ++a) ia[r][a] = _mm512_setzero_si512();
+    }
+    const int qoff = (has_min ? 4 : 2) * n;
+    for (int j = 0; j < nz; ++j) {
+        __m512i w[4];
+        for (int r = 0; r < NR; ++r) {
+            if (q8) {
+                const uint8_t *q = p[r] + qoff + 64 * j;
+                const __m512i raw = n == 1 ? _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)q))
+                                           : _mm512_loadu_si512((const void *)q);
+                w[r] = _mm512_xor_si512(raw, _mm512_set1_epi8((char)0x80)); /* lanes past n = 1's 8: x is zero */
+            } else {
+                const uint8_t *q = p[r] + qoff + 32 * j;
+                if (n == 8) w[r] = _mm512_and_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q)), nib);
+                else {
+                    const __m256i raw = _mm256_maskz_loadu_epi32(n == 1 ? 0x0F : 0xFF, q);
+                    w[r] = _mm512_and_si512(_mm512_permutexvar_epi32(widx, _mm512_castsi256_si512(raw)), nib);
+                }
+            }
+        }
+        for (int a = 0; a < NA; ++a) {
+            const __m512i xv = _mm512_loadu_si512((const void *)(qx + a * QB + 64 * j));
+            for (int r = 0; r < NR; ++r) ia[r][a] = _mm512_dpbusd_epi32(ia[r][a], w[r], xv);
+        }
+    }
+    for (int a = 0; a < NA; ++a) {
+        const __m512 d = _mm512_loadu_ps(dl + a * SB), s = _mm512_loadu_ps(xs + a * SB);
+        for (int r = 0; r < NR; ++r) {
+            acc[r][a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r][a]), _mm512_mul_ps(dd[r], d), acc[r][a]);
+            acc[r][a] = _mm512_fmadd_ps(mm[r], s, acc[r][a]);
+        }
+    }
+}
+
+#define RP_AHEAD 4 /* full sub-groups of each row asked for ahead of their use (streams stay busy) */
+
+/* rows[0..NR) (one repacked format) against activation rows a0 .. a0 + NA -> out[r][a] */
+static inline __attribute__((always_inline)) void rp_micro_impl(const int fmt, const int NR, const int NA,
+                                                                 const uint8_t *const *rows, int64_t nb,
+                                                                 const RepackActs *X, int64_t a0, float out[][4]) {
+    const int ts = type_size(fmt), q8 = fmt == Q8_0R;
+    __m512 acc[4][4];
+    for (int r = 0; r < NR; ++r)
+        for (int a = 0; a < NA; ++a) acc[r][a] = _mm512_setzero_ps();
+    const int8_t *qx = X->qx + a0 * X->QB;
+    const float *dl = (q8 ? X->dl : X->dl16) + a0 * X->SB, *xs = X->xs + a0 * X->SB;
+    const uint8_t *p[4];
+    int64_t g0 = 0;
+    for (; g0 + 8 <= nb; g0 += 8, qx += 64 * 4, dl += 16, xs += 16) {
+        for (int r = 0; r < NR; ++r) {
+            p[r] = rows[r] + g0 * ts;
+            for (int o = 0; o < 8 * ts; o += 64) _mm_prefetch((const char *)p[r] + RP_AHEAD * 8 * ts + o, _MM_HINT_T0);
+        }
+        rp_sub(fmt, 8, NR, NA, p, qx, X->QB, dl, xs, X->SB, acc);
+    }
+    for (int n = 4; n >= 1; n /= 2)
+        if (nb - g0 >= n) {
+            for (int r = 0; r < NR; ++r) p[r] = rows[r] + g0 * ts;
+            if (n == 4) rp_sub(fmt, 4, NR, NA, p, qx, X->QB, dl, xs, X->SB, acc);
+            else if (n == 2) rp_sub(fmt, 2, NR, NA, p, qx, X->QB, dl, xs, X->SB, acc);
+            else rp_sub(fmt, 1, NR, NA, p, qx, X->QB, dl, xs, X->SB, acc);
+            g0 += n, qx += 64 * (n >= 2 ? n / 2 : 1), dl += 16, xs += 16;
+        }
+    if (NR * NA < 8) {
+        for (int r = 0; r < NR; ++r)
+            for (int a = 0; a < NA; ++a) out[r][a] = _mm512_reduce_add_ps(acc[r][a]);
+        return;
+    }
+    __m512 v[16];
+    for (int k = 0; k < 16; ++k) v[k] = k < NR * NA ? acc[k / NA][k % NA] : _mm512_setzero_ps();
+    float sums[16];
+    reduce16(v, sums);
+    for (int k = 0; k < NR * NA; ++k) out[k / NA][k % NA] = sums[k];
+}
+
+typedef void (*RepackFn)(const uint8_t *const *rows, int64_t nb, const RepackActs *X, int64_t a0, float out[][4]);
+#define RP_FN(F, NR, NA)                                                                                     \
+    static void rp_##F##_##NR##x##NA(const uint8_t *const *rows, int64_t nb, const RepackActs *X, int64_t a0,  \
+                                     float out[][4]) {                                                       \
+        rp_micro_impl(F, NR, NA, rows, nb, X, a0, out);                                                      \
+    }
+#define RP_FNS(F) RP_FN(F, 4, 1) RP_FN(F, 4, 2) RP_FN(F, 2, 3) RP_FN(F, 4, 4)
+RP_FNS(Q4_0R)
+RP_FNS(Q4_1R)
+RP_FNS(Q8_0R)
+static RepackFn rp_fn(int fmt, int na) {
+    static const RepackFn t[3][4] = {{rp_Q4_0R_4x1, rp_Q4_0R_4x2, rp_Q4_0R_2x3, rp_Q4_0R_4x4},
+                                     {rp_Q4_1R_4x1, rp_Q4_1R_4x2, rp_Q4_1R_2x3, rp_Q4_1R_4x4},
+                                     {rp_Q8_0R_4x1, rp_Q8_0R_4x2, rp_Q8_0R_2x3, rp_Q8_0R_4x4}};
+    return t[fmt == Q4_0R ? 0 : fmt == Q4_1R ? 1 : 2][na - 1];
+}
+
+static int all_repacked(const int32_t *row_fmts, int64_t N) {
+    for (int64_t n = 0; n < N; ++n)
+        if (!is_repacked(row_fmts[n])) return 0;
+    return 1;
+}
+
+/* Rows idx[0..R) against all M activation rows, those of one format together (as direct_rows) */
+static void rp_rows(const int64_t *row_ptrs, const int32_t *row_fmts, const int64_t *idx, int R, int64_t K,
+                    const RepackActs *X, int64_t M, const float *bias, float *y, int64_t ldy, int accumulate) {
+    int done = 0;
+    while (done != (1 << R) - 1) {
+        int first = 0;
+        while (done >> first & 1) ++first;
+        const int fmt = row_fmts[idx[first]];
+        int64_t n[DIRECT_RUN];
+        int nr_fmt = 0;
+        for (int r = first; r < R; ++r)
+            if (!(done >> r & 1) && row_fmts[idx[r]] == fmt) {
+                n[nr_fmt++] = idx[r];
+                done |= 1 << r;
+            }
+        const uint8_t *rows[DIRECT_RUN];
+        for (int r = 0; r < DIRECT_RUN; ++r) rows[r] = (const uint8_t *)(intptr_t)row_ptrs[n[r < nr_fmt ? r : nr_fmt - 1]];
+        float out[4][4];
+        for (int64_t a0 = 0; a0 < M; a0 += 4) {
+            const int na = M - a0 < 4 ? (int)(M - a0) : 4;
+            const int nr = na == 3 ? 2 : 4;
+            for (int r0 = 0; r0 < nr_fmt; r0 += nr) {
+                rp_fn(fmt, na)(rows + r0, K / 32, X, a0, out);
+                for (int r = 0; r < nr && r0 + r < nr_fmt; ++r)
+                    for (int a = 0; a < na; ++a) put(y, ldy, a0 + a, n[r0 + r], out[r][a], bias, accumulate);
+            }
+        }
+    }
+}
+
+/* The decode matmul over repacked rows: the direct kernel's stripes and schedule (see there) */
+static int qlinear_repacked(const float *xf, int64_t ldf, int64_t M, int64_t K, const int64_t *row_ptrs,
+                            const int32_t *row_fmts, int64_t N, const float *bias, float *y, int64_t ldy,
+                            int accumulate) {
+    int64_t QB, SB;
+    repack_act_sizes(K / 32, &QB, &SB);
+    uint8_t *buf = (uint8_t *)aligned_alloc(64, (size_t)round_up(M * (QB + 3 * SB * (int64_t)sizeof(float)), 64));
+    if (buf == NULL) return -2;
+    float *dl = (float *)buf, *dl16 = dl + M * SB, *xs = dl16 + M * SB;
+    int8_t *qx = (int8_t *)(xs + M * SB);
+#pragma omp parallel for if (M * K >= 65536)
+    for (int64_t a = 0; a < M; ++a)
+        quantize_repacked(xf + a * ldf, K, QB, SB, qx + a * QB, dl + a * SB, dl16 + a * SB, xs + a * SB);
+    const RepackActs X = {QB, SB, qx, dl, dl16, xs};
+    const int64_t L = (N + DIRECT_STREAMS - 1) / DIRECT_STREAMS;
+#pragma omp parallel for schedule(guided) if (L > 1 && M * N * K >= 32768)
+    for (int64_t t = 0; t < L; ++t)
+        for (int s0 = 0; s0 < DIRECT_STREAMS; s0 += DIRECT_RUN) {
+            int64_t idx[DIRECT_RUN];
+            int R = 0;
+            for (int s = s0; s < s0 + DIRECT_RUN; ++s)
+                if (s * L + t < N) idx[R++] = s * L + t;
+            if (R > 0) rp_rows(row_ptrs, row_fmts, idx, R, K, &X, M, bias, y, ldy, accumulate);
+        }
+    free(buf);
+    return 0;
+}
 #endif
 
 /* Rows n0 .. n0 + TILE_ROWS (those < N) against all M activation rows */
@@ -1375,6 +1723,11 @@ int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, 
         A.ldf = K;
     }
 #if defined(MINISGL_AVX512)
+    if (!prefill && (uniform ? is_repacked(row_fmts[0]) : all_repacked(row_fmts, N))) {
+        const int rc = qlinear_repacked(A.xf, A.ldf, M, K, row_ptrs, row_fmts, N, bias, y, ldy, accumulate);
+        free(xf);
+        return rc;
+    }
     if (!prefill && !has_float && (uniform ? is_direct_fmt(row_fmts[0]) : direct_weight(row_fmts, N))) {
         const int rc = qlinear_direct(A.xf, A.ldf, M, K, row_ptrs, row_fmts, N, bias, y, ldy, accumulate);
         free(xf);

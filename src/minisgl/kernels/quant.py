@@ -12,6 +12,7 @@ import ctypes
 import torch
 
 from minisgl.quant import QuantizedWeight
+from minisgl.utils.pages import release_pages
 
 from . import graph
 from .build import load_quant
@@ -108,3 +109,40 @@ def dequant_rows(weight: QuantizedWeight, ids: torch.Tensor, isa: str | None = N
     if rc != 0:
         raise IndexError(f"dequant_rows: an id outside [0, {n})")
     return out
+
+
+# Q4_0, Q4_1, Q8_0: the formats `repack` takes (cpu_quant.c, "repacked rows")
+_PACKABLE = {2, 3, 8}
+
+
+def repack(weight: QuantizedWeight, isa: str | None = None) -> bool:
+    """Repack `weight`'s rows once for this build's decode kernel, which then sums each block's integer
+    products in one lane (cpu_quant.c, "repacked rows"): the same bytes reordered into a new buffer that
+    the row table points at, and the file pages of its parts released (the reference path re-reads
+    them from the file). Returns whether it did: every row must be Q4_0, Q4_1 or Q8_0 and the build
+    must have the kernel (AVX-512)."""
+    if weight.packed is not None:
+        return True
+    lib = _lib(isa)
+    if not lib.minisgl_repack_supported() or not {int(f) for f in weight.formats} <= _PACKABLE:
+        return False
+    n, k = weight.shape
+    buf = torch.empty(weight.nbytes, dtype=torch.uint8)
+    ptrs = torch.empty(n, dtype=torch.int64)
+    fmts = torch.empty(n, dtype=torch.int32)
+    rc = lib.minisgl_repack_rows(
+        weight.row_ptrs.data_ptr(),
+        weight.row_fmts.data_ptr(),
+        n,
+        k,
+        buf.data_ptr(),
+        ptrs.data_ptr(),
+        fmts.data_ptr(),
+    )
+    if rc != 0:
+        return False
+    weight.use_packed(buf, ptrs, fmts)
+    for part in weight.parts:
+        if part.mapped:
+            release_pages(part.data)
+    return True

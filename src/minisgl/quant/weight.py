@@ -6,6 +6,11 @@ copy, and the parts may differ in format (a Q4_K_M file keeps attn_v in Q6_K nex
 A part may take its rows in another order (llama.cpp's permuted q/k rows, put back in Hugging Face's
 order) and only a range of K (a tensor-parallel shard of the input features): the kernels read a
 table of row addresses (`row_ptrs`) and formats (`row_fmts`), so neither needs a copy either.
+
+The CPU backend may repack the rows of Q4_0/Q4_1/Q8_0 weights once at load for its decode kernel
+(`minisgl.kernels.quant.repack`): the row table then points into that buffer (`packed`) and the
+file's pages of the parts are handed back to the page cache, so memory still holds one copy; the
+parts stay valid for the reference path (`dequantize`, `lookup`), which reads them from the file.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class QuantPart:
     data: torch.Tensor
     k: int
     order: torch.Tensor | None = None  # (rows,) int64 indices into data's rows
+    mapped: bool = False  # data is a view of a read-only file mapping (its pages may be released)
 
     def __post_init__(self) -> None:
         d = self.data
@@ -63,12 +69,19 @@ class QuantizedWeight:
     parts: list[QuantPart]
     row_ptrs: torch.Tensor = field(init=False)  # (N,) int64 row addresses
     row_fmts: torch.Tensor = field(init=False)  # (N,) int32 ggml type of each row
+    packed: torch.Tensor | None = field(init=False, default=None)  # the repacked rows, when repacked
 
     def __post_init__(self) -> None:
         if not self.parts or len({p.k for p in self.parts}) != 1:
             raise ValueError("a QuantizedWeight needs parts of one row length")
         self.row_ptrs = torch.cat([p.row_ptrs() for p in self.parts])
         self.row_fmts = torch.cat([torch.full((p.rows,), int(p.fmt), dtype=torch.int32) for p in self.parts])
+
+    def use_packed(self, packed: torch.Tensor, row_ptrs: torch.Tensor, row_fmts: torch.Tensor) -> None:
+        """Point the row table at repacked rows held by `packed` (uint8; the kernels' own formats)."""
+        if row_ptrs.shape != self.row_ptrs.shape or row_fmts.shape != self.row_fmts.shape:
+            raise ValueError("use_packed: a row table of another size")
+        self.packed, self.row_ptrs, self.row_fmts = packed, row_ptrs, row_fmts
 
     @property
     def shape(self) -> tuple[int, int]:
