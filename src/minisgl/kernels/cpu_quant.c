@@ -153,6 +153,48 @@ static inline int sub_group(int64_t nb, int64_t b0) {
     return r >= 8 ? 8 : r >= 4 ? 4 : r >= 2 ? 2 : 1;
 }
 
+#if defined(MINISGL_AVX512)
+/* A full sub-group's quants (at q) back into its 8 blocks at plain (their d and m already there) */
+static void unpack_group8(int fmt, const uint8_t *q, uint8_t *plain) {
+    const int ts = type_size(fmt);
+    if (fmt != Q8_0) { /* dword s * 8 + b -> bytes 4s.. of block b's nibbles */
+        const int off = fmt == Q4_1 ? 4 : 2;
+        const __m512i a = _mm512_loadu_si512((const void *)q), b = _mm512_loadu_si512((const void *)(q + 64));
+        for (int half = 0; half < 2; ++half) { /* blocks 4 half .. 4 half + 3 */
+            const int b0 = 4 * half;
+            const __m512i idx = _mm512_setr_epi32(b0, 8 + b0, 16 + b0, 24 + b0, b0 + 1, 9 + b0, 17 + b0, 25 + b0, b0 + 2,
+                                                  10 + b0, 18 + b0, 26 + b0, b0 + 3, 11 + b0, 19 + b0, 27 + b0);
+            const __m512i v = _mm512_permutex2var_epi32(a, idx, b);
+            _mm_storeu_si128((__m128i *)(plain + (b0 + 0) * ts + off), _mm512_extracti32x4_epi32(v, 0));
+            _mm_storeu_si128((__m128i *)(plain + (b0 + 1) * ts + off), _mm512_extracti32x4_epi32(v, 1));
+            _mm_storeu_si128((__m128i *)(plain + (b0 + 2) * ts + off), _mm512_extracti32x4_epi32(v, 2));
+            _mm_storeu_si128((__m128i *)(plain + (b0 + 3) * ts + off), _mm512_extracti32x4_epi32(v, 3));
+        }
+        return;
+    }
+    /* Q8_0: vector s, lane i = block i % 8, half i / 8, bytes 16 half + 4s.. */
+    const __m512i z0 = _mm512_loadu_si512((const void *)q), z1 = _mm512_loadu_si512((const void *)(q + 64));
+    const __m512i z2 = _mm512_loadu_si512((const void *)(q + 128)), z3 = _mm512_loadu_si512((const void *)(q + 192));
+    for (int half = 0; half < 2; ++half) {
+        const int b0 = 4 * half;
+        /* per 128-bit lane L (block b0 + L): [zA[b], zB[b], zA[8 + b], zB[8 + b]] */
+        const __m512i idx = _mm512_setr_epi32(b0, 16 + b0, 8 + b0, 24 + b0, b0 + 1, 17 + b0, 9 + b0, 25 + b0, b0 + 2,
+                                              18 + b0, 10 + b0, 26 + b0, b0 + 3, 19 + b0, 11 + b0, 27 + b0);
+        const __m512i u = _mm512_permutex2var_epi32(z0, idx, z1), v = _mm512_permutex2var_epi32(z2, idx, z3);
+        const __m512i lo = _mm512_unpacklo_epi64(u, v), hi = _mm512_unpackhi_epi64(u, v); /* halves 0, 1 */
+        for (int L = 0; L < 4; ++L) {
+            uint8_t *blk = plain + (b0 + L) * ts + 2;
+            const __m128i l = L == 0 ? _mm512_extracti32x4_epi32(lo, 0) : L == 1 ? _mm512_extracti32x4_epi32(lo, 1)
+                            : L == 2 ? _mm512_extracti32x4_epi32(lo, 2) : _mm512_extracti32x4_epi32(lo, 3);
+            const __m128i h = L == 0 ? _mm512_extracti32x4_epi32(hi, 0) : L == 1 ? _mm512_extracti32x4_epi32(hi, 1)
+                            : L == 2 ? _mm512_extracti32x4_epi32(hi, 2) : _mm512_extracti32x4_epi32(hi, 3);
+            _mm_storeu_si128((__m128i *)blk, l);
+            _mm_storeu_si128((__m128i *)(blk + 16), h);
+        }
+    }
+}
+#endif
+
 /* the row of K weights at `plain` (fmt's blocks) <-> the same row repacked at `packed`; unpack: the
  * other way round */
 static void repack_row(int fmt, uint8_t *plain, uint8_t *packed, int64_t K, int unpack) {
@@ -169,6 +211,13 @@ static void repack_row(int fmt, uint8_t *plain, uint8_t *packed, int64_t K, int 
             if (has_min) MOVE(base + 2 * n + 2 * b, blk + 2, 2);
         }
         const int64_t quants = base + (has_min ? 4 : 2) * n;
+#if defined(MINISGL_AVX512)
+        if (unpack && n == 8) { /* the prefill's and the lookup's way back: permutes, not 4-byte copies */
+            unpack_group8(fmt, packed + quants, plain + g0 * ts);
+            g0 += n;
+            continue;
+        }
+#endif
         if (!q8) {
             for (int sd = 0; sd < 4; ++sd)
                 for (int b = 0; b < n; ++b) MOVE(quants + 4 * (sd * n + b), (g0 + b) * ts + 2 + 2 * has_min + 4 * sd, 4);
