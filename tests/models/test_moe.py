@@ -236,8 +236,10 @@ def recording(ops: TorchOps, log: Routes) -> TorchOps:
         def routed_experts(  # the CUDA backend's fast path routes inside its kernels
             self, x: torch.Tensor, router: torch.Tensor, *args: object
         ) -> tuple[torch.Tensor, torch.Tensor]:
+            norm = args[5] if len(args) > 5 else None  # (weight, eps): x is the residual stream
+            xn = x if norm is None else TorchOps.rmsnorm(self, x, *norm)  # before x is updated
             out, ids = super().routed_experts(x, router, *args)
-            log.append((F.linear(x, router).float().cpu(), ids.cpu()))
+            log.append((F.linear(xn, router).float().cpu(), ids.cpu()))
             return out, ids
 
     return Recording()
@@ -440,6 +442,57 @@ def test_routed_moe_from_router_routes_as_the_stable_rule(tokens: int, e: int, h
             x.to(DEV), router.to(DEV), w13.to(DEV), w2.to(DEV), k, renormalize, res.clone().to(DEV)
         )
         torch.testing.assert_close(added.cpu().double(), want + res.double(), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+@pytest.mark.parametrize(
+    ("tokens", "e", "h"),
+    [
+        (1, 8, 600),
+        pytest.param(
+            1, 128, 2048, marks=pytest.mark.skipif(DEV == "cpu", reason="Qwen3-30B-A3B's: GPU only")
+        ),
+        (3, 20, 40),
+        (16, 8, 24),
+    ],
+)
+def test_router_launch_normalizes_as_the_rmsnorm_kernel(tokens: int, e: int, h: int) -> None:
+    """The RMSNorm inside the router's launch (`norm`): the normed x, the routing and the output are
+    the bits of the RMSNorm kernel followed by the router's launch on its output; one token's
+    blocks (no sort) give the bits of the sorted alignment (`routed_moe` from the same logits)."""
+    from minisgl.kernels.triton.elementwise import rmsnorm
+    from minisgl.kernels.triton.moe import fused_moe, moe_config, route_and_align, routed_moe_from_router
+
+    i, k = 16, min(8, e // 2)
+    dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
+    gen = torch.Generator().manual_seed(tokens * e + h)
+    _, w13, w2, _, _ = _inputs(tokens, h, e, i, k, "random", seed=11)
+    x = torch.randn(tokens, h, generator=gen)
+    router = torch.randn(e, h, generator=gen) / h**0.5
+    norm_w = 1.0 + 0.1 * torch.randn(h, generator=gen)
+    x, router, w13, w2, norm_w = (t.to(DEV, dtype) for t in (x, router, w13, w2, norm_w))
+    xn_want = rmsnorm(x, norm_w, 1e-6)
+    for renormalize in (False, True):
+        res = torch.randn(x.shape, generator=gen).to(DEV, dtype)
+        want, want_ids = routed_moe_from_router(xn_want, router, w13, w2, k, renormalize, res.clone())
+        xn = torch.empty_like(x)
+        _, ids_n, _ = route_and_align(x, router, k, renormalize, 16, (norm_w, 1e-6, xn))
+        assert torch.equal(xn, xn_want) and torch.equal(ids_n, want_ids)
+        h_inout = x.clone()  # the residual stream: normed, routed and updated in place
+        got, ids = routed_moe_from_router(h_inout, router, w13, w2, k, renormalize, h_inout, (norm_w, 1e-6))
+        assert got is h_inout and torch.equal(ids, want_ids)
+        want_h, _ = routed_moe_from_router(xn_want, router, w13, w2, k, renormalize, x.clone())
+        assert torch.equal(got, want_h)
+        weights, ids, aligned = route_and_align(xn_want, router, k, renormalize, 16)
+        if tokens == 1:  # one token's blocks in slot order, not sorted
+            assert aligned[1][:k].tolist() == ids[0].tolist() and int(aligned[2]) == 16 * k
+        one = fused_moe(
+            xn_want, w13, w2, weights, ids, False, moe_config(tokens * k, dtype), res.clone(), aligned
+        )
+        sorted_out = fused_moe(
+            xn_want, w13, w2, weights, ids, False, moe_config(tokens * k, dtype), res.clone()
+        )
+        assert torch.equal(one, sorted_out) and torch.equal(one, want)
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")

@@ -180,6 +180,18 @@ def test_fused_moe_in_a_cuda_graph_without_host_sync(tokens: int) -> None:
         graph.replay()
         assert torch.equal(out, ops.moe(x, router, w13, w2, k, True))
         torch.testing.assert_close(added, want_added, atol=2e-2, rtol=2e-2)
+    # The RMSNorm before the experts (inside the router's launch up to 16 tokens): the bits of the
+    # RMSNorm kernel, then the op.
+    norm_w = 1.0 + 0.1 * torch.randn(h, device="cuda", dtype=torch.bfloat16)
+    stream = torch.randn_like(x)
+    ops.norm_moe_(stream.clone(), norm_w, 1e-6, router, w13, w2, k, True)  # compile outside the capture
+    with torch.cuda.graph(graph := torch.cuda.CUDAGraph()):
+        ops.norm_moe_(stream, norm_w, 1e-6, router, w13, w2, k, True)
+    for _ in range(2):
+        stream.copy_(torch.randn_like(x))
+        want = ops.moe(ops.rmsnorm(stream, norm_w, 1e-6), router, w13, w2, k, True, residual=stream.clone())
+        graph.replay()
+        assert torch.equal(stream, want)
 
 
 @pytest.mark.parametrize("case", list(CASES))

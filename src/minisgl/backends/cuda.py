@@ -275,6 +275,42 @@ class CudaOps(TorchOps):
             return residual.add_(self.moe(x, router, w13, w2, top_k, renormalize))
         return self.routed_experts(x, router, w13, w2, top_k, renormalize, residual)[0]
 
+    def norm_moe_(
+        self,
+        h: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        router: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+    ) -> torch.Tensor:
+        """A decode batch's RMSNorm inside the router's launch (`routed_moe_from_router` with `norm`):
+        one kernel fewer a layer, the normed x the same bits as `rmsnorm`'s."""
+        if (
+            h.dim() == 2
+            and h.is_contiguous()
+            and w13.stride(2) == 1
+            and w2.stride(2) == 1
+            and self._router_in_one_launch(h, router)
+            and norm_weight.shape == (h.shape[1],)
+            and norm_weight.is_contiguous()
+        ):
+            self.routed_experts(h, router, w13, w2, top_k, renormalize, h, (norm_weight, eps))
+            return h
+        return super().norm_moe_(h, norm_weight, eps, router, w13, w2, top_k, renormalize)
+
+    @staticmethod
+    def _router_in_one_launch(x: torch.Tensor, router: torch.Tensor) -> bool:
+        """Whether a batch's router logits, routing and alignment take one launch (decode sizes)."""
+        return (
+            0 < x.shape[0] <= ROUTE_IN_ALIGN
+            and type(router) in (torch.Tensor, torch.nn.Parameter)
+            and router.dtype == x.dtype
+            and router.stride(1) == 1
+        )
+
     def routed_experts(
         self,
         x: torch.Tensor,
@@ -284,16 +320,16 @@ class CudaOps(TorchOps):
         top_k: int,
         renormalize: bool,
         residual: torch.Tensor | None,
+        norm: tuple[torch.Tensor, float] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`moe`'s fast path -> (its output, the experts it chose (T, K)), x (T, H) contiguous. A decode
-        batch's router logits, routing and alignment are one launch (`routed_moe_from_router`)."""
-        if (
-            0 < x.shape[0] <= ROUTE_IN_ALIGN
-            and type(router) in (torch.Tensor, torch.nn.Parameter)
-            and router.dtype == x.dtype
-            and router.stride(1) == 1
-        ):
-            return routed_moe_from_router(x, router, w13, w2, top_k, renormalize, residual)
+        batch's router logits, routing and alignment are one launch (`routed_moe_from_router`).
+        norm (weight, eps): x is the residual stream, the experts take its RMSNorm (at decode sizes
+        computed in that launch)."""
+        if self._router_in_one_launch(x, router):
+            return routed_moe_from_router(x, router, w13, w2, top_k, renormalize, residual, norm)
+        if norm is not None:
+            x = self.rmsnorm(x, *norm)
         return routed_moe(x, self.linear(x, router, None), w13, w2, top_k, renormalize, residual)
 
     def route(

@@ -172,6 +172,22 @@ class TorchOps:
             out.index_add_(0, rows, y.to(out.dtype))
         return out if residual is None else residual.add_(out)
 
+    def norm_moe_(
+        self,
+        h: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        router: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+    ) -> torch.Tensor:
+        """Routed experts over the normed residual stream: `h += moe(rmsnorm(h))` in place, h (T, H).
+        Returns h."""
+        x = self.rmsnorm(h, norm_weight, eps)
+        return self.moe(x, router, w13, w2, top_k, renormalize, residual=h)
+
 
 REFERENCE_OPS = TorchOps()
 

@@ -68,10 +68,12 @@ class SparseMoE(nn.Module, OpsUser):
     def forward(self, h: torch.Tensor, norm: RMSNorm) -> None:
         """h (T, H), the residual stream, updated in place (by the op itself where nothing else is
         added: one rank, no shared expert)."""
-        x = norm(h)  # (T, H)
-        if self.shared is None and self.tp.size == 1:
-            self.ops.moe(x, self.router, self.w13, self.w2, self.top_k, self.renormalize, residual=h)
+        if self.shared is None and self.tp.size == 1:  # the backend may fuse the norm in (CUDA: decode)
+            self.ops.norm_moe_(
+                h, norm.weight, norm.eps, self.router, self.w13, self.w2, self.top_k, self.renormalize
+            )
             return
+        x = norm(h)  # (T, H)
         y = self.ops.moe(x, self.router, self.w13, self.w2, self.top_k, self.renormalize)  # (T, H)
         if self.shared is not None:
             y += self.shared(x)

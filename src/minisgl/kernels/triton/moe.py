@@ -125,6 +125,31 @@ def _align(
 
 
 @triton.jit
+def _align_one_token(
+    chosen_e,  # (BLOCK_T, K_PAD) int64: row 0 holds the one token's K distinct experts
+    SortedIds,
+    BlockExpert,
+    Total,
+    max_padded,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """`_align` for one token whose K experts are distinct (a top-k's): each expert has one pair, so
+    pair j takes block j's first row and the rest is padding. `_align` orders the same blocks by
+    expert; rows of a tile are computed apart, so every row's result is the same bits either way."""
+    for r0 in range(0, max_padded, CHUNK):
+        r = r0 + tl.arange(0, CHUNK)
+        pair = tl.where((r % BLOCK_M == 0) & (r < TOP_K * BLOCK_M), r // BLOCK_M, TOP_K)  # P = TOP_K
+        tl.store(SortedIds + r, pair, mask=r < max_padded)
+    slots = tl.arange(0, K_PAD)
+    first = tl.sum(tl.where((tl.arange(0, chosen_e.shape[0]) == 0)[:, None], chosen_e, 0), 0)  # (K_PAD,)
+    tl.store(BlockExpert + slots, first.to(tl.int32), mask=slots < TOP_K)
+    tl.store(Total, TOP_K * BLOCK_M)
+
+
+@triton.jit
 def _align_kernel(
     Ids,  # (P,) each pair's expert (written here first when ROUTE)
     SortedIds,
@@ -175,8 +200,10 @@ def _align_kernel(
 
 @triton.jit
 def _router_kernel(
-    X,  # (T, H), unit stride in H
+    X,  # (T, H), unit stride in H: the residual stream when NORM, else the router's input
     Router,  # (E, H), unit stride in H
+    NormW,  # NORM: (H,) the RMSNorm's weight, else unused
+    XN,  # NORM: (T, H) contiguous out: rmsnorm(X) * NormW, the experts' input, else unused
     Partial,  # (splits, BLOCK_T, E_ROUTE) float32 scratch: each split's partial logits
     Counter,  # (1,) int32, zero, left zero: programs done
     Ids,  # (P,) int64 out: each pair's expert
@@ -193,6 +220,7 @@ def _router_kernel(
     k_split,  # columns of H per split (a multiple of BLOCK_K)
     max_padded,
     max_blocks,
+    eps,
     BLOCK_T: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -205,11 +233,17 @@ def _router_kernel(
     CHUNK: tl.constexpr,
     BLOCKS_CHUNK: tl.constexpr,
     IEEE: tl.constexpr,
+    NORM: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # NORM: H rounded up to a power of two
+    ONE_TOKEN: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """A decode batch's router in one launch: program (i, s) computes experts i * BLOCK_E.. over the
     s-th slice of H; the last program to finish sums the slices in order, rounds the logits to x's
-    dtype (as the projection does), routes (`topk_tile`) and aligns the pairs (`_align`)."""
+    dtype (as the projection does), routes (`topk_tile`) and aligns the pairs (`_align`; one token,
+    ONE_TOKEN: its K distinct experts a block each, no sort). NORM: X is the residual stream and each
+    program first normalizes its rows (`_rmsnorm_kernel`'s arithmetic, bit for bit); the programs of
+    the first block of experts write the normed slices they read to XN, the experts' input."""
     pid_e, pid_s = tl.program_id(0), tl.program_id(1)
     rows = tl.arange(0, BLOCK_T)
     row_mask = rows < t
@@ -218,11 +252,24 @@ def _router_kernel(
     x_rows = X + rows[:, None].to(tl.int64) * stride_xm
     w_rows = Router + offs_e[:, None].to(tl.int64) * stride_rn
     pdl_enter(PDL)
+    if NORM:  # each row's 1 / rms as the RMSNorm kernel computes it: one row's sum over BLOCK_H lanes
+        rstd = tl.zeros([BLOCK_T], tl.float32)
+        cols = tl.arange(0, BLOCK_H)
+        for r in range(0, t):
+            xr = tl.load(X + r * stride_xm + cols, mask=cols < h, other=0.0).to(tl.float32)
+            rstd = tl.where(rows == r, tl.rsqrt(tl.sum(xr * xr, axis=0) / h + eps), rstd)
     acc = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
     for k0 in range(pid_s * k_split, tl.minimum(h, (pid_s + 1) * k_split), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < h
         x = tl.load(x_rows + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        if NORM:  # rounded as the RMSNorm kernel rounds: the normed x, then its product with the weight
+            nw = tl.load(NormW + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+            y = (x.to(tl.float32) * rstd[:, None]).to(X.dtype.element_ty).to(tl.float32)
+            x = (nw[None, :] * y).to(X.dtype.element_ty)
+            if pid_e == 0:
+                xn_ptrs = XN + rows[:, None].to(tl.int64) * h + offs_k[None, :]
+                tl.store(xn_ptrs, x, mask=row_mask[:, None] & k_mask[None, :])
         w = tl.load(w_rows + offs_k[None, :], mask=e_mask[:, None] & k_mask[None, :], other=0.0)
         acc += _dot_t(x, w, IEEE)
     part_rows = Partial + (pid_s * BLOCK_T + rows)[:, None] * E_ROUTE
@@ -244,12 +291,17 @@ def _router_kernel(
         out_mask = row_mask[:, None] & (slots < TOP_K)[None, :]
         tl.store(Weights + out, chosen_p, mask=out_mask)
         tl.store(Ids + out, chosen_e, mask=out_mask)
-        tl.debug_barrier()  # the ids are written before they are counted
-        p = t * TOP_K
-        _align(
-            Ids, SortedIds, BlockExpert, Total, Cursor, p, num_experts, max_padded, max_blocks,
-            E_PAD, BLOCK_M, CHUNK, BLOCKS_CHUNK,
-        )  # fmt: skip
+        if ONE_TOKEN:  # pair j (slot j) alone in block j, at its first row: no counting, no scatter
+            _align_one_token(
+                chosen_e, SortedIds, BlockExpert, Total, max_padded, TOP_K, K_PAD, BLOCK_M, CHUNK
+            )
+        else:
+            tl.debug_barrier()  # the ids are written before they are counted
+            p = t * TOP_K
+            _align(
+                Ids, SortedIds, BlockExpert, Total, Cursor, p, num_experts, max_padded, max_blocks,
+                E_PAD, BLOCK_M, CHUNK, BLOCKS_CHUNK,
+            )  # fmt: skip
         tl.atomic_xchg(Counter, 0)  # left at zero for the next call
 
 
@@ -447,16 +499,24 @@ def align_pairs(
 
 
 def route_and_align(
-    x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool, block_m: int
+    x: torch.Tensor,
+    router: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    block_m: int,
+    norm: tuple[torch.Tensor, float, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """A decode batch's router in one launch (`_router_kernel`): x (T, H) with T <= ROUTE_IN_ALIGN,
     router (E, H) in x's dtype -> (weights (T, K) float32, ids (T, K) int64, the aligned pairs as
     `align_pairs` gives them). The logits are x @ router^T rounded to x's dtype (what `linear`
-    gives), routed by `moe_route`'s rule."""
+    gives), routed by `moe_route`'s rule. norm (weight (H,), eps, out (T, H) contiguous): x is the
+    residual stream, the router reads rmsnorm(x) * weight (the RMSNorm kernel's bits), written to out."""
     t, h = x.shape
     e = router.shape[0]
     if not 0 < t <= ROUTE_IN_ALIGN or router.shape[1] != h or x.stride(1) != 1 or router.stride(1) != 1:
         raise ValueError(f"route_and_align: x {tuple(x.shape)}, router {tuple(router.shape)}")
+    if norm is not None and (norm[0].shape != (h,) or norm[2].shape != (t, h) or not norm[2].is_contiguous()):
+        raise ValueError(f"route_and_align: norm weight {tuple(norm[0].shape)}, out {tuple(norm[2].shape)}")
     dev, p = x.device, t * top_k
     bufs, consts = _align_buffers(p, e, block_m, dev)
     block_e, block_k = 16, 32 if x.dtype == torch.float32 else 256
@@ -469,11 +529,14 @@ def route_and_align(
     weights = torch.empty(t, top_k, dtype=torch.float32, device=dev)
     ids = torch.empty(t, top_k, dtype=torch.int64, device=dev)
     pdl = use_pdl(x)
+    norm_w, eps, xn = norm if norm is not None else (x, 0.0, x)
     _router_kernel[(triton.cdiv(e, block_e), splits)](
-        x, router, partial, _zeroed_counters(1, dev, "router"), ids, weights, *bufs, t, e, h, x.stride(0),
-        router.stride(0), k_split, bufs[0].shape[0], bufs[1].shape[0], BLOCK_T=block_t, BLOCK_E=block_e,
-        BLOCK_K=block_k, E_ROUTE=e_route, TOP_K=top_k, K_PAD=max(2, triton.next_power_of_2(top_k)),
-        RENORMALIZE=renormalize, IEEE=x.dtype == torch.float32, PDL=pdl, num_warps=4, **consts, **pdl_launch(pdl),
+        x, router, norm_w, xn, partial, _zeroed_counters(1, dev, "router"), ids, weights, *bufs, t, e, h,
+        x.stride(0), router.stride(0), k_split, bufs[0].shape[0], bufs[1].shape[0], eps, BLOCK_T=block_t,
+        BLOCK_E=block_e, BLOCK_K=block_k, E_ROUTE=e_route, TOP_K=top_k, K_PAD=max(2, triton.next_power_of_2(top_k)),
+        RENORMALIZE=renormalize, IEEE=x.dtype == torch.float32, NORM=norm is not None,
+        BLOCK_H=triton.next_power_of_2(h) if norm is not None else 1, ONE_TOKEN=t == 1 and top_k <= e,
+        PDL=pdl, num_warps=4, **consts, **pdl_launch(pdl),
     )  # fmt: skip
     return weights, ids, (bufs[0], bufs[1], bufs[2])
 
@@ -514,13 +577,18 @@ def routed_moe_from_router(
     top_k: int,
     renormalize: bool,
     residual: torch.Tensor | None = None,
+    norm: tuple[torch.Tensor, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`routed_moe` for a decode batch (1 to ROUTE_IN_ALIGN tokens) from the router's weight (E, H)
     in x's dtype: the logits, the routing and the alignment in one launch (`route_and_align`), then
-    the two grouped GEMMs -> (the output, ids (T, K))."""
+    the two grouped GEMMs -> (the output, ids (T, K)). norm (weight (H,), eps): x is the residual
+    stream and the experts' input is its RMSNorm, computed in the router's launch."""
     cfg = moe_config(x.shape[0] * top_k, x.dtype)
-    weights, ids, aligned = route_and_align(x, router, top_k, renormalize, cfg.block_m)
-    return fused_moe(x, w13, w2, weights, ids, False, cfg, residual, aligned), ids
+    xn = None if norm is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    normed = None if norm is None else (norm[0], norm[1], xn)
+    weights, ids, aligned = route_and_align(x, router, top_k, renormalize, cfg.block_m, normed)
+    x_in = x if xn is None else xn
+    return fused_moe(x_in, w13, w2, weights, ids, False, cfg, residual, aligned), ids
 
 
 def fused_moe(

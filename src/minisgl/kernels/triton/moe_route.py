@@ -31,12 +31,18 @@ def topk_tile(
     slots = tl.arange(0, K_PAD)
     chosen_p = tl.zeros([logits.shape[0], K_PAD], tl.float32)
     chosen_e = tl.zeros([logits.shape[0], K_PAD], tl.int64)
+    # One reduction a slot: a probability (>= +0, so its bits order as it does) in the high word and
+    # the expert's index reversed in the low one, so the largest key is the largest probability and,
+    # among equal ones, the lower index; a taken expert's key is -1.
+    bits = probs.to(tl.int32, bitcast=True).to(tl.int64)
+    keys = (bits << 32) | (E_PAD - 1 - experts)[None, :].to(tl.int64)
     for j in tl.static_range(TOP_K):
-        best = tl.max(probs, 1)  # (BLOCK_T,)
-        idx = tl.min(tl.where(probs == best[:, None], experts[None, :], E_PAD), 1)  # ties: the lower index
+        top = tl.max(keys, 1)  # (BLOCK_T,)
+        idx = E_PAD - 1 - (top & 0xFFFFFFFF)  # int64
+        best = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
         chosen_p = tl.where(slots[None, :] == j, best[:, None], chosen_p)
-        chosen_e = tl.where(slots[None, :] == j, idx[:, None].to(tl.int64), chosen_e)
-        probs = tl.where(experts[None, :] == idx[:, None], -1.0, probs)  # taken
+        chosen_e = tl.where(slots[None, :] == j, idx[:, None], chosen_e)
+        keys = tl.where(keys == top[:, None], -1, keys)  # taken (keys are distinct within a row)
     if RENORMALIZE:
         chosen_p = chosen_p / tl.sum(tl.where(slots[None, :] < TOP_K, chosen_p, 0.0), 1)[:, None]
     return chosen_p, chosen_e
