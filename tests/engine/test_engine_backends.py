@@ -48,7 +48,9 @@ def test_backends_give_the_same_greedy_tokens(hf_dirs: dict[str, Path], case: st
     for ops, attention in BACKENDS:
         engine = _engine(hf_dirs[case], ops, attention)
         assert (engine.ops.name, engine.attn_backend.name) == (ops, attention)
-        results[ops] = _run(engine, PROMPTS, 5, chunk=6)  # chunks over cached prefixes, then decode
+        # chunks over cached prefixes, then two batched decode steps (each decode step of the Triton
+        # backend takes seconds in the interpreter without a GPU)
+        results[ops] = _run(engine, PROMPTS, 3, chunk=6)
     assert all(r == results["torch"] for r in results.values()), results
 
 

@@ -4,7 +4,7 @@ non-UTF-8 bytes) against every endpoint. Every answer is a 2xx or an OpenAI-shap
 5xx; afterwards no request is left in flight and a normal request is still served.
 
 The workers are test_api_app's fakes behind the real wire format; tests/system/test_fuzz_server.py sends
-fewer bodies to a real `minisgl serve --engine dummy`. `make test-slow` runs 10x more."""
+fewer bodies to a real `minisgl serve --engine dummy`. `make test-slow` runs 25x more."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def fuzz(app: App, examples: int) -> int:
 
 
 def test_fuzz_http_bodies_in_process(app: App, fuzz_report) -> None:
-    fuzz_report("HTTP bodies, in-process ASGI app (fake workers)", fuzz(app, 2000))
+    fuzz_report("HTTP bodies, in-process ASGI app (fake workers)", fuzz(app, 1000))
 
 
 @pytest.mark.slow

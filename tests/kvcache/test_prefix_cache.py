@@ -93,7 +93,9 @@ def test_every_attention_backend_gives_the_naive_caches_tokens(model_dir: Path, 
     if attention == "triton" and not triton_available():
         pytest.skip("triton is not installed")
     prompts, _ = _shared_prefix_workload(5)
-    prompts, params = prompts[:4], [_greedy(4)] * 4  # the fourth shares the first's system prompt
+    # the second shares the first's system prompt (every third request of the workload does); the
+    # Triton kernels run in the interpreter without a GPU, so no more requests than that
+    prompts, params = [prompts[0], prompts[3]], [_greedy(4)] * 2
     outs = {}
     for kind in ("naive", "radix"):
         llm = LLM(

@@ -171,8 +171,8 @@ def fuzz(worker: Worker, name: str, examples: int, fuzz_report, what: str) -> No
 
 def test_fuzz_tokenizer_and_detokenizer_inputs(worker: Worker, fuzz_report) -> None:
     worker.assert_serving()
-    fuzz(worker, "tokenizer", 600, fuzz_report, "tokenizer input (worker process)")
-    fuzz(worker, "detokenizer", 600, fuzz_report, "detokenizer input (worker process)")
+    fuzz(worker, "tokenizer", 300, fuzz_report, "tokenizer input (worker process)")
+    fuzz(worker, "detokenizer", 300, fuzz_report, "detokenizer input (worker process)")
 
 
 @pytest.mark.slow
