@@ -584,10 +584,11 @@ def routed_moe_from_router(
     the two grouped GEMMs -> (the output, ids (T, K)). norm (weight (H,), eps): x is the residual
     stream and the experts' input is its RMSNorm, computed in the router's launch."""
     cfg = moe_config(x.shape[0] * top_k, x.dtype)
-    xn = None if norm is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    normed = None if norm is None else (norm[0], norm[1], xn)
+    normed = (
+        None if norm is None else (norm[0], norm[1], torch.empty(x.shape, dtype=x.dtype, device=x.device))
+    )
     weights, ids, aligned = route_and_align(x, router, top_k, renormalize, cfg.block_m, normed)
-    x_in = x if xn is None else xn
+    x_in = x if normed is None else normed[2]
     return fused_moe(x_in, w13, w2, weights, ids, False, cfg, residual, aligned), ids
 
 
