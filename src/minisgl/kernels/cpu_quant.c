@@ -1199,11 +1199,14 @@ static inline __attribute__((always_inline)) void direct_micro_impl(const int fm
 
 /* The micro-tiles, one function per format and shape (NR rows x NA activations: 4 x 1, 4 x 2, 2 x 3
  * and 4 x 4 keep their sums in registers; 4 x 4 against 2 x 4: 8-10% less time at M = 16). */
-typedef void (*DirectFn)(const uint8_t *const *rows, int64_t nb, const DirectActs *X, int64_t a0, float out[][4]);
+/* A micro-tile: rows[0..NR) against activation rows a0.. of X (its kernel's own activations) */
+typedef void (*MicroFn)(const uint8_t *const *rows, int64_t nb, const void *X, int64_t a0, float out[][4]);
+/* the micro-tile of a kernel for a format and na (1-4) activation rows */
+typedef MicroFn (*PickFn)(int fmt, int na);
 #define DIRECT_FN(F, NR, NA)                                                                                 \
-    static void direct_##F##_##NR##x##NA(const uint8_t *const *rows, int64_t nb, const DirectActs *X, int64_t a0, \
+    static void direct_##F##_##NR##x##NA(const uint8_t *const *rows, int64_t nb, const void *X, int64_t a0,     \
                                          float out[][4]) {                                                     \
-        direct_micro_impl(F, NR, NA, rows, nb, X, a0, out);                                                    \
+        direct_micro_impl(F, NR, NA, rows, nb, (const DirectActs *)X, a0, out);                                \
     }
 #define DIRECT_FNS(F) DIRECT_FN(F, 4, 1) DIRECT_FN(F, 4, 2) DIRECT_FN(F, 2, 3) DIRECT_FN(F, 4, 4)
 DIRECT_FNS(Q4_0)
@@ -1212,13 +1215,14 @@ DIRECT_FNS(Q5_0)
 DIRECT_FNS(Q5_1)
 DIRECT_FNS(Q8_0)
 #define DIRECT_TABLE(F) [F] = {direct_##F##_4x1, direct_##F##_4x2, direct_##F##_2x3, direct_##F##_4x4}
-static const DirectFn direct_fns[Q8_0 + 1][4] = {DIRECT_TABLE(Q4_0), DIRECT_TABLE(Q4_1), DIRECT_TABLE(Q5_0),
-                                                  DIRECT_TABLE(Q5_1), DIRECT_TABLE(Q8_0)};
+static const MicroFn direct_fns[Q8_0 + 1][4] = {DIRECT_TABLE(Q4_0), DIRECT_TABLE(Q4_1), DIRECT_TABLE(Q5_0),
+                                                 DIRECT_TABLE(Q5_1), DIRECT_TABLE(Q8_0)};
+static MicroFn direct_pick(int fmt, int na) { return direct_fns[fmt][na - 1]; }
 
 /* Rows idx[0..R) (R <= DIRECT_RUN, any formats) against all M activation rows: those of one format
- * go through the micro-tiles together. */
-static void direct_rows(const int64_t *row_ptrs, const int32_t *row_fmts, const int64_t *idx, int R, int64_t K,
-                        const DirectActs *X, int64_t M, const float *bias, float *y, int64_t ldy, int accumulate) {
+ * go through `pick`'s micro-tiles together. */
+static void micro_rows(PickFn pick, const int64_t *row_ptrs, const int32_t *row_fmts, const int64_t *idx, int R,
+                       int64_t K, const void *X, int64_t M, const float *bias, float *y, int64_t ldy, int accumulate) {
     int done = 0; /* bit r: row idx[r] is computed */
     while (done != (1 << R) - 1) {
         int first = 0;
@@ -1238,7 +1242,7 @@ static void direct_rows(const int64_t *row_ptrs, const int32_t *row_fmts, const 
             const int na = M - a0 < 4 ? (int)(M - a0) : 4;
             const int nr = na == 3 ? 2 : 4; /* rows per call */
             for (int r0 = 0; r0 < nr_fmt; r0 += nr) {
-                direct_fns[fmt][na - 1](rows + r0, K / 32, X, a0, out);
+                pick(fmt, na)(rows + r0, K / 32, X, a0, out);
                 for (int r = 0; r < nr && r0 + r < nr_fmt; ++r)
                     for (int a = 0; a < na; ++a) put(y, ldy, a0 + a, n[r0 + r], out[r][a], bias, accumulate);
             }
@@ -1251,15 +1255,15 @@ static void direct_rows(const int64_t *row_ptrs, const int32_t *row_fmts, const 
  * more reads in flight over a few sequential streams than over one (the 2-core Xeon: a read loop
  * 7.6 GB/s a thread over one stream, 13.7 over eight; the embedded model's decode matmuls 0.69-0.79x
  * the time with 4 places than with adjacent rows, 8, 12 or 16 places in between). */
-static void direct_stripe(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t L, int64_t t,
-                          int64_t K, const DirectActs *X, int64_t M, const float *bias, float *y, int64_t ldy,
-                          int accumulate) {
+static void micro_stripe(PickFn pick, const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t L,
+                         int64_t t, int64_t K, const void *X, int64_t M, const float *bias, float *y, int64_t ldy,
+                         int accumulate) {
     for (int s0 = 0; s0 < DIRECT_STREAMS; s0 += DIRECT_RUN) {
         int64_t idx[DIRECT_RUN];
         int R = 0;
         for (int s = s0; s < s0 + DIRECT_RUN; ++s)
             if (s * L + t < N) idx[R++] = s * L + t;
-        if (R > 0) direct_rows(row_ptrs, row_fmts, idx, R, K, X, M, bias, y, ldy, accumulate);
+        if (R > 0) micro_rows(pick, row_ptrs, row_fmts, idx, R, K, X, M, bias, y, ldy, accumulate);
     }
 }
 
@@ -1292,7 +1296,8 @@ static int qlinear_direct(const float *xf, int64_t ldf, int64_t M, int64_t K, co
      * share the 2 cores) leaves its last stripes to the other: 0.97x the step time at batch 1 (median
      * of 24 alternated pairs, with or without a 1.5 ms/10 ms load beside it) */
 #pragma omp parallel for schedule(guided) if (L > 1 && M * N * K >= 32768)
-    for (int64_t t = 0; t < L; ++t) direct_stripe(row_ptrs, row_fmts, N, L, t, K, &X, M, bias, y, ldy, accumulate);
+    for (int64_t t = 0; t < L; ++t)
+        micro_stripe(direct_pick, row_ptrs, row_fmts, N, L, t, K, &X, M, bias, y, ldy, accumulate);
     free(buf);
     return 0;
 }
@@ -1454,20 +1459,19 @@ static inline __attribute__((always_inline)) void rp_micro_impl(const int fmt, c
     for (int k = 0; k < NR * NA; ++k) out[k / NA][k % NA] = sums[k];
 }
 
-typedef void (*RepackFn)(const uint8_t *const *rows, int64_t nb, const RepackActs *X, int64_t a0, float out[][4]);
 #define RP_FN(F, NR, NA)                                                                                     \
-    static void rp_##F##_##NR##x##NA(const uint8_t *const *rows, int64_t nb, const RepackActs *X, int64_t a0,  \
+    static void rp_##F##_##NR##x##NA(const uint8_t *const *rows, int64_t nb, const void *X, int64_t a0,          \
                                      float out[][4]) {                                                       \
-        rp_micro_impl(F, NR, NA, rows, nb, X, a0, out);                                                      \
+        rp_micro_impl(F, NR, NA, rows, nb, (const RepackActs *)X, a0, out);                                  \
     }
 #define RP_FNS(F) RP_FN(F, 4, 1) RP_FN(F, 4, 2) RP_FN(F, 2, 3) RP_FN(F, 4, 4)
 RP_FNS(Q4_0R)
 RP_FNS(Q4_1R)
 RP_FNS(Q8_0R)
-static RepackFn rp_fn(int fmt, int na) {
-    static const RepackFn t[3][4] = {{rp_Q4_0R_4x1, rp_Q4_0R_4x2, rp_Q4_0R_2x3, rp_Q4_0R_4x4},
-                                     {rp_Q4_1R_4x1, rp_Q4_1R_4x2, rp_Q4_1R_2x3, rp_Q4_1R_4x4},
-                                     {rp_Q8_0R_4x1, rp_Q8_0R_4x2, rp_Q8_0R_2x3, rp_Q8_0R_4x4}};
+static MicroFn rp_pick(int fmt, int na) {
+    static const MicroFn t[3][4] = {{rp_Q4_0R_4x1, rp_Q4_0R_4x2, rp_Q4_0R_2x3, rp_Q4_0R_4x4},
+                                    {rp_Q4_1R_4x1, rp_Q4_1R_4x2, rp_Q4_1R_2x3, rp_Q4_1R_4x4},
+                                    {rp_Q8_0R_4x1, rp_Q8_0R_4x2, rp_Q8_0R_2x3, rp_Q8_0R_4x4}};
     return t[fmt == Q4_0R ? 0 : fmt == Q4_1R ? 1 : 2][na - 1];
 }
 
@@ -1475,36 +1479,6 @@ static int all_repacked(const int32_t *row_fmts, int64_t N) {
     for (int64_t n = 0; n < N; ++n)
         if (!is_repacked(row_fmts[n])) return 0;
     return 1;
-}
-
-/* Rows idx[0..R) against all M activation rows, those of one format together (as direct_rows) */
-static void rp_rows(const int64_t *row_ptrs, const int32_t *row_fmts, const int64_t *idx, int R, int64_t K,
-                    const RepackActs *X, int64_t M, const float *bias, float *y, int64_t ldy, int accumulate) {
-    int done = 0;
-    while (done != (1 << R) - 1) {
-        int first = 0;
-        while (done >> first & 1) ++first;
-        const int fmt = row_fmts[idx[first]];
-        int64_t n[DIRECT_RUN];
-        int nr_fmt = 0;
-        for (int r = first; r < R; ++r)
-            if (!(done >> r & 1) && row_fmts[idx[r]] == fmt) {
-                n[nr_fmt++] = idx[r];
-                done |= 1 << r;
-            }
-        const uint8_t *rows[DIRECT_RUN];
-        for (int r = 0; r < DIRECT_RUN; ++r) rows[r] = (const uint8_t *)(intptr_t)row_ptrs[n[r < nr_fmt ? r : nr_fmt - 1]];
-        float out[4][4];
-        for (int64_t a0 = 0; a0 < M; a0 += 4) {
-            const int na = M - a0 < 4 ? (int)(M - a0) : 4;
-            const int nr = na == 3 ? 2 : 4;
-            for (int r0 = 0; r0 < nr_fmt; r0 += nr) {
-                rp_fn(fmt, na)(rows + r0, K / 32, X, a0, out);
-                for (int r = 0; r < nr && r0 + r < nr_fmt; ++r)
-                    for (int a = 0; a < na; ++a) put(y, ldy, a0 + a, n[r0 + r], out[r][a], bias, accumulate);
-            }
-        }
-    }
 }
 
 /* The decode matmul over repacked rows: the direct kernel's stripes and schedule (see there) */
@@ -1524,13 +1498,7 @@ static int qlinear_repacked(const float *xf, int64_t ldf, int64_t M, int64_t K, 
     const int64_t L = (N + DIRECT_STREAMS - 1) / DIRECT_STREAMS;
 #pragma omp parallel for schedule(guided) if (L > 1 && M * N * K >= 32768)
     for (int64_t t = 0; t < L; ++t)
-        for (int s0 = 0; s0 < DIRECT_STREAMS; s0 += DIRECT_RUN) {
-            int64_t idx[DIRECT_RUN];
-            int R = 0;
-            for (int s = s0; s < s0 + DIRECT_RUN; ++s)
-                if (s * L + t < N) idx[R++] = s * L + t;
-            if (R > 0) rp_rows(row_ptrs, row_fmts, idx, R, K, &X, M, bias, y, ldy, accumulate);
-        }
+        micro_stripe(rp_pick, row_ptrs, row_fmts, N, L, t, K, &X, M, bias, y, ldy, accumulate);
     free(buf);
     return 0;
 }
