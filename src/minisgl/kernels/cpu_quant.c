@@ -1161,6 +1161,22 @@ static inline __attribute__((always_inline)) void reduce16(const __m512 v[16], f
         for (int j = 0; j < 4; ++j) sums[L + 4 * j] = t[4 * L + j];
 }
 
+/* out[r][a] = the sum of acc[r][a]'s 16 lanes, paired as _mm512_reduce_add_ps pairs them whatever the
+ * tile (one transposing tree for tiles of 8 pairs or more), so a pair's sum never depends on its tile */
+static inline __attribute__((always_inline)) void tile_sums(const int NR, const int NA, const __m512 acc[][4],
+                                                             float out[][4]) {
+    if (NR * NA < 8) {
+        for (int r = 0; r < NR; ++r)
+            for (int a = 0; a < NA; ++a) out[r][a] = _mm512_reduce_add_ps(acc[r][a]);
+        return;
+    }
+    __m512 v[16];
+    for (int k = 0; k < 16; ++k) v[k] = k < NR * NA ? acc[k / NA][k % NA] : _mm512_setzero_ps();
+    float sums[16];
+    reduce16(v, sums);
+    for (int k = 0; k < NR * NA; ++k) out[k / NA][k % NA] = sums[k];
+}
+
 /* rows[0..NR) (one format) against activation rows a0 .. a0 + NA of X, nb blocks -> out[r][a] */
 static inline __attribute__((always_inline)) void direct_micro_impl(const int fmt, const int NR, const int NA,
                                                                      const uint8_t *const *rows, int64_t nb,
@@ -1185,16 +1201,7 @@ static inline __attribute__((always_inline)) void direct_micro_impl(const int fm
             direct_step(fmt, NR, NA, 1, rows, c + j, d, idx, X, a0, acc);
         if (j < n) direct_step(fmt, NR, NA, 0, rows, c + j, d, idx, X, a0, acc);
     }
-    if (NR * NA < 8) {
-        for (int r = 0; r < NR; ++r)
-            for (int a = 0; a < NA; ++a) out[r][a] = _mm512_reduce_add_ps(acc[r][a]);
-        return;
-    }
-    __m512 v[16];
-    for (int k = 0; k < 16; ++k) v[k] = k < NR * NA ? acc[k / NA][k % NA] : _mm512_setzero_ps();
-    float sums[16];
-    reduce16(v, sums);
-    for (int k = 0; k < NR * NA; ++k) out[k / NA][k % NA] = sums[k];
+    tile_sums(NR, NA, acc, out);
 }
 
 /* The micro-tiles, one function per format and shape (NR rows x NA activations: 4 x 1, 4 x 2, 2 x 3
@@ -1447,16 +1454,7 @@ static inline __attribute__((always_inline)) void rp_micro_impl(const int fmt, c
             else rp_sub(fmt, 1, NR, NA, p, qx, X->QB, dl, xs, X->SB, acc);
             g0 += n, qx += 64 * (n >= 2 ? n / 2 : 1), dl += 16, xs += 16;
         }
-    if (NR * NA < 8) {
-        for (int r = 0; r < NR; ++r)
-            for (int a = 0; a < NA; ++a) out[r][a] = _mm512_reduce_add_ps(acc[r][a]);
-        return;
-    }
-    __m512 v[16];
-    for (int k = 0; k < 16; ++k) v[k] = k < NR * NA ? acc[k / NA][k % NA] : _mm512_setzero_ps();
-    float sums[16];
-    reduce16(v, sums);
-    for (int k = 0; k < NR * NA; ++k) out[k / NA][k % NA] = sums[k];
+    tile_sums(NR, NA, acc, out);
 }
 
 #define RP_FN(F, NR, NA)                                                                                     \
