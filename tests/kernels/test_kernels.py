@@ -132,6 +132,28 @@ def test_decode_attention_reads_a_float16_pool(hq: int, hkv: int, d: int) -> Non
 
 
 @needs_kernels
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(9, 3, 64), (8, 2, 128), (14, 2, 64), (10, 5, 64)])
+@pytest.mark.parametrize("half", [True, False])
+def test_decode_attention_grouped_heads_equal_one_head_at_a_time(hq: int, hkv: int, d: int, half: bool) -> None:
+    """Query heads that share a KV head are attended together (their K/V converted once): bitwise what
+    each head gives with a KV head of its own (the pool's heads repeated, one query head per KV head),
+    at batches and lengths on either side of the one-thread bound, padding rows included."""
+    torch.manual_seed(5)
+    ps, num_pages, g = 16, 120, hq // hkv
+    dtype = torch.float16 if half else torch.float32
+    kp, vp = torch.randn(num_pages * ps, hkv, d).to(dtype), torch.randn(num_pages * ps, hkv, d).to(dtype)
+    kp1, vp1 = kp.repeat_interleave(g, dim=1).contiguous(), vp.repeat_interleave(g, dim=1).contiguous()
+    for lens in ([1], [17], [300], [70, 0, 150, 33, 2, 16]):
+        b = len(lens)
+        page_rows = torch.randperm(num_pages)[: b * 20].view(b, 20).to(torch.int32)
+        q = torch.randn(b, hq, d)
+        seq = torch.tensor(lens, dtype=torch.int32)
+        grouped = kernels.decode_attention(q, kp, vp, page_rows, seq, ps, d**-0.5)
+        alone = kernels.decode_attention(q, kp1, vp1, page_rows, seq, ps, d**-0.5)
+        assert torch.equal(grouped, alone), lens
+
+
+@needs_kernels
 @pytest.mark.parametrize(("hq", "hkv", "d"), [(9, 3, 64), (6, 2, 48), (4, 4, 64)])
 def test_decode_attention_rows_do_not_depend_on_the_batch(hq: int, hkv: int, d: int) -> None:
     """Each request's output is bitwise the same alone or in a batch (float16 pool, grouped heads),
