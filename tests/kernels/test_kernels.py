@@ -134,7 +134,9 @@ def test_decode_attention_reads_a_float16_pool(hq: int, hkv: int, d: int) -> Non
 @needs_kernels
 @pytest.mark.parametrize(("hq", "hkv", "d"), [(9, 3, 64), (8, 2, 128), (14, 2, 64), (10, 5, 64)])
 @pytest.mark.parametrize("half", [True, False])
-def test_decode_attention_grouped_heads_equal_one_head_at_a_time(hq: int, hkv: int, d: int, half: bool) -> None:
+def test_decode_attention_grouped_heads_equal_one_head_at_a_time(
+    hq: int, hkv: int, d: int, half: bool
+) -> None:
     """Query heads that share a KV head are attended together (their K/V converted once): bitwise what
     each head gives with a KV head of its own (the pool's heads repeated, one query head per KV head),
     at batches and lengths on either side of the one-thread bound, padding rows included."""
