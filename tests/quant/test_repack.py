@@ -108,6 +108,46 @@ def test_repacked_rows_are_batch_invariant(isa: str) -> None:
     )
 
 
+@pytest.mark.parametrize("isa", REPACK_ISAS)
+@pytest.mark.parametrize("fmt", PACKABLE, ids=lambda f: f.name)
+@pytest.mark.parametrize("n", [8, 61, 96])
+def test_one_row_stripes_of_eight(isa: str, fmt: GGMLType, n: int) -> None:
+    """One activation row takes 8 rows of one format per micro-tile (two adjacent rows in each of the
+    four places; a short last stripe and a format change fall back to 4 at a time): against numpy, and
+    bitwise each row's result in a batch of 16 (the 4 x 4 tiles) and through the 4 x 1 tiles (a weight
+    whose format changes every row)."""
+    k = 576
+    data = torch.from_numpy(random_blocks(fmt, n, k, seed=n))
+    ref = dequantize(fmt, data, k)
+    w = QuantizedWeight([QuantPart(fmt, data, k)])
+    assert repack(w, isa)
+    torch.manual_seed(n)
+    x = torch.randn(16, k)
+    bias = torch.randn(n)
+    batch = qlinear(x, w, bias, isa=isa)
+    want = (q8_activations(x) @ ref.double().T + bias.double()).float()
+    torch.testing.assert_close(batch, want, atol=2e-5 * want.abs().max(), rtol=0)
+    # the same rows with every other one moved into a part of another format: no stripe is uniform
+    other = GGMLType.Q4_0 if fmt != GGMLType.Q4_0 else GGMLType.Q8_0
+    mixed_parts = [
+        QuantPart(
+            fmt if i % 2 == 0 else other,
+            data[i : i + 1] if i % 2 == 0 else torch.from_numpy(random_blocks(other, 1, k, seed=1000 + i)),
+            k,
+        )
+        for i in range(n)
+    ]
+    mixed = QuantizedWeight(mixed_parts)
+    assert repack(mixed, isa)
+    mixed_batch = qlinear(x, mixed, bias, isa=isa)
+    for a in (0, 5, 15):
+        one = qlinear(x[a : a + 1].contiguous(), w, bias, isa=isa)
+        torch.testing.assert_close(one, batch[a : a + 1], rtol=0, atol=0)
+        one_mixed = qlinear(x[a : a + 1].contiguous(), mixed, bias, isa=isa)
+        torch.testing.assert_close(one_mixed, mixed_batch[a : a + 1], rtol=0, atol=0)
+        torch.testing.assert_close(one_mixed[:, ::2], one[:, ::2], rtol=0, atol=0)
+
+
 def test_other_formats_are_not_repacked() -> None:
     """A weight with any row outside Q4_0/Q4_1/Q8_0 keeps the file's row table."""
     parts, _ = packable_weight(96)

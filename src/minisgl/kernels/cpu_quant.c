@@ -70,6 +70,29 @@ const char *minisgl_quant_isa(void) {
 
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+/* A decode call's activation buffers (its quantized rows, the pre-op's output): a per-thread block of
+ * 64-byte aligned memory per slot, grown and kept, for requests up to SCRATCH_KEEP bytes (a decode
+ * step asks for the same small sizes ~120 times: malloc and free consolidated the heap at each
+ * call, ~0.4 us of a 2.7 us call at N = 16); larger ones are the caller's to free (owned = 1). */
+#define SCRATCH_KEEP (256 * 1024)
+static void *scratch_get(int slot, size_t bytes, int *owned) {
+    static _Thread_local void *kept[2] = {NULL, NULL};
+    static _Thread_local size_t cap[2] = {0, 0};
+    bytes = (size_t)round_up((int64_t)bytes, 64);
+    *owned = bytes > SCRATCH_KEEP;
+    if (*owned) return aligned_alloc(64, bytes);
+    if (bytes > cap[slot]) {
+        void *grown = aligned_alloc(64, SCRATCH_KEEP);
+        if (grown == NULL) return NULL;
+        free(kept[slot]);
+        kept[slot] = grown, cap[slot] = SCRATCH_KEEP;
+    }
+    return kept[slot];
+}
+static void scratch_put(void *p, int owned) {
+    if (owned) free(p);
+}
+
 static inline float half_to_float(uint16_t h) {
 #if defined(__F16C__)
     return _cvtsh_ss(h);
@@ -1382,8 +1405,8 @@ static inline __attribute__((always_inline)) void rp_sub(const int fmt, const in
     const __m512i nib = _mm512_mask_blend_epi32(high, _mm512_set1_epi32(0x0F0F0F0F), _mm512_set1_epi32((int)0xF0F0F0F0));
     const __m512i widx = _mm512_add_epi32(_mm512_slli_epi32(_mm512_srli_epi32(lane, log_n + 1), log_n), bi);
     const float bias_of_d = fmt == Q4_0R ? -8.f : -128.f;
-    __m512 dd[4], mm[4];
-    __m512i ia[4][4];
+    __m512 dd[8], mm[8];
+    __m512i ia[8][4];
     for (int r = 0; r < NR; ++r) {
         __m512 v; /* d[0..n) (Q4_1: then m[0..n)) in its first lanes */
         if (n == 8 && has_min) v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p[r]));
@@ -1395,7 +1418,7 @@ static inline __attribute__((always_inline)) void rp_sub(const int fmt, const in
     }
     const int qoff = (has_min ? 4 : 2) * n;
     for (int j = 0; j < nz; ++j) {
-        __m512i w[4];
+        __m512i w[8];
         for (int r = 0; r < NR; ++r) {
             if (q8) {
                 const uint8_t *q = p[r] + qoff + 64 * j;
@@ -1432,12 +1455,12 @@ static inline __attribute__((always_inline)) void rp_micro_impl(const int fmt, c
                                                                  const uint8_t *const *rows, int64_t nb,
                                                                  const RepackActs *X, int64_t a0, float out[][4]) {
     const int ts = type_size(fmt), q8 = fmt == Q8_0R;
-    __m512 acc[4][4];
+    __m512 acc[8][4];
     for (int r = 0; r < NR; ++r)
         for (int a = 0; a < NA; ++a) acc[r][a] = _mm512_setzero_ps();
     const int8_t *qx = X->qx + a0 * X->QB;
     const float *dl = (q8 ? X->dl : X->dl16) + a0 * X->SB, *xs = X->xs + a0 * X->SB;
-    const uint8_t *p[4];
+    const uint8_t *p[8];
     int64_t g0 = 0;
     for (; g0 + 8 <= nb; g0 += 8, qx += 64 * 4, dl += 16, xs += 16) {
         for (int r = 0; r < NR; ++r) {
@@ -1462,7 +1485,7 @@ static inline __attribute__((always_inline)) void rp_micro_impl(const int fmt, c
                                      float out[][4]) {                                                       \
         rp_micro_impl(F, NR, NA, rows, nb, (const RepackActs *)X, a0, out);                                  \
     }
-#define RP_FNS(F) RP_FN(F, 4, 1) RP_FN(F, 4, 2) RP_FN(F, 2, 3) RP_FN(F, 4, 4)
+#define RP_FNS(F) RP_FN(F, 4, 1) RP_FN(F, 4, 2) RP_FN(F, 2, 3) RP_FN(F, 4, 4) RP_FN(F, 8, 1)
 RP_FNS(Q4_0R)
 RP_FNS(Q4_1R)
 RP_FNS(Q8_0R)
@@ -1471,6 +1494,39 @@ static MicroFn rp_pick(int fmt, int na) {
                                     {rp_Q4_1R_4x1, rp_Q4_1R_4x2, rp_Q4_1R_2x3, rp_Q4_1R_4x4},
                                     {rp_Q8_0R_4x1, rp_Q8_0R_4x2, rp_Q8_0R_2x3, rp_Q8_0R_4x4}};
     return t[fmt == Q4_0R ? 0 : fmt == Q4_1R ? 1 : 2][na - 1];
+}
+
+/* Stripe t of one activation row's pass (M = 1): rows s * Lp + 2t and + 1 of the DIRECT_STREAMS places,
+ * through one 8 x 1 micro-tile where they are 8 of one format (else micro_rows, 4 at a time). Each
+ * pair's arithmetic is the 4 x 1 tile's and tile_sums pairs the lanes as it does, so the sums are
+ * bitwise the same; 8 rows a call halve the driver's and the lane sums' work per row (the o and qkv
+ * shapes in cache: 0.75-0.8x the time). */
+#ifndef RP_ROWS8
+#define RP_ROWS8 1
+#endif
+static void rp_stripe8(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t Lp, int64_t t,
+                       int64_t K, const RepackActs *X, const float *bias, float *y, int accumulate) {
+    int64_t idx[2 * DIRECT_STREAMS];
+    int R = 0;
+    for (int s = 0; s < DIRECT_STREAMS; ++s)
+        for (int i = 0; i < 2; ++i)
+            if (s * Lp + 2 * t + i < N) idx[R++] = s * Lp + 2 * t + i;
+    int same = R == 8;
+    for (int r = 1; r < R && same; ++r) same = row_fmts[idx[r]] == row_fmts[idx[0]];
+    if (!same) {
+        for (int r0 = 0; r0 < R; r0 += DIRECT_RUN)
+            micro_rows(rp_pick, row_ptrs, row_fmts, idx + r0, R - r0 < DIRECT_RUN ? R - r0 : DIRECT_RUN, K, X, 1,
+                       bias, y, 1, accumulate);
+        return;
+    }
+    const uint8_t *rows[8];
+    for (int r = 0; r < 8; ++r) rows[r] = (const uint8_t *)(intptr_t)row_ptrs[idx[r]];
+    float out[8][4];
+    const int f = row_fmts[idx[0]];
+    if (f == Q4_0R) rp_Q4_0R_8x1(rows, K / 32, X, 0, out);
+    else if (f == Q4_1R) rp_Q4_1R_8x1(rows, K / 32, X, 0, out);
+    else rp_Q8_0R_8x1(rows, K / 32, X, 0, out);
+    for (int r = 0; r < 8; ++r) put(y, 1, 0, idx[r], out[r][0], bias, accumulate);
 }
 
 static int all_repacked(const int32_t *row_fmts, int64_t N) {
@@ -1485,7 +1541,8 @@ static int qlinear_repacked(const float *xf, int64_t ldf, int64_t M, int64_t K, 
                             int accumulate) {
     int64_t QB, SB;
     repack_act_sizes(K / 32, &QB, &SB);
-    uint8_t *buf = (uint8_t *)aligned_alloc(64, (size_t)round_up(M * (QB + 3 * SB * (int64_t)sizeof(float)), 64));
+    int owned;
+    uint8_t *buf = (uint8_t *)scratch_get(0, (size_t)(M * (QB + 3 * SB * (int64_t)sizeof(float))), &owned);
     if (buf == NULL) return -2;
     float *dl = (float *)buf, *dl16 = dl + M * SB, *xs = dl16 + M * SB;
     int8_t *qx = (int8_t *)(xs + M * SB);
@@ -1493,11 +1550,18 @@ static int qlinear_repacked(const float *xf, int64_t ldf, int64_t M, int64_t K, 
     for (int64_t a = 0; a < M; ++a)
         quantize_repacked(xf + a * ldf, K, QB, SB, qx + a * QB, dl + a * SB, dl16 + a * SB, xs + a * SB);
     const RepackActs X = {QB, SB, qx, dl, dl16, xs};
+    if (M == 1 && RP_ROWS8) { /* one activation row: stripes of 8 rows, two adjacent in each place */
+        const int64_t Lp = round_up((N + DIRECT_STREAMS - 1) / DIRECT_STREAMS, 2), T = Lp / 2;
+#pragma omp parallel for schedule(guided) if (T > 1 && N * K >= 32768)
+        for (int64_t t = 0; t < T; ++t) rp_stripe8(row_ptrs, row_fmts, N, Lp, t, K, &X, bias, y, accumulate);
+        scratch_put(buf, owned);
+        return 0;
+    }
     const int64_t L = (N + DIRECT_STREAMS - 1) / DIRECT_STREAMS;
 #pragma omp parallel for schedule(guided) if (L > 1 && M * N * K >= 32768)
     for (int64_t t = 0; t < L; ++t)
         micro_stripe(rp_pick, row_ptrs, row_fmts, N, L, t, K, &X, M, bias, y, ldy, accumulate);
-    free(buf);
+    scratch_put(buf, owned);
     return 0;
 }
 #endif
@@ -1723,11 +1787,12 @@ int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, 
     A.K64 = round_up(K, 64);
     A.C16 = round_up(A.K64 / 16, 16);
     float *xf = NULL;
+    int xf_owned = 0;
     if (pre == PRE_NONE) {
         A.xf = x;
         A.ldf = ldx;
     } else {
-        xf = (float *)malloc(sizeof(float) * (size_t)(M * K));
+        xf = (float *)scratch_get(1, sizeof(float) * (size_t)(M * K), &xf_owned);
         if (xf == NULL) return -2;
 #pragma omp parallel for if (M * K >= 65536)
         for (int64_t m = 0; m < M; ++m) {
@@ -1740,19 +1805,19 @@ int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, 
 #if defined(MINISGL_AVX512)
     if (!prefill && (uniform ? is_repacked(row_fmts[0]) : all_repacked(row_fmts, N))) {
         const int rc = qlinear_repacked(A.xf, A.ldf, M, K, row_ptrs, row_fmts, N, bias, y, ldy, accumulate);
-        free(xf);
+        scratch_put(xf, xf_owned);
         return rc;
     }
     if (!prefill && !has_float && (uniform ? is_direct_fmt(row_fmts[0]) : direct_weight(row_fmts, N))) {
         const int rc = qlinear_direct(A.xf, A.ldf, M, K, row_ptrs, row_fmts, N, bias, y, ldy, accumulate);
-        free(xf);
+        scratch_put(xf, xf_owned);
         return rc;
     }
 #endif
 #if defined(MINISGL_AMX)
     if (prefill && has_int && !has_float) {
         const int rc = qlinear_amx(A.xf, A.ldf, M, K, row_ptrs, row_fmts, N, bias, y, ldy, accumulate);
-        free(xf);
+        scratch_put(xf, xf_owned);
         return rc;
     }
 #else
@@ -1764,7 +1829,7 @@ int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, 
         const size_t qx_bytes = (size_t)(M * A.K64), dx_bytes = sizeof(float) * (size_t)(M * (A.K64 / 16));
         qbuf = malloc(qx_bytes + dx_bytes + sizeof(float) * (size_t)(M * A.C16) + 64);
         if (qbuf == NULL) {
-            free(xf);
+            scratch_put(xf, xf_owned);
             return -2;
         }
         A.xs = (float *)qbuf;
@@ -1800,7 +1865,7 @@ int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, 
         free(scratch);
     }
     free(qbuf);
-    free(xf);
+    scratch_put(xf, xf_owned);
     return failed ? -2 : 0;
 }
 
