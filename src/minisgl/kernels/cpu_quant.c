@@ -1720,6 +1720,78 @@ static void amx_row_bf16(const Decoded *r, int64_t K, uint16_t *out) {
     }
 }
 
+/* A repacked row (Q4_0R, Q4_1R, Q8_0R) -> K bf16 weights, the values amx_row_bf16 gives for the row
+ * put back in order and decoded (w = d u + bias per block, the same operations), its full sub-groups
+ * straight from their lanes: one pass instead of three (unpack, decode, convert), the AMX prefill of
+ * gate/up at 256 rows 0.9x the time. Sub-groups under 8 blocks go the long way. */
+static void amx_row_bf16_repacked(int fmt, const uint8_t *p, int64_t K, Decoded *dec, uint16_t *out) {
+    const int base = base_fmt(fmt), ts = type_size(base), has_min = base == Q4_1, q8 = base == Q8_0;
+    const int64_t nb = K / 32;
+    int64_t g0 = 0;
+    for (; g0 + 8 <= nb; g0 += 8) {
+        const uint8_t *g = p + g0 * ts, *q = g + (has_min ? 32 : 16);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
+        const __m256 b = has_min ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16)))
+                                 : _mm256_mul_ps(_mm256_set1_ps(q8 ? -128.f : -8.f), d);
+        float ds[8], bs[8];
+        _mm256_storeu_ps(ds, d);
+        _mm256_storeu_ps(bs, b);
+        uint16_t *o = out + 32 * g0;
+        if (!q8) { /* dword s * 8 + b: bytes 4s.. of block b's nibbles (unpack_group8's permutes) */
+            const __m512i za = _mm512_loadu_si512((const void *)q), zb = _mm512_loadu_si512((const void *)(q + 64));
+            for (int half = 0; half < 2; ++half) {
+                const int b0 = 4 * half;
+                const __m512i idx = _mm512_setr_epi32(b0, 8 + b0, 16 + b0, 24 + b0, b0 + 1, 9 + b0, 17 + b0, 25 + b0, b0 + 2,
+                                                      10 + b0, 18 + b0, 26 + b0, b0 + 3, 11 + b0, 19 + b0, 27 + b0);
+                const __m512i v = _mm512_permutex2var_epi32(za, idx, zb);
+                const __m512i lo = _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
+                for (int L = 0; L < 4; ++L) {
+                    const int blk = b0 + L;
+                    const __m512 dv = _mm512_set1_ps(ds[blk]), bv = _mm512_set1_ps(bs[blk]);
+                    const __m128i l = L == 0 ? _mm512_extracti32x4_epi32(lo, 0) : L == 1 ? _mm512_extracti32x4_epi32(lo, 1)
+                                    : L == 2 ? _mm512_extracti32x4_epi32(lo, 2) : _mm512_extracti32x4_epi32(lo, 3);
+                    const __m128i h = L == 0 ? _mm512_extracti32x4_epi32(hi, 0) : L == 1 ? _mm512_extracti32x4_epi32(hi, 1)
+                                    : L == 2 ? _mm512_extracti32x4_epi32(hi, 2) : _mm512_extracti32x4_epi32(hi, 3);
+                    const __m512 w0 = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(l)), bv);
+                    const __m512 w1 = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(h)), bv);
+                    _mm512_storeu_si512((void *)(o + 32 * blk), (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+                }
+            }
+        } else { /* vector s, lane i = block i % 8, half i / 8, bytes 16 half + 4s.. */
+            const __m512i z0 = _mm512_loadu_si512((const void *)q), z1 = _mm512_loadu_si512((const void *)(q + 64));
+            const __m512i z2 = _mm512_loadu_si512((const void *)(q + 128)), z3 = _mm512_loadu_si512((const void *)(q + 192));
+            for (int half = 0; half < 2; ++half) {
+                const int b0 = 4 * half;
+                const __m512i idx = _mm512_setr_epi32(b0, 16 + b0, 8 + b0, 24 + b0, b0 + 1, 17 + b0, 9 + b0, 25 + b0, b0 + 2,
+                                                      18 + b0, 10 + b0, 26 + b0, b0 + 3, 19 + b0, 11 + b0, 27 + b0);
+                const __m512i u = _mm512_permutex2var_epi32(z0, idx, z1), v = _mm512_permutex2var_epi32(z2, idx, z3);
+                const __m512i flip = _mm512_set1_epi8((char)0x80);
+                const __m512i lo = _mm512_xor_si512(_mm512_unpacklo_epi64(u, v), flip); /* weights 0..15 */
+                const __m512i hi = _mm512_xor_si512(_mm512_unpackhi_epi64(u, v), flip); /* 16..31 */
+                for (int L = 0; L < 4; ++L) {
+                    const int blk = b0 + L;
+                    const __m512 dv = _mm512_set1_ps(ds[blk]), bv = _mm512_set1_ps(bs[blk]);
+                    const __m128i l = L == 0 ? _mm512_extracti32x4_epi32(lo, 0) : L == 1 ? _mm512_extracti32x4_epi32(lo, 1)
+                                    : L == 2 ? _mm512_extracti32x4_epi32(lo, 2) : _mm512_extracti32x4_epi32(lo, 3);
+                    const __m128i h = L == 0 ? _mm512_extracti32x4_epi32(hi, 0) : L == 1 ? _mm512_extracti32x4_epi32(hi, 1)
+                                    : L == 2 ? _mm512_extracti32x4_epi32(hi, 2) : _mm512_extracti32x4_epi32(hi, 3);
+                    const __m512 w0 = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(l)), bv);
+                    const __m512 w1 = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(h)), bv);
+                    _mm512_storeu_si512((void *)(o + 32 * blk), (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+                }
+            }
+        }
+    }
+    if (g0 < nb) { /* the last sub-groups (K = 576: 2 blocks) put back in order, then decoded */
+        uint8_t tail[8 * 34];
+        const int64_t kt = (nb - g0) * 32;
+        repack_row(base, tail, (uint8_t *)(intptr_t)(p + g0 * ts), kt, 1);
+        decode_row(base, tail, kt, dec, 0);
+        amx_row_bf16(dec, kt, out + 32 * g0);
+    }
+}
+
 /* Rows n0 .. n0 + 32 of the weight (decoded to bf16, rows past N zero) against all Mp activation
  * rows: 2 x 2 tiles of 16 x 16 sums per step of 32 k. */
 static void amx_tile_pair(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t n0, int64_t M,
@@ -1727,7 +1799,9 @@ static void amx_tile_pair(const int64_t *row_ptrs, const int32_t *row_fmts, int6
                           const float *bias, float *y, int64_t ldy, int accumulate) {
     for (int i = 0; i < 32; ++i) {
         const int64_t n = n0 + i;
-        if (n < N && decode_row(row_fmts[n], (const uint8_t *)(intptr_t)row_ptrs[n], K, dec, 0))
+        if (n < N && is_repacked(row_fmts[n]))
+            amx_row_bf16_repacked(row_fmts[n], (const uint8_t *)(intptr_t)row_ptrs[n], K, dec, wbf + i * K);
+        else if (n < N && decode_row(row_fmts[n], (const uint8_t *)(intptr_t)row_ptrs[n], K, dec, 0))
             amx_row_bf16(dec, K, wbf + i * K);
         else
             memset(wbf + i * K, 0, sizeof(uint16_t) * (size_t)K);
