@@ -58,7 +58,8 @@ def repacked(k: int, seed: int = 0) -> tuple[QuantizedWeight, QuantizedWeight, t
 @pytest.mark.parametrize("k", KS, ids=lambda k: f"K{k}")
 def test_repacked_rows_read_back_as_the_files(k: int) -> None:
     """Every build's embedding lookup reads the repacked rows as the file's (bitwise), and the prefill
-    passes (which put a repacked row back in order) give the file's results bitwise."""
+    passes (the AMX build's decode a repacked row's full sub-groups from their lanes, the others put
+    the row back in order) give the file's results bitwise."""
     plain, packed, ref = repacked(k, seed=k)
     ids = torch.arange(ref.shape[0])
     x = torch.randn(5, k)
