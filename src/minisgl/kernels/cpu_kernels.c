@@ -819,6 +819,15 @@ void minisgl_rope_store(const float *restrict qkv, const float *restrict cos, co
                         int64_t Hq, int64_t Hkv, int64_t D, const int64_t *restrict slots, void *restrict k_pool,
                         void *restrict v_pool, int half, float *restrict q) {
     const int64_t hd2 = D / 2, width = (Hq + 2 * Hkv) * D, row = Hkv * D;
+    /* the new rows' cache lines, asked for first: in a decode step the weights streamed since the last
+     * step have evicted them, and one miss at a time cost most of this call (20 us at 16 rows) */
+    const int64_t esize = half ? 2 : 4;
+    for (int64_t t = 0; t < T; ++t)
+        if (slots[t] >= 0)
+            for (int64_t off = 0; off < row * esize; off += 64) {
+                __builtin_prefetch((const char *)k_pool + slots[t] * row * esize + off, 1, 3);
+                __builtin_prefetch((const char *)v_pool + slots[t] * row * esize + off, 1, 3);
+            }
 #pragma omp parallel for if (T * width >= PAR_MIN_ELEMS)
     for (int64_t t = 0; t < T; ++t) {
         const float *x = qkv + t * width, *c = cos + t * hd2, *s = sin + t * hd2;
@@ -838,7 +847,14 @@ void minisgl_rope_store(const float *restrict qkv, const float *restrict cos, co
         const int64_t at = slots[t] * row;
         if (half) {
             uint16_t *kp = (uint16_t *)k_pool + at, *vp = (uint16_t *)v_pool + at;
-            for (int64_t i = 0; i < row; ++i) kp[i] = float_to_half(kr[i]), vp[i] = float_to_half(v[i]);
+            int64_t i = 0;
+#if defined(__F16C__)
+            for (; i + 8 <= row; i += 8) { /* the same rounding as float_to_half's */
+                _mm_storeu_si128((__m128i *)(kp + i), _mm256_cvtps_ph(_mm256_loadu_ps(kr + i), _MM_FROUND_TO_NEAREST_INT));
+                _mm_storeu_si128((__m128i *)(vp + i), _mm256_cvtps_ph(_mm256_loadu_ps(v + i), _MM_FROUND_TO_NEAREST_INT));
+            }
+#endif
+            for (; i < row; ++i) kp[i] = float_to_half(kr[i]), vp[i] = float_to_half(v[i]);
         } else {
             memcpy((float *)k_pool + at, kr, sizeof(float) * (size_t)row);
             memcpy((float *)v_pool + at, v, sizeof(float) * (size_t)row);
