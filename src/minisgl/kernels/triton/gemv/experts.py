@@ -241,7 +241,12 @@ def experts_one_token(
     inter, top_k = two_i // 2, ids.shape[1]
     if x.shape[0] != 1 or not x.is_contiguous() or w13.stride(2) != 1 or w2.stride(2) != 1:
         raise ValueError(f"experts_one_token: x {tuple(x.shape)} {x.stride()}, w13 {tuple(w13.shape)}")
-    if w13.shape[2] != h or w2.shape != (e, h, inter) or ids.shape != (1, top_k) or weights.shape != ids.shape:
+    if (
+        w13.shape[2] != h
+        or w2.shape != (e, h, inter)
+        or ids.shape != (1, top_k)
+        or weights.shape != ids.shape
+    ):
         raise ValueError(f"experts_one_token: w2 {tuple(w2.shape)}, ids {tuple(ids.shape)}")
     if residual is not None and (residual.shape != (1, h) or not residual.is_contiguous()):
         raise ValueError(f"experts_one_token: residual {tuple(residual.shape)}")
