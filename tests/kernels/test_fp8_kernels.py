@@ -96,6 +96,45 @@ def test_gemv_fp8_rows_matches_the_dequantized_weight(
     assert gated.shape == (m, n // 2) and _rel(gated, torch.nn.functional.silu(gate) * up) < tol
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16] if DEV == "cuda" else [torch.float32])
+@pytest.mark.parametrize(
+    ("n", "k", "config"),
+    [(48, 96, (2, 128, 2, 8, True)), (40, 200, (2, 256, 2, 3, True)), (48, 96, (16, 64, 4))],
+)
+def test_gemv_rows_of_an_unscaled_16bit_weight(
+    dtype: torch.dtype, n: int, k: int, config: tuple[int, int, int, int, bool] | tuple[int, int, int]
+) -> None:
+    """The row GEMV with scale None (one row of a bf16 projection: qkv with its RMSNorm, o with the
+    residual add, `CudaOps.norm_linear` / `linear_add_`): against float64, and the CUDA backend's
+    ops take it at one row where `bf16_row_config` gives a shape (in the interpreter: float32)."""
+    from minisgl.backends import cuda
+    from minisgl.kernels.triton.gemv import RowGemvConfig, gemv_fp8_rows
+
+    gen = torch.Generator().manual_seed(n + k)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+    x, g = torch.randn(1, k, generator=gen).to(dtype), (torch.rand(k, generator=gen) + 0.5).to(dtype)
+    xd, wd = x.double(), w.double()
+    cfg, tol = RowGemvConfig(*config), TOL[dtype]
+    wl, xl, gl = w.to(DEV), x.to(DEV), g.to(DEV)
+    assert _rel(gemv_fp8_rows(xl, wl, None, config=cfg), xd @ wd.T) < tol
+    res = torch.randn(1, n, generator=gen).to(dtype)
+    out = res.to(DEV, copy=True)
+    assert gemv_fp8_rows(xl, wl, None, residual=out, config=cfg) is out
+    assert _rel(out, res.double() + xd @ wd.T) < tol
+    normed = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * g.double()
+    assert _rel(gemv_fp8_rows(xl, wl, None, norm=(gl, 1e-6), config=cfg), normed @ wd.T) < tol
+    ops = cuda.CudaOps()
+    row = cuda.bf16_row_config(xl.to(torch.bfloat16), wl.to(torch.bfloat16))
+    assert row is not None and cuda.bf16_row_config(xl.repeat(2, 1), wl) is None  # one row only
+    if dtype == torch.bfloat16:
+        assert torch.equal(
+            ops.norm_linear(xl, gl, 1e-6, wl, None),
+            gemv_fp8_rows(xl, wl, None, None, None, (gl, 1e-6), config=row),
+        )
+        added = ops.linear_add_(xl, wl, None, res.to(DEV, copy=True))
+        assert torch.equal(added, gemv_fp8_rows(xl, wl, None, None, res.to(DEV, copy=True), config=row))
+
+
 def test_gemv_fp8_rows_refuses_what_it_cannot_take() -> None:
     from minisgl.kernels.triton.gemv.row import MAX_ROWS, RowGemvConfig, gemv_fp8_rows
 

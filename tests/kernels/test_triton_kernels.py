@@ -314,7 +314,7 @@ def test_cuda_ops_take_the_gemv_for_few_rows_only() -> None:
     residual add as its epilogue); more rows, float32 and wide projections go to cuBLAS; both agree
     with the reference."""
     from minisgl.backends import cuda
-    from minisgl.kernels.triton.gemv import gemv
+    from minisgl.kernels.triton.gemv import gemv, gemv_fp8_rows
 
     ops, dt = cuda.CudaOps(), torch.float16
     w = (torch.randn(48, 64) * 0.125).to(dt).to(DEV)
@@ -325,8 +325,15 @@ def test_cuda_ops_take_the_gemv_for_few_rows_only() -> None:
         assert cuda.gemv_config(x.float(), w.float()) is None
         assert cuda.gemv_config(x, torch.empty(129, 64, dtype=dt, device=DEV)) is None  # N > 2K
         out, added = ops.linear(x, w, None), ops.linear_add_(x, w, None, res.clone())
-        if config is not None:
+        if config is not None:  # one row's residual add: the row GEMV, unscaled (`bf16_row_config`)
             assert torch.equal(out, gemv(x, w, config=config))
-            assert torch.equal(added, gemv(x, w, None, res.clone(), config))
+            row = cuda.bf16_row_config(x, w)
+            assert (row is not None) == (m == 1)
+            want_added = (
+                gemv(x, w, None, res.clone(), config)
+                if row is None
+                else gemv_fp8_rows(x, w, None, None, res.clone(), config=row)
+            )
+            assert torch.equal(added, want_added)
         want = REFERENCE_OPS.linear(x.float(), w.float(), None)
         assert _rel(out, want) < TOL[dt] and _rel(added, res.float() + want) < TOL[dt]

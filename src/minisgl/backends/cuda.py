@@ -116,6 +116,29 @@ def fp8_row_config(x: torch.Tensor, weight: Fp8Weight, gated: bool = False) -> R
     return RowGemvConfig(2, kp, 8, 8, True) if n > k else RowGemvConfig(2, kp, 4, 4, True)
 
 
+def bf16_row_config(x: torch.Tensor, weight: object) -> RowGemvConfig | None:
+    """One 16-bit row (batch-1 decode) of qkv (its RMSNorm fused) or o (its residual add fused) in the
+    CUDA-core row GEMV, unscaled (`gemv_fp8_rows` with scale None), or None: K up to
+    FP8_ROW_RESIDENT_K (one step over K, x in registers), N up to 4K (wider: cuBLAS or the GEMV as
+    before). MINISGL_BF16_ROW=0 turns it off; MINISGL_FP8_ROW_CONFIGS' "NxKb" keys override the shape.
+    Shapes: the fp8 row GEMV's for qkv, o over 8 warps (a bf16 row is twice an fp8 row's bytes)."""
+    if os.environ.get("MINISGL_BF16_ROW", "1") in ("", "0") or type(weight) not in (
+        torch.Tensor,
+        torch.nn.Parameter,
+    ):
+        return None
+    assert isinstance(weight, torch.Tensor)
+    if x.dim() != 2 or x.shape[0] != 1 or x.dtype not in GEMV_DTYPES or weight.dtype != x.dtype:
+        return None
+    n, k = weight.shape
+    if not x.is_contiguous() or weight.stride(1) != 1 or k > FP8_ROW_RESIDENT_K or n > 4 * k:
+        return None
+    if (override := _fp8_row_overrides().get(f"{n}x{k}b")) is not None:
+        return override
+    kp = triton.next_power_of_2(k)
+    return RowGemvConfig(2, kp, 8, 8, True) if n > k else RowGemvConfig(2, kp, 8, 4, True)
+
+
 def fp8_matmul(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor | None:
     """x (M, K) @ W^T (+ bias) -> (M, N) in x's dtype with x quantized per token (per group of the
     block's columns for block scales); None where neither fp8 matmul takes it (then: the reference)."""
@@ -170,6 +193,9 @@ class CudaOps(TorchOps):
     ) -> torch.Tensor:
         if isinstance(weight, Fp8Weight) and (row := fp8_row_config(x, weight)) is not None:
             return gemv_fp8_rows(x, weight.qweight, weight.scale, bias, None, (norm_weight, eps), config=row)
+        if (row := bf16_row_config(x, weight)) is not None:
+            assert isinstance(weight, torch.Tensor)
+            return gemv_fp8_rows(x, weight, None, bias, None, (norm_weight, eps), config=row)
         config = self._fp16_gemv(x, weight)
         if config is None:
             return super().norm_linear(x, norm_weight, eps, weight, bias)
@@ -209,6 +235,8 @@ class CudaOps(TorchOps):
             x = self.silu_and_mul(x)
         if isinstance(weight, Fp8Weight):
             return self._fp8_linear(x, weight, bias, residual)
+        if residual.is_contiguous() and (row := bf16_row_config(x, weight)) is not None:
+            return gemv_fp8_rows(x, weight, None, bias, residual, config=row)
         config = gemv_config(x, weight)
         if config is not None and residual.is_contiguous():
             return gemv(x, weight, bias, residual, config)
