@@ -114,6 +114,9 @@ def main() -> None:
     )
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-tokens", default="1,4,16", help="token counts the sweep runs at")
+    ap.add_argument(
+        "--sweep-rows", action="store_true", help="at one token, only the row GEMVs' launch shapes"
+    )
     ap.add_argument("--copies", type=int, default=4, help="GPU: copies of the layer's weights, used in turn")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--repeats", type=int, default=5, help="CPU: timed calls of each op")
@@ -142,7 +145,11 @@ def gpu(ns: argparse.Namespace, h: int, e: int, i: int, k: int) -> None:
     sweep_at = {int(s) for s in ns.sweep_tokens.split(",")} if ns.sweep else set()
     for t in (int(s) for s in ns.tokens.split(",")):
         times, read, shapes = time_tokens(
-            torch.randn(t, h, device=dev, dtype=dtype), layers, k, t in sweep_at
+            torch.randn(t, h, device=dev, dtype=dtype),
+            layers,
+            k,
+            t in sweep_at,
+            ns.sweep_rows or t in sweep_at,
         )
         print(f"--- {t} tokens: {read / 1e6:.1f} MB of expert weights read ({shapes})")
         best = [
@@ -158,7 +165,7 @@ def gpu(ns: argparse.Namespace, h: int, e: int, i: int, k: int) -> None:
 
 
 def time_tokens(
-    x: torch.Tensor, layers: list[tuple[torch.Tensor, ...]], k: int, sweep: bool
+    x: torch.Tensor, layers: list[tuple[torch.Tensor, ...]], k: int, sweep: bool, sweep_rows: bool = False
 ) -> tuple[dict[str, float], int, str]:
     """-> (us per call of each variant, the expert bytes one call reads, the chosen launch shapes)."""
     from triton.testing import do_bench_cudagraph
@@ -200,7 +207,7 @@ def time_tokens(
             lambda r, w13, w2, w, d, dn=dn: fused_moe(x, w13, w2, w, d, True, chosen, down=dn)
         )
     if t == 1:
-        runs |= one_token(x, k, each, ops, sweep)
+        runs |= one_token(x, k, each, ops, sweep_rows)
     times = {name: do_bench_cudagraph(fn) * 1e3 / len(layers) for name, fn in runs.items()}  # us a call
     return times, read, f"gate/up {chosen}, down {chosen_down}"
 

@@ -154,21 +154,26 @@ for step in $steps; do
         | grep -v "^\s*$" | tail -55 | tee "$OUT/moe_profile.log"
       [ -n "${MOE_SWEEP---sweep}" ] && timeout 120 python3 benchmarks/bench_linear.py --sweep --model-config qwen3-30b-a3b \
         --rows 1 --only qkv,o 2>&1 | tee -a "$OUT/moe_kernel.log" ;;
-    moeb1)  # issue 26 at batch 1, one token's experts as row GEMVs (kernels/triton/gemv/experts.py): the MoE GPU
-      # tests and the Triton MoE tests (compiled), the op's one-token variants and the row GEMVs' launch shapes,
-      # then decode at batch 1 with the defaults (rows, routed in gate/up), the rows routed by the router's
-      # last program, and the grouped GEMMs (MINISGL_MOE_B1=0: main's path)
-      timeout ${MOEB1_TEST_S:-170} python3 -m pytest -q -p no:cacheprovider tests/models/test_moe_gpu.py tests/models/test_moe.py \
-        -k "${MOEB1_K:-not two_gpus and not llm and not gguf and not two_ranks and not cpu_kernel and not transformers_breaks}" 2>&1 \
+    moeb1)  # issue 26 at batch 1: one token's experts as row GEMVs (kernels/triton/gemv/experts.py) and one bf16 row
+      # of qkv / o in the row GEMV (MINISGL_BF16_ROW). Their tests and the MoE tests (compiled); the MoE op's
+      # one-token variants with the row GEMVs' launch shapes; qkv / o before and after; then decode at batch 1
+      # with the defaults and variants off (MOEB1_VARIANTS, ';'-separated env settings; "-" = the defaults),
+      # a variant skipped once the step has run MOEB1_BUDGET_S seconds
+      t0=$SECONDS
+      timeout ${MOEB1_TEST_S:-150} python3 -m pytest -q -p no:cacheprovider tests/models/test_moe_gpu.py tests/models/test_moe.py \
+        tests/kernels/test_fp8_kernels.py tests/kernels/test_triton_kernels.py \
+        -k "${MOEB1_K:-(moe_gpu or triton or route or align or from_router or one_token or rows or few_rows) and not two_gpus and not llm and not gguf and not two_ranks and not cpu_kernel}" 2>&1 \
         | tee "$OUT/moeb1_tests.log" | tail -25
-      timeout 120 python3 benchmarks/bench_moe.py --model-config qwen3-30b-a3b --tokens 1 --sweep --sweep-tokens 1 2>&1 \
-        | tee "$OUT/moeb1_kernel.log"
-      for v in ${MOEB1_VARIANTS:-1:1 0:0 1:0}; do  # MINISGL_MOE_B1:MINISGL_MOE_B1_ROUTE
-        echo "== MINISGL_MOE_B1=${v%:*} MINISGL_MOE_B1_ROUTE=${v#*:}" | tee -a "$OUT/moeb1_bench.log"
-        MINISGL_MOE_B1=${v%:*} MINISGL_MOE_B1_ROUTE=${v#*:} timeout 150 python3 -m minisgl bench offline --device cuda \
-          --model-config qwen3-30b-a3b --batch-sizes 1 --skip-hf --min-input-len 256 --max-input-len 256 --output-len 256 \
-          --repeats 2 --kv-cache-memory 8 --cuda-graph-max-bs 8 2>&1 | grep -E "^(---|minisgl|  prefill|  decode|  roofline)" \
-          | tee -a "$OUT/moeb1_bench.log"
+      timeout 100 python3 benchmarks/bench_moe.py --model-config qwen3-30b-a3b --tokens 1 --sweep-rows 2>&1 | tee "$OUT/moeb1_kernel.log"
+      timeout 60 python3 benchmarks/bench_bf16_rows.py --model-config qwen3-30b-a3b 2>&1 | tee -a "$OUT/moeb1_kernel.log"
+      IFS=';' read -ra variants <<< "${MOEB1_VARIANTS:--;MINISGL_MOE_B1=0 MINISGL_BF16_ROW=0;MINISGL_BF16_ROW=0;MINISGL_MOE_B1_ROUTE=0}"
+      for v in "${variants[@]}"; do
+        [ $((SECONDS - t0)) -gt ${MOEB1_BUDGET_S:-440} ] && { echo "== skipped (time): $v" | tee -a "$OUT/moeb1_bench.log"; continue; }
+        echo "== $v" | tee -a "$OUT/moeb1_bench.log"
+        [ "$v" = - ] && v=""
+        env $v timeout 150 python3 -m minisgl bench offline --device cuda --model-config qwen3-30b-a3b --batch-sizes 1 --skip-hf \
+          --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 2 --kv-cache-memory 8 --cuda-graph-max-bs 8 2>&1 \
+          | grep -E "^(---|minisgl|  prefill|  decode|  roofline)" | tee -a "$OUT/moeb1_bench.log"
       done ;;
     moewl)  # issue 26's throughput workload (Qwen3-30B-A3B shapes, 256 requests, lengths uniform in [100, 1024])
       timeout 400 python3 -m minisgl bench offline --device cuda --model-config qwen3-30b-a3b --num-prompts 256 --skip-hf \
