@@ -7,6 +7,10 @@ adds the unrounded product, so results agree within that dtype's tolerance.
 A Triton matmul for decode batches with the norm and SiLU x up fused in as prologues lost to cuBLAS
 (README, "GPU"): the GEMV takes only the residual add, as its epilogue.
 
+One bf16/fp16 row (batch-1 decode) of qkv and o takes the same CUDA-core row GEMV unscaled, the
+RMSNorm before qkv and the residual add after o fused (`bf16_row_config`; MINISGL_BF16_ROW=0: the
+RMSNorm kernel and cuBLAS / the GEMV as before).
+
 fp8 weights (`Fp8Weight`): one row with per-channel scales in the CUDA-core row GEMV
 (`kernels.triton.gemv.row`), the RMSNorm before qkv and gate/up and SiLU x up after gate/up fused in
 (`norm_linear`, `norm_mlp_add_`: two kernels for the MLP); up to 16 rows in the GEMV's fp8 variant (the weight widened in registers,

@@ -22,8 +22,11 @@ Grids are sized for the worst case (P + min(P, E) (BLOCK_M - 1) padded rows) and
 Hopper they launch with programmatic dependent launch (`pdl`), as the decode step's other kernels.
 
 A program per pair instead of 16-row tiles at decode sizes (no sort) was tried and was slower than
-the grouped GEMMs at every size measured (docs/benchmarks.md, "Mixtures of experts"), so every size
-takes the grouped GEMMs.
+the grouped GEMMs at every size measured (docs/benchmarks.md, "Mixtures of experts"), so from two
+tokens on every size takes the grouped GEMMs. One token (batch-1 decode, `routed_moe_from_router`)
+takes two row GEMVs on the CUDA cores instead (`gemv.experts`: no padding to 16-row tiles, the k-sum
+in the down kernel's registers), routed inside gate/up's programs from the router's partial logits
+(the router's launch then has no serial tail); MINISGL_MOE_B1=0 / MINISGL_MOE_B1_ROUTE=0 turn these off.
 """
 
 from __future__ import annotations
