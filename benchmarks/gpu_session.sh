@@ -158,20 +158,21 @@ for step in $steps; do
       # of qkv / o in the row GEMV (MINISGL_BF16_ROW). Their tests and the MoE tests (compiled); the MoE op's
       # one-token variants with the row GEMVs' launch shapes; qkv / o before and after; then decode at batch 1
       # with the defaults and variants off (MOEB1_VARIANTS, ';'-separated env settings; "-" = the defaults),
-      # a variant skipped once the step has run MOEB1_BUDGET_S seconds
-      t0=$SECONDS
+      # each within what is left of MOEB1_END_S seconds from the script's start (skipped under 60)
       timeout ${MOEB1_TEST_S:-150} python3 -m pytest -q -p no:cacheprovider tests/models/test_moe_gpu.py tests/models/test_moe.py \
-        tests/kernels/test_fp8_kernels.py tests/kernels/test_triton_kernels.py \
-        -k "${MOEB1_K:-(moe_gpu or triton or route or align or from_router or one_token or rows or few_rows) and not two_gpus and not llm and not gguf and not two_ranks and not cpu_kernel}" 2>&1 \
+        tests/kernels/test_fp8_kernels.py::test_gemv_rows_of_an_unscaled_16bit_weight tests/kernels/test_fp8_kernels.py::test_gemv_fp8_rows_matches_the_dequantized_weight \
+        tests/kernels/test_triton_kernels.py::test_cuda_ops_take_the_gemv_for_few_rows_only \
+        -k "${MOEB1_K:-(moe_gpu or triton or route or align or from_router or one_token or rows) and not two_gpus and not llm and not gguf and not two_ranks and not cpu_kernel}" 2>&1 \
         | tee "$OUT/moeb1_tests.log" | tail -25
       timeout 100 python3 benchmarks/bench_moe.py --model-config qwen3-30b-a3b --tokens 1 --sweep-rows 2>&1 | tee "$OUT/moeb1_kernel.log"
       timeout 60 python3 benchmarks/bench_bf16_rows.py --model-config qwen3-30b-a3b 2>&1 | tee -a "$OUT/moeb1_kernel.log"
       IFS=';' read -ra variants <<< "${MOEB1_VARIANTS:--;MINISGL_MOE_B1=0 MINISGL_BF16_ROW=0;MINISGL_BF16_ROW=0;MINISGL_MOE_B1_ROUTE=0}"
       for v in "${variants[@]}"; do
-        [ $((SECONDS - t0)) -gt ${MOEB1_BUDGET_S:-440} ] && { echo "== skipped (time): $v" | tee -a "$OUT/moeb1_bench.log"; continue; }
-        echo "== $v" | tee -a "$OUT/moeb1_bench.log"
+        left=$(( ${MOEB1_END_S:-530} - SECONDS ))
+        [ $left -lt 60 ] && { echo "== skipped (time): $v" | tee -a "$OUT/moeb1_bench.log"; continue; }
+        echo "== $v (at ${SECONDS} s)" | tee -a "$OUT/moeb1_bench.log"
         [ "$v" = - ] && v=""
-        env $v timeout 150 python3 -m minisgl bench offline --device cuda --model-config qwen3-30b-a3b --batch-sizes 1 --skip-hf \
+        env $v timeout $(( left < 150 ? left : 150 )) python3 -m minisgl bench offline --device cuda --model-config qwen3-30b-a3b --batch-sizes 1 --skip-hf \
           --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 2 --kv-cache-memory 8 --cuda-graph-max-bs 8 2>&1 \
           | grep -E "^(---|minisgl|  prefill|  decode|  roofline)" | tee -a "$OUT/moeb1_bench.log"
       done ;;
