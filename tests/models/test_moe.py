@@ -501,9 +501,9 @@ def test_router_launch_normalizes_as_the_rmsnorm_kernel(
 
 ROW_CASES = [  # (tokens, hidden, experts, intermediate, top-k), routing, gate/up's and down's launch shapes
     ((1, 40, 8, 24, 2), "random", None, None),
-    ((1, 72, 4, 40, 1), "one-hot", (4, 16, 4), (8, 16, 4)),  # K in steps, blocks past the end
+    ((1, 72, 4, 40, 1), "one-hot", (2, 16, 4, 3), (8, 16, 4)),  # K in steps, blocks past the end
     ((1, 48, 8, 24, 3), "one-hot", (1, 32, 2), (2, 64, 1)),
-    ((1, 64, 16, 24, 8), "random", (4, 32, 4), (4, 16, 4)),
+    ((1, 64, 16, 24, 8), "random", (4, 32, 4, 2), (4, 16, 4)),  # 2 blocks of rows a program
 ]
 
 

@@ -40,12 +40,14 @@ VEC = tl.constexpr(8)  # 16 bytes of 16-bit weights a thread loads at once
 
 @dataclass(frozen=True)
 class ExpertRowConfig:
-    """Launch shape: BLOCK_N weight rows a program (of each of gate and up; of each expert for down),
-    BLOCK_K columns a step."""
+    """Launch shape: BLOCK_N weight rows a block (of each of gate and up; of each expert for down),
+    BLOCK_K columns a step; gate/up: `iters` blocks of rows a program, one after the other (its
+    routing, where it routes, done once for them)."""
 
     block_n: int = 4
     block_k: int = 1024
     num_warps: int = 4
+    iters: int = 1
 
 
 UP_CONFIG = ExpertRowConfig(4, 1024, 4)  # Qwen3-30B-A3B: 192 x 8 programs of 16 KB a step
@@ -114,14 +116,12 @@ def _gate_up_row_kernel(
     RENORMALIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    ITERS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     CHUNKS: tl.constexpr = BLOCK_K // VEC
     pid_n, slot = tl.program_id(0), tl.program_id(1)
     offs = tl.arange(0, CHUNKS)[:, None] * VEC + tl.arange(0, VEC)[None, :]  # (CHUNKS, VEC)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < n
-    safe_n = tl.where(n_mask, offs_n, 0)  # rows past the end read row 0: no load masks in N
     pdl_enter(PDL)
     if ROUTE:
         chosen_p, chosen_e = _route_from_partials(
@@ -134,22 +134,26 @@ def _gate_up_row_kernel(
         tl.store(Weights + slots, chosen_p, mask=first)
     else:
         expert = tl.load(Ids + slot).to(tl.int64)
-    g_rows = W13 + expert * stride_we + safe_n[:, None].to(tl.int64) * stride_wn  # (BLOCK_N, 1)
-    u_rows = g_rows + n * stride_wn
-    acc_g = tl.zeros([BLOCK_N, CHUNKS], tl.float32)
-    acc_u = tl.zeros([BLOCK_N, CHUNKS], tl.float32)
-    for k0 in range(0, k, BLOCK_K):
-        cols = k0 + offs  # (CHUNKS, VEC)
-        c_mask = cols < k
-        x = tl.load(X + cols, mask=c_mask, other=0.0).to(tl.float32)
-        wg = tl.load(g_rows[:, :, None] + cols[None, :, :], mask=c_mask[None, :, :], other=0.0)
-        wu = tl.load(u_rows[:, :, None] + cols[None, :, :], mask=c_mask[None, :, :], other=0.0)
-        acc_g += tl.sum(wg.to(tl.float32) * x[None, :, :], axis=2)
-        acc_u += tl.sum(wu.to(tl.float32) * x[None, :, :], axis=2)
-    g = tl.sum(acc_g, axis=1)  # (BLOCK_N,)
-    u = tl.sum(acc_u, axis=1)
-    act = g / (1.0 + tl.exp(-g)) * u  # silu(gate) * up, rounded once
-    tl.store(Act + slot * n + offs_n, act.to(Act.dtype.element_ty), mask=n_mask)
+    for it in range(ITERS):
+        offs_n = (pid_n * ITERS + it) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < n
+        safe_n = tl.where(n_mask, offs_n, 0)  # rows past the end read row 0: no load masks in N
+        g_rows = W13 + expert * stride_we + safe_n[:, None].to(tl.int64) * stride_wn  # (BLOCK_N, 1)
+        u_rows = g_rows + n * stride_wn
+        acc_g = tl.zeros([BLOCK_N, CHUNKS], tl.float32)
+        acc_u = tl.zeros([BLOCK_N, CHUNKS], tl.float32)
+        for k0 in range(0, k, BLOCK_K):
+            cols = k0 + offs  # (CHUNKS, VEC)
+            c_mask = cols < k
+            x = tl.load(X + cols, mask=c_mask, other=0.0).to(tl.float32)
+            wg = tl.load(g_rows[:, :, None] + cols[None, :, :], mask=c_mask[None, :, :], other=0.0)
+            wu = tl.load(u_rows[:, :, None] + cols[None, :, :], mask=c_mask[None, :, :], other=0.0)
+            acc_g += tl.sum(wg.to(tl.float32) * x[None, :, :], axis=2)
+            acc_u += tl.sum(wu.to(tl.float32) * x[None, :, :], axis=2)
+        g = tl.sum(acc_g, axis=1)  # (BLOCK_N,)
+        u = tl.sum(acc_u, axis=1)
+        act = g / (1.0 + tl.exp(-g)) * u  # silu(gate) * up, rounded once
+        tl.store(Act + slot * n + offs_n, act.to(Act.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
@@ -255,12 +259,12 @@ def experts_one_token(
     pdl, k_pad = use_pdl(x), max(2, triton.next_power_of_2(top_k))
     act = x.new_empty(top_k, inter)
     part = route.partial if route is not None else weights
-    _gate_up_row_kernel[(triton.cdiv(inter, up.block_n), top_k)](
+    _gate_up_row_kernel[(triton.cdiv(inter, up.block_n * up.iters), top_k)](
         x, w13, act, ids, weights, part, inter, h, route.num_experts if route else e,
         w13.stride(0), w13.stride(1), TOP_K=top_k, K_PAD=k_pad, ROUTE=route is not None,
         SPLITS=part.shape[0] if route else 1, PART_T=part.shape[1] if route else 1,
         E_ROUTE=part.shape[2] if route else 1, RENORMALIZE=route is not None and route.renormalize,
-        BLOCK_N=up.block_n, BLOCK_K=_block_k(up, h), PDL=pdl, num_warps=up.num_warps, num_stages=1,
+        BLOCK_N=up.block_n, BLOCK_K=_block_k(up, h), ITERS=up.iters, PDL=pdl, num_warps=up.num_warps, num_stages=1,
         **pdl_launch(pdl),
     )  # fmt: skip
     out = x.new_empty(1, h) if residual is None else residual
