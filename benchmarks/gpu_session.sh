@@ -159,12 +159,12 @@ for step in $steps; do
       # one-token variants with the row GEMVs' launch shapes; qkv / o before and after; then decode at batch 1
       # with the defaults and variants off (MOEB1_VARIANTS, ';'-separated env settings; "-" = the defaults),
       # each within what is left of MOEB1_END_S seconds from the script's start (skipped under 60)
-      timeout ${MOEB1_TEST_S:-150} python3 -m pytest -q -p no:cacheprovider tests/models/test_moe_gpu.py tests/models/test_moe.py \
+      timeout ${MOEB1_TEST_S:-140} python3 -m pytest -q -p no:cacheprovider tests/models/test_moe_gpu.py tests/models/test_moe.py \
         tests/kernels/test_fp8_kernels.py::test_gemv_rows_of_an_unscaled_16bit_weight tests/kernels/test_fp8_kernels.py::test_gemv_fp8_rows_matches_the_dequantized_weight \
         tests/kernels/test_triton_kernels.py::test_cuda_ops_take_the_gemv_for_few_rows_only \
         -k "${MOEB1_K:-(moe_gpu or triton or route or align or from_router or one_token or rows) and not two_gpus and not llm and not gguf and not two_ranks and not cpu_kernel}" 2>&1 \
         | tee "$OUT/moeb1_tests.log" | tail -25
-      timeout 100 python3 benchmarks/bench_moe.py --model-config qwen3-30b-a3b --tokens 1 --sweep-rows 2>&1 | tee "$OUT/moeb1_kernel.log"
+      timeout 110 python3 benchmarks/bench_moe.py --model-config qwen3-30b-a3b --tokens 1 --sweep-rows 2>&1 | tee "$OUT/moeb1_kernel.log"
       timeout 60 python3 benchmarks/bench_bf16_rows.py --model-config qwen3-30b-a3b 2>&1 | tee -a "$OUT/moeb1_kernel.log"
       IFS=';' read -ra variants <<< "${MOEB1_VARIANTS:--;MINISGL_MOE_B1=0 MINISGL_BF16_ROW=0;MINISGL_BF16_ROW=0;MINISGL_MOE_B1_ROUTE=0}"
       for v in "${variants[@]}"; do
