@@ -172,19 +172,16 @@ def test_one_token_rows_match_the_grouped_gemms(
     for b1, in_gate_up in (("0", "0"), ("1", "0"), ("1", "1")):
         monkeypatch.setenv("MINISGL_MOE_B1", b1)
         monkeypatch.setenv("MINISGL_MOE_B1_ROUTE", in_gate_up)
-        eager = stream.clone()
-        _, eager_ids = routed_moe_from_router(eager, router, w13, w2, k, True, eager, (norm_w, 1e-6))
-        buf = stream.clone()
+        eager, eager_ids = routed_moe_from_router(stream, router, w13, w2, k, True, None, (norm_w, 1e-6))
         with torch.cuda.graph(graph := torch.cuda.CUDAGraph()):
-            _, graph_ids = routed_moe_from_router(buf, router, w13, w2, k, True, buf, (norm_w, 1e-6))
-        buf.copy_(stream)
+            out, graph_ids = routed_moe_from_router(stream, router, w13, w2, k, True, None, (norm_w, 1e-6))
         graph.replay()
-        assert torch.equal(buf, eager) and torch.equal(graph_ids, eager_ids), (b1, in_gate_up)
-        results[b1 + in_gate_up] = (eager.float() - stream.float(), eager_ids)
+        assert torch.equal(out, eager) and torch.equal(graph_ids, eager_ids), (b1, in_gate_up)
+        results[b1 + in_gate_up] = (eager.float(), eager_ids)
     base, base_ids = results["00"]
-    for name, (delta, got_ids) in results.items():
+    for name, (got, got_ids) in results.items():
         assert torch.equal(got_ids, base_ids), name
-        assert float((delta - base).norm() / base.norm()) < 2e-2, name
+        assert float((got - base).norm() / base.norm()) < 1e-2, name
     assert torch.equal(results["10"][0], results["11"][0])
 
 
