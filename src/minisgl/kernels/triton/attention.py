@@ -43,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .decode import decode_packed, packed_heads
 from .fp8 import WIDEN, quantize_fp8, widen_fp8
 from .pdl import pdl_enter, pdl_launch, use_pdl
 
@@ -466,7 +467,7 @@ def decode_attention(
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     done: torch.Tensor | None = None,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-    launch: tuple[int, int, int] | None = None,
+    launch: tuple[int, ...] | None = None,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     heads_first: bool | None = None,
 ) -> torch.Tensor:
@@ -481,7 +482,9 @@ def decode_attention(
     rope: (cos, sin), each (B, D/2) or (B, 1, D/2) with unit stride in D/2: q and the new k are given
     before RoPE and the kernel rotates them (rotate-half, rounded once to q's dtype, as
     `elementwise.rope_qkv` does), so q/k/v may be views of the fused projection's output.
-    launch: (BLOCK_N, num_warps, num_stages), for benchmarks; default (64 or 32 by D, 4, 2).
+    launch: (BLOCK_N, num_warps, num_stages[, kv_heads]), for benchmarks; default (64 or 32 by D, 4,
+    2); kv_heads 0 takes the one-head kernel, >= 1 `decode.packed`'s with that many KV heads a program
+    (default: `packed_heads`, for an fp8 pool at one split).
     scales: an fp8 cache's (k_scale, v_scale), each (Hkv,) float32.
     heads_first: the grid's order, for benchmarks (default MINISGL_DECODE_HEADS_FIRST, on): a
     request's KV heads are neighbouring programs, so the GPU starts them together (they read the same
@@ -496,7 +499,7 @@ def decode_attention(
     if bsz == 0:
         return out
     block_d = max(16, triton.next_power_of_2(d))  # tl.dot needs dimensions >= 16
-    block_n, warps, stages = launch or (64 if block_d <= 128 else 32, 4, 2)
+    block_n, warps, stages = (launch or ())[:3] or (64 if block_d <= 128 else 32, 4, 2)
     ieee = q.dtype == torch.float32
     if new_kv is not None:
         k_new, v_new, slots = new_kv
@@ -522,9 +525,18 @@ def decode_attention(
             done = torch.zeros(bsz * hkv, dtype=torch.int32, device=q.device)
     k_scale, v_scale, quant = _scale_args(k_cache, scales)
     pdl = use_pdl(q)
+    first = _HEADS_FIRST if heads_first is None else heads_first
+    v_t = _v_layout(k_cache, v_cache, page_size)[0]
+    heads = launch[3] if launch and len(launch) > 3 else packed_heads(bsz, hkv, num_splits, quant, q.device)
+    if heads:
+        flags = dict(HAS_NEW=new_kv is not None, ROPE=rope is not None, QUANT=quant, KV_F16=_kv_f16(quant, q),
+                     V_T=v_t, IEEE=ieee, PDL=pdl)  # fmt: skip
+        decode_packed(q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, cos, sin, (k_scale, v_scale),
+                      out, partial, lse, done, sm_scale, page_size, num_splits, heads, flags, launch, first,
+                      pdl_launch(pdl))  # fmt: skip
+        return out
     block_s = triton.next_power_of_2(num_splits)
     block_g = min(triton.next_power_of_2(group), max(1, 8192 // (block_s * block_d)))  # <= 64 floats a thread
-    first = _HEADS_FIRST if heads_first is None else heads_first
     _decode_kernel[(hkv, bsz, num_splits) if first else (bsz, hkv, num_splits)](
         q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, cos, sin, k_scale, v_scale, out,
         partial, lse, done,
@@ -533,7 +545,7 @@ def decode_attention(
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d,
         BLOCK_HALF=max(16, triton.next_power_of_2(d // 2)), PS=page_size, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, ROPE=rope is not None, QUANT=quant,
-        KV_F16=_kv_f16(quant, q), V_T=_v_layout(k_cache, v_cache, page_size)[0], IEEE=ieee, PDL=pdl,
+        KV_F16=_kv_f16(quant, q), V_T=v_t, IEEE=ieee, PDL=pdl,
         PEEL=new_kv is not None and num_splits > 1 and _PREWAIT, BLOCK_G=block_g, BLOCK_S=block_s,
         HEADS_FIRST=first, num_warps=warps, num_stages=stages, **pdl_launch(pdl),
     )  # fmt: skip

@@ -1,0 +1,276 @@
+"""Decode attention with HEADS KV heads a program: their query rows stacked into one tensor-core tile.
+
+`attention._decode_kernel` gives a KV head's GROUP query heads (4 for Llama-3.1-8B) a 16-row tile:
+three quarters of every score, exp and rescale it computes are padding, and each program pays the
+page-table lookups, q's load and RoPE and the new token's work for one head's 256 bytes a token (an
+fp8 pool). Here a program takes HEADS neighbouring KV heads (4 x 4 = 16 rows at 8B's shapes) and
+computes their scores in one dot over block-diagonal operands: q is (BLOCK_M, HEADS * BLOCK_D), row r
+(of KV head g = r // GROUP) holding its rotated q in the columns of head g and zeros elsewhere; the K
+tile is (BLOCK_N, HEADS * BLOCK_D), every token's HEADS heads side by side (contiguous in the pool's
+(slots, Hkv, D) rows). Row r of q @ K^T is then exactly q_r . k_g: the zeros take the padding's place
+in the reduction instead of in the rows, so the tensor-core work per token is the same as the
+one-head kernel's and everything per row (online softmax, page table, new token) is shared by
+HEADS heads. P @ V gives every row all HEADS heads' columns; a row keeps its own head's block
+(the others are discarded when storing). The accumulator is (BLOCK_M, HEADS * BLOCK_D) float32.
+
+Numerics are those of the one-head kernel: the same dtypes for the dots (fp16 for an fp8 pool with
+16-bit q, or `widen_fp8`'s bf16), the scales folded into the scores and the output, the new token
+stored rounded and attended as stored. Splits write the same partial outputs and log-sum-exps and
+the last program of a (request, head group) merges them. No loads before PDL's wait (the one-head
+kernel keeps that for batch 1)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..fp8 import WIDEN, quantize_fp8, widen_fp8
+from ..pdl import pdl_enter
+
+# MINISGL_FP8_ATTN_V2: 0 the one-head kernel always; 1 (default) this one for an fp8 pool at one
+# split where the batch fills the GPU (`packed_heads`); "all" at every split count too.
+# MINISGL_FP8_ATTN_HEADS: KV heads a program at most (default 4).
+_MODE = os.environ.get("MINISGL_FP8_ATTN_V2", "1")
+_MAX_HEADS = int(os.environ.get("MINISGL_FP8_ATTN_HEADS", "4"))
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def packed_heads(bsz: int, hkv: int, num_splits: int, quant: bool, device: torch.device) -> int:
+    """KV heads a program for `decode_packed`, or 0 for the one-head kernel: an fp8 pool at one split
+    (MINISGL_FP8_ATTN_V2=all: any), the most heads (a power of two up to MINISGL_FP8_ATTN_HEADS) that
+    still leave two programs a multiprocessor, and at least 2 heads (one is the one-head kernel's
+    case)."""
+    if _MODE == "0" or not quant or (num_splits > 1 and _MODE != "all") or hkv < 2:
+        return 0
+    want = 2 * _num_sms(device)
+    heads = min(triton.next_power_of_2(hkv), max(1, _MAX_HEADS))
+    while heads >= 2 and bsz * triton.cdiv(hkv, heads) * num_splits < want:
+        heads //= 2
+    return heads if heads >= 2 else 0
+
+
+@triton.jit
+def _widen(x, dtype: tl.constexpr, WIDE: tl.constexpr):
+    if WIDE:  # fp8 -> bf16 times 2^-112 (`fp8.widen_fp8`)
+        return widen_fp8(x)
+    return x.to(dtype)
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _v_at(VCache, page, off, head, d, stride_cs, stride_ch, stride_vp, D: tl.constexpr, PS: tl.constexpr,
+          V_T: tl.constexpr):  # fmt: skip
+    """As `attention._v_at`: V of slot page * PS + off, slot-major or by page transposed."""
+    if V_T:
+        return VCache + page * stride_vp + head * (D * PS) + d * PS + off
+    return VCache + (page * PS + off) * stride_cs + head * stride_ch + d
+
+
+@triton.jit
+def _rope_cols(x, xp, cos_c, sin_c):
+    """Rotate-half on whole rows: x at channel d, xp at its partner (d +- D/2), sin_c already negated
+    in the first half; in float32, rounded back to x's dtype once (as `attention._rotate`)."""
+    return (x.to(tl.float32) * cos_c + xp.to(tl.float32) * sin_c).to(x.dtype)
+
+
+@triton.jit
+def _decode_packed_kernel(
+    Q, KCache, VCache, PageTable, SeqLens, KNew, VNew, NewSlots, Cos, Sin, KScale, VScale, Out, Partial,
+    Lse, Done,
+    stride_qb, stride_qh, stride_kn, stride_vn, stride_cs, stride_ch, stride_pt, stride_rope, stride_vp,
+    sm_scale,
+    HKV: tl.constexpr, GROUP: tl.constexpr, HEADS: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr,
+    BLOCK_D: tl.constexpr, PS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    HAS_NEW: tl.constexpr, ROPE: tl.constexpr, QUANT: tl.constexpr, KV_F16: tl.constexpr, V_T: tl.constexpr,
+    IEEE: tl.constexpr, PDL: tl.constexpr, BLOCK_S: tl.constexpr, HEADS_FIRST: tl.constexpr,
+):  # fmt: skip
+    """The arguments of `attention._decode_kernel`; a program per (request, group of HEADS KV heads,
+    split)."""
+    if HEADS_FIRST:
+        grp = tl.program_id(0)
+        b = tl.program_id(1)
+    else:
+        b = tl.program_id(0)
+        grp = tl.program_id(1)
+    split = tl.program_id(2)
+    pdl_enter(PDL)
+    kvh0 = grp * HEADS
+    seq_len = tl.load(SeqLens + b)
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    cached_end = tl.minimum(end, seq_len - 1) if HAS_NEW else end  # the newest position: from the inputs
+    HALF: tl.constexpr = D // 2
+    BLOCK_C: tl.constexpr = HEADS * BLOCK_D
+    offs_c = tl.arange(0, BLOCK_C)  # columns: HEADS heads' channels side by side
+    d_c = offs_c % BLOCK_D
+    head_c = kvh0 + offs_c // BLOCK_D  # (BLOCK_C,) each column's KV head
+    c_mask = (d_c < D) & (head_c < HKV)
+    offs_m = tl.arange(0, BLOCK_M)  # rows: query heads kvh0 * GROUP + r
+    head_m = kvh0 + offs_m // GROUP
+    m_mask = (offs_m < HEADS * GROUP) & (head_m < HKV)
+    diag = (head_m[:, None] == head_c[None, :]) & m_mask[:, None] & c_mask[None, :]
+    wide: tl.constexpr = QUANT and not KV_F16 and Q.dtype.element_ty == tl.bfloat16
+    unit = WIDEN if wide else 1.0
+    if QUANT:
+        ks_m = tl.load(KScale + head_m, mask=m_mask, other=1.0)
+        ks_c = tl.load(KScale + head_c, mask=c_mask, other=1.0)
+        vs_c = tl.load(VScale + head_c, mask=c_mask, other=1.0)
+    else:
+        ks_m = tl.full([BLOCK_M], 1.0, tl.float32)
+        ks_c = tl.full([BLOCK_C], 1.0, tl.float32)
+        vs_c = tl.full([BLOCK_C], 1.0, tl.float32)
+    qk_scale_m = sm_scale * ks_m  # (BLOCK_M,)
+    d_p = tl.where(d_c < HALF, d_c + HALF, d_c - HALF)  # RoPE's partner channel
+    if ROPE:  # sin negated where the partner is subtracted
+        rope_off = b.to(tl.int64) * stride_rope + d_c % HALF
+        cos_c = tl.load(Cos + rope_off, mask=d_c < D, other=1.0).to(tl.float32)
+        sin_c = tl.load(Sin + rope_off, mask=d_c < D, other=0.0).to(tl.float32)
+        sin_c = tl.where(d_c < HALF, -sin_c, sin_c)
+    else:
+        cos_c = tl.full([BLOCK_C], 1.0, tl.float32)
+        sin_c = tl.zeros([BLOCK_C], tl.float32)
+
+    q_row = Q + b.to(tl.int64) * stride_qb + (kvh0 * GROUP + offs_m)[:, None] * stride_qh
+    q = tl.load(q_row + d_c[None, :], mask=diag, other=0.0)  # (BLOCK_M, BLOCK_C), block-diagonal
+    if ROPE:
+        q = _rope_cols(q, tl.load(q_row + d_p[None, :], mask=diag, other=0.0), cos_c[None, :], sin_c[None, :])
+    if KV_F16:
+        q = q.to(tl.float16)
+
+    if HAS_NEW:
+        kn_row = KNew + b.to(tl.int64) * stride_kn + head_c * D
+        kn = tl.load(kn_row + d_c, mask=c_mask, other=0.0)
+        if ROPE:
+            kn = _rope_cols(kn, tl.load(kn_row + d_p, mask=c_mask, other=0.0), cos_c, sin_c)
+        vn = tl.load(VNew + b.to(tl.int64) * stride_vn + head_c * D + d_c, mask=c_mask, other=0.0)
+        if QUANT:  # as the pool will hold them
+            kn = quantize_fp8(kn, ks_c)
+            vn = quantize_fp8(vn, vs_c)
+        if split == 0:  # these heads' new K/V into the pool
+            new_slot = tl.load(NewSlots + b).to(tl.int64)
+            w_mask = c_mask & (d_c < tl.where(new_slot >= 0, D, 0))  # a negative slot: nothing to write
+            tl.store(KCache + new_slot * stride_cs + head_c * stride_ch + d_c, kn, mask=w_mask)
+            v_dst = _v_at(VCache, new_slot // PS, new_slot % PS, head_c, d_c, stride_cs, stride_ch, stride_vp,
+                          D, PS, V_T)  # fmt: skip
+            tl.store(v_dst, vn, mask=w_mask)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
+    s_scale = qk_scale_m * unit
+    pt_row = PageTable + b.to(tl.int64) * stride_pt
+    col_k = head_c * stride_ch + d_c  # (BLOCK_C,) K's offsets in a slot's row
+    for n0 in range(start, cached_end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        n_mask = pos < cached_end
+        page_mask = (pos // PS) * PS < cached_end  # V by page: whole pages (see `attention._k_block`)
+        page = tl.load(pt_row + pos // PS, mask=page_mask, other=0).to(tl.int64)
+        k_ptr = KCache + ((page * PS + pos % PS) * stride_cs)[:, None] + col_k[None, :]
+        k = tl.load(k_ptr, mask=n_mask[:, None] & c_mask[None, :], other=0.0)  # (BLOCK_N, BLOCK_C)
+        s = _dot(q, tl.trans(_widen(k, q.dtype, wide)), IEEE) * s_scale[:, None]  # (BLOCK_M, BLOCK_N)
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_ptr = _v_at(VCache, page[:, None], (pos % PS)[:, None], head_c[None, :], d_c[None, :], stride_cs,
+                      stride_ch, stride_vp, D, PS, V_T)  # fmt: skip
+        v_mask = (page_mask if V_T else n_mask)[:, None] & c_mask[None, :]
+        v = _widen(tl.load(v_ptr, mask=v_mask, other=0.0), q.dtype, wide)  # (BLOCK_N, BLOCK_C)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)  # in `unit`s
+        m_i = m_new
+    if HAS_NEW:
+        if (start <= seq_len - 1) & (seq_len - 1 < end):
+            s_new = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * qk_scale_m  # q: 0 off its head
+            m_new = tl.maximum(m_i, s_new)
+            alpha = tl.exp(m_i - m_new)
+            p_new = tl.exp(s_new - m_new)
+            l_i = l_i * alpha + p_new
+            acc = acc * alpha[:, None] + p_new[:, None] * (vn.to(tl.float32) * (1.0 / unit))[None, :]
+            m_i = m_new
+
+    has = end > start
+    safe_l = tl.where(l_i > 0, l_i, 1.0)
+    out = tl.where(has, acc * (vs_c * unit)[None, :] / safe_l[:, None], 0.0)
+    row = b.to(tl.int64) * (GROUP * HKV) + kvh0 * GROUP + offs_m  # (BLOCK_M,) flat (b, query head)
+    if NUM_SPLITS == 1:
+        tl.store(Out + row[:, None] * D + d_c[None, :], out.to(Out.dtype.element_ty), mask=diag)
+    else:
+        lse = tl.where(has, m_i + tl.log(safe_l), float("-inf"))
+        tl.store(Partial + (row[:, None] * NUM_SPLITS + split) * D + d_c[None, :], out, mask=diag)
+        tl.store(Lse + row * NUM_SPLITS + split, lse, mask=m_mask)
+        tl.debug_barrier()  # as in `attention._decode_kernel`: stores before the release
+        counter = Done + b * HKV + kvh0
+        if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
+            tl.store(counter, 0)  # ready for the next launch
+            _merge(Partial, Lse, Out, row, m_mask, NUM_SPLITS, D, BLOCK_M, BLOCK_S, BLOCK_D)
+
+
+@triton.jit
+def _merge(Partial, Lse, Out, row, m_mask, NUM_SPLITS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+           BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """Out of the rows `row` (where m_mask) = their splits' outputs weighted by exp(log-sum-exp)."""
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    ms_mask = m_mask[:, None] & (offs_s < NUM_SPLITS)[None, :]
+    lse = tl.load(Lse + row[:, None] * NUM_SPLITS + offs_s[None, :], mask=ms_mask, other=float("-inf"),
+                  cache_modifier=".cg")  # fmt: skip  (BLOCK_M, BLOCK_S)
+    m = tl.max(lse, 1)
+    w = tl.exp(lse - tl.where(m == float("-inf"), 0.0, m)[:, None])  # no split with keys: weights 0
+    den = tl.where(tl.sum(w, 1) > 0, tl.sum(w, 1), 1.0)
+    for s in tl.static_range(NUM_SPLITS):  # one split's rows at a time: (BLOCK_M, BLOCK_D) floats
+        part = tl.load(Partial + (row[:, None] * NUM_SPLITS + s) * D + offs_d[None, :],
+                       mask=m_mask[:, None] & (offs_d < D)[None, :], other=0.0, cache_modifier=".cg")  # fmt: skip
+        w_s = tl.sum(tl.where(offs_s[None, :] == s, w, 0.0), 1)
+        if s == 0:
+            acc = w_s[:, None] * part
+        else:
+            acc += w_s[:, None] * part
+    mask = m_mask[:, None] & (offs_d < D)[None, :]
+    tl.store(Out + row[:, None] * D + offs_d[None, :], (acc / den[:, None]).to(Out.dtype.element_ty), mask=mask)
+
+
+def decode_packed(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+    seq_lens: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor,
+    cos: torch.Tensor, sin: torch.Tensor, scales: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
+    partial: torch.Tensor, lse: torch.Tensor, done: torch.Tensor, sm_scale: float, page_size: int,
+    num_splits: int, heads: int, flags: dict[str, bool], launch: tuple[int, ...] | None, heads_first: bool,
+    pdl_kwargs: dict[str, bool],
+) -> None:  # fmt: skip
+    """Launch `_decode_packed_kernel` over `attention.decode_attention`'s checked arguments (flags: its
+    HAS_NEW, ROPE, QUANT, KV_F16, V_T, IEEE and PDL)."""
+    bsz, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    group = hq // hkv
+    block_d = max(16, triton.next_power_of_2(d))
+    # (BLOCK_N, warps, stages): the accumulator is 16 x (heads x 128) float32 at 8B's shapes
+    block_n, warps, stages = (launch or ())[:3] or (32, 8 if heads * block_d >= 512 else 4, 2)
+    grid_h = triton.cdiv(hkv, heads)
+    _decode_packed_kernel[(grid_h, bsz, num_splits) if heads_first else (bsz, grid_h, num_splits)](
+        q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, cos, sin, scales[0], scales[1], out,
+        partial, lse, done,
+        q.stride(0), q.stride(1), k_new.stride(0), v_new.stride(0), k_cache.stride(0), k_cache.stride(1),
+        page_table.stride(0), cos.stride(0), v_cache.stride(0), sm_scale,
+        HKV=hkv, GROUP=group, HEADS=heads, BLOCK_M=max(16, triton.next_power_of_2(heads * group)), D=d,
+        BLOCK_D=block_d, PS=page_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
+        BLOCK_S=triton.next_power_of_2(num_splits), HEADS_FIRST=heads_first, num_warps=warps,
+        num_stages=stages, **flags, **pdl_kwargs,
+    )  # fmt: skip
