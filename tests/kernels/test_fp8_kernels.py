@@ -250,6 +250,61 @@ def test_decode_attention_stores_the_new_token_in_fp8_and_attends_over_it_as_sto
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("hq", "hkv", "d", "ps", "splits", "heads"), [(16, 4, 32, 16, 1, 4), (9, 3, 64, 4, 2, 2)])
+def test_decode_attention_packed_heads_over_an_fp8_cache(
+    dtype: torch.dtype, hq: int, hkv: int, d: int, ps: int, splits: int, heads: int
+) -> None:
+    """`decode.packed` over an fp8 pool (V by page, unequal per-head scales): the new token stored as
+    the reference rounds it, the output equal to dense attention over what the pool holds."""
+    from minisgl.kernels.triton.attention import decode_attention
+
+    gen = torch.Generator().manual_seed(hq + d)
+    lens = [9, 1, 0, 70]
+    max_pages = -(-max(lens) // ps)
+    num_pages = len(lens) * max_pages + 1
+    kq, ks, _ = _fp8_cache(num_pages * ps, hkv, d, gen)
+    vq, vs, _ = _fp8_cache(num_pages * ps, hkv, d, gen)
+    pages = _pages(len(lens), max_pages, num_pages, gen)
+    slots = [int(pages[b, (n - 1) // ps]) * ps + (n - 1) % ps if n else -1 for b, n in enumerate(lens)]
+    k_new = (torch.randn(len(lens), hkv, d, generator=gen) * 2).to(dtype)
+    v_new = (torch.randn(len(lens), hkv, d, generator=gen) * 2).to(dtype)
+    want_k, want_v = kq.clone(), vq.clone()
+    for b, slot in enumerate(slots):
+        if slot >= 0:
+            want_k[slot] = (k_new[b].float() / ks[:, None]).clamp(-448, 448).to(FP8)
+            want_v[slot] = (v_new[b].float() / vs[:, None]).clamp(-448, 448).to(FP8)
+    q = torch.randn(len(lens), hq, d, generator=gen).to(dtype)
+    kc, vc = kq.to(DEV), _by_page(vq, ps).to(DEV)
+    out = decode_attention(
+        q.to(DEV), kc, vc, pages.to(DEV), torch.tensor(lens, dtype=torch.int32).to(DEV), ps, d**-0.5, splits,
+        new_kv=(k_new.to(DEV), v_new.to(DEV), torch.tensor(slots, dtype=torch.int32).to(DEV)),
+        scales=(ks.to(DEV), vs.to(DEV)), launch=(16, 4, 2, heads),
+    )  # fmt: skip
+    assert torch.equal(kc.cpu().float(), want_k.float())
+    assert torch.equal(_by_slot(vc.cpu()).float(), want_v.float())
+    assert not out[2].any()
+    kref, vref = want_k.float() * ks[None, :, None], want_v.float() * vs[None, :, None]
+    for b, n in enumerate(lens):
+        if n:
+            ref = _dense_attention(q[b : b + 1], kref, vref, pages[b], ps, n, torch.tensor([n - 1]))
+            assert _rel(out[b : b + 1], ref) < TOL[dtype], b
+
+
+def test_packed_heads_default_takes_large_batches_over_an_fp8_pool() -> None:
+    """The packed kernel's default (`packed_heads`): an fp8 pool at one split, the most KV heads a
+    program that still leave two programs a multiprocessor (8 on a CPU), else the one-head kernel."""
+    from minisgl.kernels.triton.decode import packed_heads
+
+    cpu = torch.device("cpu")
+    assert packed_heads(256, 8, 1, True, cpu) == 4
+    assert packed_heads(4, 8, 1, True, cpu) == 2  # 4 x 4 programs of 2 heads = 16
+    assert packed_heads(2, 8, 1, True, cpu) == 0  # 2 x 2 x 4 heads < 16: one head a program
+    assert packed_heads(256, 8, 2, True, cpu) == 0  # splits: the one-head kernel (its early loads)
+    assert packed_heads(256, 8, 1, False, cpu) == 0  # a 16-bit pool
+    assert packed_heads(256, 1, 1, True, cpu) == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("hq", "hkv", "d", "ps"), [(8, 2, 64, 16), (4, 1, 128, 1)])
 def test_extend_attention_reads_an_fp8_cache(dtype: torch.dtype, hq: int, hkv: int, d: int, ps: int) -> None:
     from minisgl.kernels.triton.attention import extend_attention, store_kv

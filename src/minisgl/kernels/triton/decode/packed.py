@@ -178,6 +178,7 @@ def _decode_packed_kernel(
     pt_row = PageTable + b.to(tl.int64) * stride_pt
     col_k = head_c * stride_ch + d_c  # (BLOCK_C,) K's offsets in a slot's row
     for n0 in range(start, cached_end, BLOCK_N):
+        n0 = tl.multiple_of(n0, BLOCK_N)  # start is: so a page's positions are known contiguous
         pos = n0 + tl.arange(0, BLOCK_N)
         n_mask = pos < cached_end
         page_mask = (pos // PS) * PS < cached_end  # V by page: whole pages (see `attention._k_block`)
@@ -235,14 +236,11 @@ def _merge(Partial, Lse, Out, row, m_mask, NUM_SPLITS: tl.constexpr, D: tl.const
     m = tl.max(lse, 1)
     w = tl.exp(lse - tl.where(m == float("-inf"), 0.0, m)[:, None])  # no split with keys: weights 0
     den = tl.where(tl.sum(w, 1) > 0, tl.sum(w, 1), 1.0)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for s in tl.static_range(NUM_SPLITS):  # one split's rows at a time: (BLOCK_M, BLOCK_D) floats
         part = tl.load(Partial + (row[:, None] * NUM_SPLITS + s) * D + offs_d[None, :],
                        mask=m_mask[:, None] & (offs_d < D)[None, :], other=0.0, cache_modifier=".cg")  # fmt: skip
-        w_s = tl.sum(tl.where(offs_s[None, :] == s, w, 0.0), 1)
-        if s == 0:
-            acc = w_s[:, None] * part
-        else:
-            acc += w_s[:, None] * part
+        acc += tl.sum(tl.where(offs_s[None, :] == s, w, 0.0), 1)[:, None] * part
     mask = m_mask[:, None] & (offs_d < D)[None, :]
     tl.store(Out + row[:, None] * D + offs_d[None, :], (acc / den[:, None]).to(Out.dtype.element_ty), mask=mask)
 
