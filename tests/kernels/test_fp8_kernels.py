@@ -139,6 +139,27 @@ def test_quant_rows_matches_the_reference(group: int | None) -> None:
     assert q.dtype == FP8 and torch.equal(q.cpu().float(), rq.float())
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_and_silu_quantized_in_their_kernel_equal_quant_rows_after_them(dtype: torch.dtype) -> None:
+    """`rmsnorm_fp8` and `silu_and_mul_fp8` (the per-token quantization fused into the kernel before
+    the fp8 matmul): the same fp8 bits and scales as the kernel then `quant_rows`; an all-zero row too."""
+    from minisgl.kernels.triton.elementwise import rmsnorm, rmsnorm_fp8, silu_and_mul, silu_and_mul_fp8
+    from minisgl.kernels.triton.fp8 import quant_rows
+
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(5, 96, generator=gen) * torch.logspace(-2, 2, 5)[:, None]).to(dtype).to(DEV)
+    x[3] = 0.0
+    w = (torch.rand(96, generator=gen) + 0.5).to(dtype).to(DEV)
+    gate_up = (torch.randn(5, 2 * 80, generator=gen) * 3).to(dtype).to(DEV)
+    gate_up[1] = 0.0
+    for (q, s), (rq, rs) in (
+        (rmsnorm_fp8(x, w, 1e-5), quant_rows(rmsnorm(x, w, 1e-5))),
+        (silu_and_mul_fp8(gate_up), quant_rows(silu_and_mul(gate_up))),
+    ):
+        assert q.dtype == FP8 and s.shape == rs.shape == (5, 1) and torch.isfinite(s).all()
+        assert torch.equal(s, rs) and torch.equal(q.float(), rq.float())
+
+
 @pytest.mark.parametrize(("m", "n", "k"), [(3, 64, 96), (70, 96, 64)])
 def test_block_matmul_matches_the_dequantized_operands(m: int, n: int, k: int) -> None:
     from minisgl.kernels.triton.fp8 import block_matmul, quant_rows
