@@ -92,7 +92,11 @@ def test_fp8_norm_and_silu_quantized_in_their_kernel_change_no_bit(rows: int, mo
     gen = torch.Generator().manual_seed(rows)
     hidden, inter = 256, 384
     weights = {}
-    for name, (n, k) in {"gate_up": (2 * inter, hidden), "down": (hidden, inter), "qkv": (320, hidden)}.items():
+    for name, (n, k) in {
+        "gate_up": (2 * inter, hidden),
+        "down": (hidden, inter),
+        "qkv": (320, hidden),
+    }.items():
         q, s = quantize_fp8(torch.randn(n, k, generator=gen) * 0.05, None)
         weights[name] = Fp8Weight(q.cuda(), s.cuda(), None)
     x = torch.randn(rows, hidden, generator=gen).bfloat16().cuda()

@@ -271,7 +271,9 @@ def test_decode_attention_stores_the_new_token_in_fp8_and_attends_over_it_as_sto
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("hq", "hkv", "d", "ps", "splits", "heads"), [(16, 4, 32, 16, 1, 4), (9, 3, 64, 4, 2, 2)])
+@pytest.mark.parametrize(
+    ("hq", "hkv", "d", "ps", "splits", "heads"), [(16, 4, 32, 16, 1, 4), (9, 3, 64, 4, 2, 2)]
+)
 def test_decode_attention_packed_heads_over_an_fp8_cache(
     dtype: torch.dtype, hq: int, hkv: int, d: int, ps: int, splits: int, heads: int
 ) -> None:

@@ -199,16 +199,28 @@ def test_decode_attention_packed_heads_match_dense(
     cos, sin = angles.cos().to(dtype).to(DEV), angles.sin().to(dtype).to(DEV)
     q, k, v = rope_qkv(qkv, cos, sin, hq, hkv, d)
     kc_ref, vc_ref = k_cache.clone(), v_cache.clone()
-    decode_attention(q, kc_ref, vc_ref, pages.to(DEV), seq_lens, ps, d**-0.5, splits, new_kv=(k, v, slots_t),
-                     launch=(16, 4, 2, 0))  # fmt: skip  the one-head kernel: the pool as it writes it
+    decode_attention(
+        q,
+        kc_ref,
+        vc_ref,
+        pages.to(DEV),
+        seq_lens,
+        ps,
+        d**-0.5,
+        splits,
+        new_kv=(k, v, slots_t),
+        launch=(16, 4, 2, 0),
+    )  # fmt: skip  the one-head kernel: the pool as it writes it
     out = torch.full((bsz, hq, d), float("nan"), dtype=dtype, device=DEV)
     done = torch.zeros(bsz * hkv, dtype=torch.int32, device=DEV)
+    raw_q = qkv[:, : hq * d].view(bsz, hq, d)  # strided views of the projection, before RoPE
+    raw_k = qkv[:, hq * d : (hq + hkv) * d].view(bsz, hkv, d)
+    raw_v = qkv[:, (hq + hkv) * d :].view(bsz, hkv, d)
     for _ in range(2):  # twice: the split counters are back at zero after a launch
         kc, vc = k_cache.clone(), v_cache.clone()
         decode_attention(
-            qkv[:, : hq * d].view(bsz, hq, d), kc, vc, pages.to(DEV), seq_lens, ps, d**-0.5, splits, out=out,
-            done=done, rope=(cos, sin), launch=(16, 4, 2, heads),
-            new_kv=(qkv[:, hq * d : (hq + hkv) * d].view(bsz, hkv, d), qkv[:, (hq + hkv) * d :].view(bsz, hkv, d), slots_t),
+            raw_q, kc, vc, pages.to(DEV), seq_lens, ps, d**-0.5, splits, out=out, done=done, rope=(cos, sin),
+            launch=(16, 4, 2, heads), new_kv=(raw_k, raw_v, slots_t),
         )  # fmt: skip
         assert not done.any()
     assert torch.equal(vc, vc_ref)
@@ -216,7 +228,9 @@ def test_decode_attention_packed_heads_match_dense(
     assert torch.equal(out[2].cpu(), torch.zeros(hq, d, dtype=dtype))  # the empty row
     for b, n in enumerate(lens):
         if n:
-            ref = _dense_attention(q[b : b + 1].cpu(), kc_ref.cpu(), vc_ref.cpu(), pages[b], ps, n, torch.tensor([n - 1]))
+            ref = _dense_attention(
+                q[b : b + 1].cpu(), kc_ref.cpu(), vc_ref.cpu(), pages[b], ps, n, torch.tensor([n - 1])
+            )
             assert _rel(out[b : b + 1], ref) < TOL[dtype], b
 
 

@@ -33,9 +33,11 @@ from ..pdl import pdl_enter
 
 # MINISGL_FP8_ATTN_V2: 0 the one-head kernel always; 1 (default) this one for an fp8 pool at one
 # split where the batch fills the GPU (`packed_heads`); "all" at every split count too.
-# MINISGL_FP8_ATTN_HEADS: KV heads a program at most (default 4).
+# MINISGL_FP8_ATTN_HEADS: KV heads a program at most (default 4); MINISGL_FP8_ATTN_PER_SM: the
+# programs a multiprocessor that `packed_heads` keeps at least (default 2).
 _MODE = os.environ.get("MINISGL_FP8_ATTN_V2", "1")
 _MAX_HEADS = int(os.environ.get("MINISGL_FP8_ATTN_HEADS", "4"))
+_PER_SM = float(os.environ.get("MINISGL_FP8_ATTN_PER_SM", "2"))
 
 
 @functools.cache
@@ -48,11 +50,11 @@ def _num_sms(device: torch.device) -> int:
 def packed_heads(bsz: int, hkv: int, num_splits: int, quant: bool, device: torch.device) -> int:
     """KV heads a program for `decode_packed`, or 0 for the one-head kernel: an fp8 pool at one split
     (MINISGL_FP8_ATTN_V2=all: any), the most heads (a power of two up to MINISGL_FP8_ATTN_HEADS) that
-    still leave two programs a multiprocessor, and at least 2 heads (one is the one-head kernel's
-    case)."""
+    still leave MINISGL_FP8_ATTN_PER_SM (2) programs a multiprocessor, and at least 2 heads (one is
+    the one-head kernel's case)."""
     if _MODE == "0" or not quant or (num_splits > 1 and _MODE != "all") or hkv < 2:
         return 0
-    want = 2 * _num_sms(device)
+    want = _PER_SM * _num_sms(device)
     heads = min(triton.next_power_of_2(hkv), max(1, _MAX_HEADS))
     while heads >= 2 and bsz * triton.cdiv(hkv, heads) * num_splits < want:
         heads //= 2
@@ -231,8 +233,12 @@ def _merge(Partial, Lse, Out, row, m_mask, NUM_SPLITS: tl.constexpr, D: tl.const
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     ms_mask = m_mask[:, None] & (offs_s < NUM_SPLITS)[None, :]
-    lse = tl.load(Lse + row[:, None] * NUM_SPLITS + offs_s[None, :], mask=ms_mask, other=float("-inf"),
-                  cache_modifier=".cg")  # fmt: skip  (BLOCK_M, BLOCK_S)
+    lse = tl.load(
+        Lse + row[:, None] * NUM_SPLITS + offs_s[None, :],
+        mask=ms_mask,
+        other=float("-inf"),
+        cache_modifier=".cg",
+    )  # fmt: skip  (BLOCK_M, BLOCK_S)
     m = tl.max(lse, 1)
     w = tl.exp(lse - tl.where(m == float("-inf"), 0.0, m)[:, None])  # no split with keys: weights 0
     den = tl.where(tl.sum(w, 1) > 0, tl.sum(w, 1), 1.0)
@@ -242,7 +248,9 @@ def _merge(Partial, Lse, Out, row, m_mask, NUM_SPLITS: tl.constexpr, D: tl.const
                        mask=m_mask[:, None] & (offs_d < D)[None, :], other=0.0, cache_modifier=".cg")  # fmt: skip
         acc += tl.sum(tl.where(offs_s[None, :] == s, w, 0.0), 1)[:, None] * part
     mask = m_mask[:, None] & (offs_d < D)[None, :]
-    tl.store(Out + row[:, None] * D + offs_d[None, :], (acc / den[:, None]).to(Out.dtype.element_ty), mask=mask)
+    tl.store(
+        Out + row[:, None] * D + offs_d[None, :], (acc / den[:, None]).to(Out.dtype.element_ty), mask=mask
+    )
 
 
 def decode_packed(
