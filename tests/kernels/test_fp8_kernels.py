@@ -313,12 +313,15 @@ def test_decode_attention_packed_heads_over_an_fp8_cache(
             assert _rel(out[b : b + 1], ref) < TOL[dtype], b
 
 
-def test_packed_heads_default_takes_large_batches_over_an_fp8_pool() -> None:
-    """The packed kernel's default (`packed_heads`): an fp8 pool at one split, the most KV heads a
-    program that still leave two programs a multiprocessor (8 on a CPU), else the one-head kernel."""
-    from minisgl.kernels.triton.decode import packed_heads
+def test_packed_heads_default_takes_large_batches_over_an_fp8_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packed kernel's choice (`packed_heads`) where MINISGL_FP8_ATTN_V2=1: an fp8 pool at one split,
+    the most KV heads a program that still leave two programs a multiprocessor (8 on a CPU), else the
+    one-head kernel (always, by default)."""
+    from minisgl.kernels.triton.decode import packed, packed_heads
 
     cpu = torch.device("cpu")
+    assert packed_heads(256, 8, 1, True, cpu) == 0
+    monkeypatch.setattr(packed, "_MODE", "1")
     assert packed_heads(256, 8, 1, True, cpu) == 4
     assert packed_heads(4, 8, 1, True, cpu) == 2  # 4 x 4 programs of 2 heads = 16
     assert packed_heads(2, 8, 1, True, cpu) == 0  # 2 x 2 x 4 heads < 16: one head a program

@@ -31,11 +31,14 @@ import triton.language as tl
 from ..fp8 import WIDEN, quantize_fp8, widen_fp8
 from ..pdl import pdl_enter
 
-# MINISGL_FP8_ATTN_V2: 0 the one-head kernel always; 1 (default) this one for an fp8 pool at one
-# split where the batch fills the GPU (`packed_heads`); "all" at every split count too.
+# MINISGL_FP8_ATTN_V2: 0 (default) the one-head kernel always; 1 this one for an fp8 pool at one
+# split where the batch fills the GPU (`packed_heads`); "all" at every split count too. Off by default:
+# not yet timed, and compiled for sm_90 (Triton 3.9, 8B's shapes) it takes 148-234 registers a thread
+# (q's block-diagonal tile is a dot operand every warp holds whole), 8-12 warps a multiprocessor
+# against the one-head kernel's 16 (24 with MINISGL_FP8_ATTN_MAXNREG).
 # MINISGL_FP8_ATTN_HEADS: KV heads a program at most (default 4); MINISGL_FP8_ATTN_PER_SM: the
 # programs a multiprocessor that `packed_heads` keeps at least (default 2).
-_MODE = os.environ.get("MINISGL_FP8_ATTN_V2", "1")
+_MODE = os.environ.get("MINISGL_FP8_ATTN_V2", "0")
 _MAX_HEADS = int(os.environ.get("MINISGL_FP8_ATTN_HEADS", "4"))
 _PER_SM = float(os.environ.get("MINISGL_FP8_ATTN_PER_SM", "2"))
 
@@ -259,10 +262,10 @@ def decode_packed(
     cos: torch.Tensor, sin: torch.Tensor, scales: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
     partial: torch.Tensor, lse: torch.Tensor, done: torch.Tensor, sm_scale: float, page_size: int,
     num_splits: int, heads: int, flags: dict[str, bool], launch: tuple[int, ...] | None, heads_first: bool,
-    pdl_kwargs: dict[str, bool],
+    options: dict[str, int],
 ) -> None:  # fmt: skip
     """Launch `_decode_packed_kernel` over `attention.decode_attention`'s checked arguments (flags: its
-    HAS_NEW, ROPE, QUANT, KV_F16, V_T, IEEE and PDL)."""
+    HAS_NEW, ROPE, QUANT, KV_F16, V_T, IEEE and PDL; options: the launch's PDL and maxnreg)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
@@ -278,5 +281,5 @@ def decode_packed(
         HKV=hkv, GROUP=group, HEADS=heads, BLOCK_M=max(16, triton.next_power_of_2(heads * group)), D=d,
         BLOCK_D=block_d, PS=page_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
         BLOCK_S=triton.next_power_of_2(num_splits), HEADS_FIRST=heads_first, num_warps=warps,
-        num_stages=stages, **flags, **pdl_kwargs,
+        num_stages=stages, **flags, **options,
     )  # fmt: skip
