@@ -272,13 +272,26 @@ def test_decode_attention_stores_the_new_token_in_fp8_and_attends_over_it_as_sto
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    ("hq", "hkv", "d", "ps", "splits", "heads"), [(16, 4, 32, 16, 1, 4), (9, 3, 64, 4, 2, 2)]
+    ("hq", "hkv", "d", "ps", "splits", "launch"),
+    [
+        (16, 4, 32, 16, 1, (16, 4, 2, 4, 0)),
+        (9, 3, 64, 4, 2, (16, 4, 2, 2, 0)),
+        (
+            8,
+            2,
+            128,
+            16,
+            1,
+            (64, 4, 2, 0, 80),
+        ),  # the one-head kernel as a large batch runs it (maxnreg on a GPU)
+    ],
 )
 def test_decode_attention_packed_heads_over_an_fp8_cache(
-    dtype: torch.dtype, hq: int, hkv: int, d: int, ps: int, splits: int, heads: int
+    dtype: torch.dtype, hq: int, hkv: int, d: int, ps: int, splits: int, launch: tuple[int, ...]
 ) -> None:
-    """`decode.packed` over an fp8 pool (V by page, unequal per-head scales): the new token stored as
-    the reference rounds it, the output equal to dense attention over what the pool holds."""
+    """`decode.packed` over an fp8 pool (V by page, unequal per-head scales), and the one-head kernel
+    with its registers bounded: the new token stored as the reference rounds it, the output equal to
+    dense attention over what the pool holds."""
     from minisgl.kernels.triton.attention import decode_attention
 
     gen = torch.Generator().manual_seed(hq + d)
@@ -301,7 +314,7 @@ def test_decode_attention_packed_heads_over_an_fp8_cache(
     out = decode_attention(
         q.to(DEV), kc, vc, pages.to(DEV), torch.tensor(lens, dtype=torch.int32).to(DEV), ps, d**-0.5, splits,
         new_kv=(k_new.to(DEV), v_new.to(DEV), torch.tensor(slots, dtype=torch.int32).to(DEV)),
-        scales=(ks.to(DEV), vs.to(DEV)), launch=(16, 4, 2, heads),
+        scales=(ks.to(DEV), vs.to(DEV)), launch=launch,
     )  # fmt: skip
     assert torch.equal(kc.cpu().float(), want_k.float())
     assert torch.equal(_by_slot(vc.cpu()).float(), want_v.float())
