@@ -160,6 +160,40 @@ def test_norm_and_silu_quantized_in_their_kernel_equal_quant_rows_after_them(dty
         assert torch.equal(s, rs) and torch.equal(q.float(), rq.float())
 
 
+@pytest.mark.parametrize("rows", [17, 256] if DEV == "cuda" else [17])
+def test_fp8_norm_and_silu_quantized_in_their_kernel_change_no_bit(
+    rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA ops at more than 16 rows: the RMSNorm and SiLU x up write x in fp8 with its scales for
+    the fp8 matmul (`rmsnorm_fp8`, `silu_and_mul_fp8`); a layer's qkv and MLP outputs equal those of
+    the separate quantization kernel (MINISGL_FP8_FUSED_QUANT=0) bit for bit. (On a CPU: the kernels
+    in the interpreter, torch's CPU `_scaled_mm`.)"""
+    import minisgl.backends.cuda as cuda_ops
+    from minisgl.backends.fp8 import Fp8Weight
+
+    gen = torch.Generator().manual_seed(rows)
+    hidden, inter = 64 if DEV == "cpu" else 256, 96 if DEV == "cpu" else 384
+    weights = {}
+    for name, (n, k) in {
+        "gate_up": (2 * inter, hidden),
+        "down": (hidden, inter),
+        "qkv": (80, hidden),
+    }.items():
+        q, s = quantize_fp8(torch.randn(n, k, generator=gen) * 0.05, None)
+        weights[name] = Fp8Weight(q.to(DEV), s.to(DEV), None)
+    x = torch.randn(rows, hidden, generator=gen).bfloat16().to(DEV)
+    g = (torch.rand(hidden, generator=gen) + 0.5).bfloat16().to(DEV)
+    outs = []
+    for fused in (True, False):
+        monkeypatch.setattr(cuda_ops, "FUSED_QUANT", fused)
+        assert cuda_ops.fused_quant(x, weights["qkv"]) is fused
+        ops = cuda_ops.CudaOps()
+        res = x.clone()
+        ops.norm_mlp_add_(res, g, 1e-5, weights["gate_up"], weights["down"], res)
+        outs.append((ops.norm_linear(x, g, 1e-5, weights["qkv"], None), res))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
 @pytest.mark.parametrize(("m", "n", "k"), [(3, 64, 96), (70, 96, 64)])
 def test_block_matmul_matches_the_dequantized_operands(m: int, n: int, k: int) -> None:
     from minisgl.kernels.triton.fp8 import block_matmul, quant_rows
