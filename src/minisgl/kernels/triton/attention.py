@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode import decode_packed, packed_heads
+from .decode import PACKED_MAXNREG, decode_packed, packed_heads
 from .fp8 import WIDEN, quantize_fp8, widen_fp8
 from .pdl import pdl_enter, pdl_launch, use_pdl
 
@@ -511,7 +511,8 @@ def decode_attention(
     launch: (BLOCK_N, num_warps, num_stages[, kv_heads[, maxnreg]]), for benchmarks; default (64 or 32
     by D, 4, 2); kv_heads 0 takes the one-head kernel, >= 1 `decode.packed`'s with that many KV heads a
     program (default: `packed_heads`); maxnreg the registers a thread at most, 0 unbounded (default:
-    MINISGL_FP8_ATTN_MAXNREG for an fp8 pool at one split, else unbounded).
+    for an fp8 pool at one split MINISGL_FP8_ATTN_MAXNREG, or _V2_MAXNREG for the packed kernel, else
+    unbounded).
     scales: an fp8 cache's (k_scale, v_scale), each (Hkv,) float32.
     heads_first: the grid's order, for benchmarks (default MINISGL_DECODE_HEADS_FIRST, on): a
     request's KV heads are neighbouring programs, so the GPU starts them together (they read the same
@@ -555,7 +556,12 @@ def decode_attention(
     first = _HEADS_FIRST if heads_first is None else heads_first
     v_t = _v_layout(k_cache, v_cache, page_size)[0]
     heads = launch[3] if launch and len(launch) > 3 else packed_heads(bsz, hkv, num_splits, quant, q.device)
-    maxnreg = launch[4] if launch and len(launch) > 4 else (_FP8_MAXNREG if quant and num_splits == 1 else 0)
+    if launch and len(launch) > 4:
+        maxnreg = launch[4]
+    elif quant and num_splits == 1:
+        maxnreg = PACKED_MAXNREG if heads else _FP8_MAXNREG
+    else:
+        maxnreg = 0
     options: dict[str, int] = dict(pdl_launch(pdl))
     if maxnreg and q.is_cuda:  # (the interpreter takes no such option)
         options["maxnreg"] = maxnreg

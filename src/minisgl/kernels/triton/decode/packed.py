@@ -3,15 +3,15 @@
 `attention._decode_kernel` gives a KV head's GROUP query heads (4 for Llama-3.1-8B) a 16-row tile:
 three quarters of every score, exp and rescale it computes are padding, and each program pays the
 page-table lookups, q's load and RoPE and the new token's work for one head's 256 bytes a token (an
-fp8 pool). Here a program takes HEADS neighbouring KV heads (4 x 4 = 16 rows at 8B's shapes) and
-computes their scores in one dot over block-diagonal operands: q is (BLOCK_M, HEADS * BLOCK_D), row r
-(of KV head g = r // GROUP) holding its rotated q in the columns of head g and zeros elsewhere; the K
-tile is (BLOCK_N, HEADS * BLOCK_D), every token's HEADS heads side by side (contiguous in the pool's
-(slots, Hkv, D) rows). Row r of q @ K^T is then exactly q_r . k_g: the zeros take the padding's place
-in the reduction instead of in the rows, so the tensor-core work per token is the same as the
-one-head kernel's and everything per row (online softmax, page table, new token) is shared by
-HEADS heads. P @ V gives every row all HEADS heads' columns; a row keeps its own head's block
-(the others are discarded when storing). The accumulator is (BLOCK_M, HEADS * BLOCK_D) float32.
+fp8 pool). Here a program takes HEADS neighbouring KV heads (4 x 4 = 16 rows at 8B's shapes): q is
+(BLOCK_M, D), row r the query head kvh0 * GROUP + r of KV head g(r) = kvh0 + r // GROUP. Each block of
+positions takes one dot per KV head g, every row against g's keys, of which the rows of head g are
+kept (the tensor-core work per token is the one-head kernel's: there the rows are padding, here the
+other heads' rows); one online softmax over the 16 rows; then P @ V as one dot per head g with the
+rows of the other heads zeroed, all summed into one (BLOCK_M, D) accumulator (the rows do not
+overlap, so each row gets its own head's values). q and the accumulator are as small as the one-head
+kernel's (a first version stacked the heads' channels side by side, block-diagonal: q (16, 4 x 128)
+as a dot operand that every warp holds whole took 148-234 registers a thread).
 
 Numerics are those of the one-head kernel: the same dtypes for the dots (fp16 for an fp8 pool with
 16-bit q, or `widen_fp8`'s bf16), the scales folded into the scores and the output, the new token
@@ -33,14 +33,15 @@ from ..pdl import pdl_enter
 
 # MINISGL_FP8_ATTN_V2: 0 (default) the one-head kernel always; 1 this one for an fp8 pool at one
 # split where the batch fills the GPU (`packed_heads`); "all" at every split count too. Off by default:
-# not yet timed, and compiled for sm_90 (Triton 3.9, 8B's shapes) it takes 148-234 registers a thread
-# (q's block-diagonal tile is a dot operand every warp holds whole), 8-12 warps a multiprocessor
-# against the one-head kernel's 16 (24 with MINISGL_FP8_ATTN_MAXNREG).
+# not yet timed; by a static count of its sm_90 code (Triton 3.9, 8B's shapes, 4 heads, BLOCK_N 32,
+# 4 warps) 24.5 warp instructions a (token, KV head) against the one-head kernel's 28, at 20 warps a
+# multiprocessor (MINISGL_FP8_ATTN_V2_MAXNREG, 96) against its 24 (MINISGL_FP8_ATTN_MAXNREG, 80).
 # MINISGL_FP8_ATTN_HEADS: KV heads a program at most (default 4); MINISGL_FP8_ATTN_PER_SM: the
 # programs a multiprocessor that `packed_heads` keeps at least (default 2).
 _MODE = os.environ.get("MINISGL_FP8_ATTN_V2", "0")
 _MAX_HEADS = int(os.environ.get("MINISGL_FP8_ATTN_HEADS", "4"))
 _PER_SM = float(os.environ.get("MINISGL_FP8_ATTN_PER_SM", "2"))
+PACKED_MAXNREG = int(os.environ.get("MINISGL_FP8_ATTN_V2_MAXNREG", "96"))  # 80 spills inside its loop
 
 
 @functools.cache
@@ -122,105 +123,111 @@ def _decode_packed_kernel(
     end = tl.minimum(start + chunk, seq_len)
     cached_end = tl.minimum(end, seq_len - 1) if HAS_NEW else end  # the newest position: from the inputs
     HALF: tl.constexpr = D // 2
-    BLOCK_C: tl.constexpr = HEADS * BLOCK_D
-    offs_c = tl.arange(0, BLOCK_C)  # columns: HEADS heads' channels side by side
-    d_c = offs_c % BLOCK_D
-    head_c = kvh0 + offs_c // BLOCK_D  # (BLOCK_C,) each column's KV head
-    c_mask = (d_c < D) & (head_c < HKV)
-    offs_m = tl.arange(0, BLOCK_M)  # rows: query heads kvh0 * GROUP + r
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    offs_m = tl.arange(0, BLOCK_M)  # rows: query heads kvh0 * GROUP + r, of KV head head_m
     head_m = kvh0 + offs_m // GROUP
     m_mask = (offs_m < HEADS * GROUP) & (head_m < HKV)
-    diag = (head_m[:, None] == head_c[None, :]) & m_mask[:, None] & c_mask[None, :]
+    md_mask = m_mask[:, None] & d_mask[None, :]
     wide: tl.constexpr = QUANT and not KV_F16 and Q.dtype.element_ty == tl.bfloat16
     unit = WIDEN if wide else 1.0
     if QUANT:
         ks_m = tl.load(KScale + head_m, mask=m_mask, other=1.0)
-        ks_c = tl.load(KScale + head_c, mask=c_mask, other=1.0)
-        vs_c = tl.load(VScale + head_c, mask=c_mask, other=1.0)
+        vs_m = tl.load(VScale + head_m, mask=m_mask, other=1.0)
     else:
         ks_m = tl.full([BLOCK_M], 1.0, tl.float32)
-        ks_c = tl.full([BLOCK_C], 1.0, tl.float32)
-        vs_c = tl.full([BLOCK_C], 1.0, tl.float32)
+        vs_m = tl.full([BLOCK_M], 1.0, tl.float32)
     qk_scale_m = sm_scale * ks_m  # (BLOCK_M,)
-    d_p = tl.where(d_c < HALF, d_c + HALF, d_c - HALF)  # RoPE's partner channel
+    d_p = tl.where(offs_d < HALF, offs_d + HALF, offs_d - HALF)  # RoPE's partner channel
     if ROPE:  # sin negated where the partner is subtracted
-        rope_off = b.to(tl.int64) * stride_rope + d_c % HALF
-        cos_c = tl.load(Cos + rope_off, mask=d_c < D, other=1.0).to(tl.float32)
-        sin_c = tl.load(Sin + rope_off, mask=d_c < D, other=0.0).to(tl.float32)
-        sin_c = tl.where(d_c < HALF, -sin_c, sin_c)
-    else:
-        cos_c = tl.full([BLOCK_C], 1.0, tl.float32)
-        sin_c = tl.zeros([BLOCK_C], tl.float32)
+        rope_off = b.to(tl.int64) * stride_rope + offs_d % HALF
+        cos_d = tl.load(Cos + rope_off, mask=d_mask, other=1.0).to(tl.float32)
+        sin_d = tl.load(Sin + rope_off, mask=d_mask, other=0.0).to(tl.float32)
+        sin_d = tl.where(offs_d < HALF, -sin_d, sin_d)[None, :]
+        cos_d = cos_d[None, :]
 
     q_row = Q + b.to(tl.int64) * stride_qb + (kvh0 * GROUP + offs_m)[:, None] * stride_qh
-    q = tl.load(q_row + d_c[None, :], mask=diag, other=0.0)  # (BLOCK_M, BLOCK_C), block-diagonal
+    q = tl.load(q_row + offs_d[None, :], mask=md_mask, other=0.0)  # (BLOCK_M, BLOCK_D)
     if ROPE:
-        q = _rope_cols(q, tl.load(q_row + d_p[None, :], mask=diag, other=0.0), cos_c[None, :], sin_c[None, :])
+        q = _rope_cols(q, tl.load(q_row + d_p[None, :], mask=md_mask, other=0.0), cos_d, sin_d)
     if KV_F16:
         q = q.to(tl.float16)
 
-    if HAS_NEW:
-        kn_row = KNew + b.to(tl.int64) * stride_kn + head_c * D
-        kn = tl.load(kn_row + d_c, mask=c_mask, other=0.0)
+    if HAS_NEW:  # each row holds its KV head's new K and V
+        kn_row = KNew + b.to(tl.int64) * stride_kn + head_m[:, None] * D
+        kn = tl.load(kn_row + offs_d[None, :], mask=md_mask, other=0.0)  # (BLOCK_M, BLOCK_D)
         if ROPE:
-            kn = _rope_cols(kn, tl.load(kn_row + d_p, mask=c_mask, other=0.0), cos_c, sin_c)
-        vn = tl.load(VNew + b.to(tl.int64) * stride_vn + head_c * D + d_c, mask=c_mask, other=0.0)
+            kn = _rope_cols(kn, tl.load(kn_row + d_p[None, :], mask=md_mask, other=0.0), cos_d, sin_d)
+        vn = tl.load(VNew + b.to(tl.int64) * stride_vn + head_m[:, None] * D + offs_d[None, :], mask=md_mask,
+                     other=0.0)  # fmt: skip
         if QUANT:  # as the pool will hold them
-            kn = quantize_fp8(kn, ks_c)
-            vn = quantize_fp8(vn, vs_c)
-        if split == 0:  # these heads' new K/V into the pool
+            kn = quantize_fp8(kn, ks_m[:, None])
+            vn = quantize_fp8(vn, vs_m[:, None])
+        if split == 0:  # these heads' new K/V into the pool, from each head's first row
             new_slot = tl.load(NewSlots + b).to(tl.int64)
-            w_mask = c_mask & (d_c < tl.where(new_slot >= 0, D, 0))  # a negative slot: nothing to write
-            tl.store(KCache + new_slot * stride_cs + head_c * stride_ch + d_c, kn, mask=w_mask)
-            v_dst = _v_at(VCache, new_slot // PS, new_slot % PS, head_c, d_c, stride_cs, stride_ch, stride_vp,
-                          D, PS, V_T)  # fmt: skip
+            w_mask = (
+                md_mask & (offs_m % GROUP == 0)[:, None] & (offs_d < tl.where(new_slot >= 0, D, 0))[None, :]
+            )
+            tl.store(
+                KCache + new_slot * stride_cs + head_m[:, None] * stride_ch + offs_d[None, :], kn, mask=w_mask
+            )
+            v_dst = _v_at(VCache, new_slot // PS, new_slot % PS, head_m[:, None], offs_d[None, :], stride_cs,
+                          stride_ch, stride_vp, D, PS, V_T)  # fmt: skip
             tl.store(v_dst, vn, mask=w_mask)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     s_scale = qk_scale_m * unit
     pt_row = PageTable + b.to(tl.int64) * stride_pt
-    col_k = head_c * stride_ch + d_c  # (BLOCK_C,) K's offsets in a slot's row
     for n0 in range(start, cached_end, BLOCK_N):
         n0 = tl.multiple_of(n0, BLOCK_N)  # start is: so a page's positions are known contiguous
         pos = n0 + tl.arange(0, BLOCK_N)
         n_mask = pos < cached_end
         page_mask = (pos // PS) * PS < cached_end  # V by page: whole pages (see `attention._k_block`)
         page = tl.load(pt_row + pos // PS, mask=page_mask, other=0).to(tl.int64)
-        k_ptr = KCache + ((page * PS + pos % PS) * stride_cs)[:, None] + col_k[None, :]
-        k = tl.load(k_ptr, mask=n_mask[:, None] & c_mask[None, :], other=0.0)  # (BLOCK_N, BLOCK_C)
-        s = _dot(q, tl.trans(_widen(k, q.dtype, wide)), IEEE) * s_scale[:, None]  # (BLOCK_M, BLOCK_N)
-        s = tl.where(n_mask[None, :], s, float("-inf"))
+        k_off = ((page * PS + pos % PS) * stride_cs)[:, None] + offs_d[None, :]  # (BLOCK_N, BLOCK_D)
+        s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for g in tl.static_range(HEADS):  # every row against head g's keys, kept in head g's rows
+            k_mask = n_mask[:, None] & (offs_d < tl.where(kvh0 + g < HKV, D, 0))[None, :]  # past Hkv: nothing
+            k = _widen(
+                tl.load(KCache + k_off + (kvh0 + g) * stride_ch, mask=k_mask, other=0.0), q.dtype, wide
+            )
+            s = tl.where((head_m == kvh0 + g)[:, None], _dot(q, tl.trans(k), IEEE), s)
+        s = tl.where(n_mask[None, :], s * s_scale[:, None], float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v_ptr = _v_at(VCache, page[:, None], (pos % PS)[:, None], head_c[None, :], d_c[None, :], stride_cs,
-                      stride_ch, stride_vp, D, PS, V_T)  # fmt: skip
-        v_mask = (page_mask if V_T else n_mask)[:, None] & c_mask[None, :]
-        v = _widen(tl.load(v_ptr, mask=v_mask, other=0.0), q.dtype, wide)  # (BLOCK_N, BLOCK_C)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)  # in `unit`s
+        acc = acc * alpha[:, None]
+        v_rows = page_mask if V_T else n_mask
+        for g in tl.static_range(HEADS):  # head g's rows of p times its values: the rows do not overlap
+            v_ptr = _v_at(VCache, page[:, None], (pos % PS)[:, None], kvh0 + g, offs_d[None, :], stride_cs,
+                          stride_ch, stride_vp, D, PS, V_T)  # fmt: skip
+            v_mask = v_rows[:, None] & (offs_d < tl.where(kvh0 + g < HKV, D, 0))[None, :]
+            v = _widen(tl.load(v_ptr, mask=v_mask, other=0.0), q.dtype, wide)
+            p_g = tl.where((head_m == kvh0 + g)[:, None], p, 0.0).to(v.dtype)
+            acc += _dot(p_g, v, IEEE)  # in `unit`s
         m_i = m_new
     if HAS_NEW:
         if (start <= seq_len - 1) & (seq_len - 1 < end):
-            s_new = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * qk_scale_m  # q: 0 off its head
+            s_new = tl.sum(q.to(tl.float32) * kn.to(tl.float32), 1) * qk_scale_m
             m_new = tl.maximum(m_i, s_new)
             alpha = tl.exp(m_i - m_new)
             p_new = tl.exp(s_new - m_new)
             l_i = l_i * alpha + p_new
-            acc = acc * alpha[:, None] + p_new[:, None] * (vn.to(tl.float32) * (1.0 / unit))[None, :]
+            acc = acc * alpha[:, None] + p_new[:, None] * (vn.to(tl.float32) * (1.0 / unit))
             m_i = m_new
 
     has = end > start
     safe_l = tl.where(l_i > 0, l_i, 1.0)
-    out = tl.where(has, acc * (vs_c * unit)[None, :] / safe_l[:, None], 0.0)
+    out = tl.where(has, acc * (vs_m * unit / safe_l)[:, None], 0.0)
     row = b.to(tl.int64) * (GROUP * HKV) + kvh0 * GROUP + offs_m  # (BLOCK_M,) flat (b, query head)
     if NUM_SPLITS == 1:
-        tl.store(Out + row[:, None] * D + d_c[None, :], out.to(Out.dtype.element_ty), mask=diag)
+        tl.store(Out + row[:, None] * D + offs_d[None, :], out.to(Out.dtype.element_ty), mask=md_mask)
     else:
         lse = tl.where(has, m_i + tl.log(safe_l), float("-inf"))
-        tl.store(Partial + (row[:, None] * NUM_SPLITS + split) * D + d_c[None, :], out, mask=diag)
+        tl.store(Partial + (row[:, None] * NUM_SPLITS + split) * D + offs_d[None, :], out, mask=md_mask)
         tl.store(Lse + row * NUM_SPLITS + split, lse, mask=m_mask)
         tl.debug_barrier()  # as in `attention._decode_kernel`: stores before the release
         counter = Done + b * HKV + kvh0
@@ -270,8 +277,7 @@ def decode_packed(
     hkv = k_cache.shape[1]
     group = hq // hkv
     block_d = max(16, triton.next_power_of_2(d))
-    # (BLOCK_N, warps, stages): the accumulator is 16 x (heads x 128) float32 at 8B's shapes
-    block_n, warps, stages = (launch or ())[:3] or (32, 8 if heads * block_d >= 512 else 4, 2)
+    block_n, warps, stages = (launch or ())[:3] or (32, 4, 2)
     grid_h = triton.cdiv(hkv, heads)
     _decode_packed_kernel[(grid_h, bsz, num_splits) if heads_first else (bsz, grid_h, num_splits)](
         q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, cos, sin, scales[0], scales[1], out,
