@@ -185,15 +185,16 @@ for step in $steps; do
     fp8attn2|fp8attn2x)  # issue 28, decode attention over an fp8 pool at large batches and the fused activation quantization.
       # fp8attn2: their tests and the decode ones compiled, then bench_decode_attention at batch 256, one split, launches
       # BLOCK_N:warps:stages:kv_heads:maxnreg (kv_heads 0: the one-head kernel, >= 1: decode/packed.py's; maxnreg 0: unbounded;
-      # 64:4:2:0:0 is main's default). fp8attn2x: batch 96, lazy rescaling, a bf16 pool. Each bench ends by FP8_END (410) s.
-      cfgs=("0 fp8 256 64:4:2:0:0,64:4:2:0:80,64:4:2:0:72,64:8:2:0:64,64:4:3:0:80,32:4:3:0:80,32:4:2:4:96,32:4:2:4:0,32:4:3:4:96,64:4:2:2:128")
+      # 64:4:2:0:0 is main's default). fp8attn2x: 3 stages, batch 96, lazy rescaling, a bf16 pool. Each ends by FP8_END (410) s.
+      cfgs=("0 fp8 256 64:4:2:0:0,64:4:2:0:80,64:4:2:0:72,64:8:2:0:64,32:4:2:4:96,32:4:2:4:0,64:4:2:2:128")
       if [ $step = fp8attn2 ]; then
         timeout "${FP8_ATTN2_TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py \
           tests/kernels/test_fp8_kernels.py tests/engine/test_fp8_kv.py tests/engine/test_fp8_gpu.py \
           -k "packed or lazy or quantized_in or rounded or fp8_cache or fp8_and_attends or rotates" > "$OUT/fp8attn2_tests.log" 2>&1
         grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/fp8attn2_tests.log" | tail -20
       else
-        cfgs=("0 fp8 96 64:4:2:0:0,64:4:2:0:80,32:4:2:4:96,64:4:2:2:128" "8 fp8 256 64:4:2:0:80" "0 bf16 256 64:4:2:0:0,64:4:2:0:96,32:4:2:4:0")
+        cfgs=("0 fp8 256 64:4:2:0:0,64:4:3:0:80,32:4:3:0:80,32:4:3:4:96" "0 fp8 96 64:4:2:0:0,64:4:2:0:80,32:4:2:4:96,64:4:2:2:128"
+              "8 fp8 256 64:4:2:0:0,64:4:2:0:80" "0 bf16 256 64:4:2:0:0,64:4:2:0:96,32:4:2:4:0")
       fi
       for v in "${cfgs[@]}"; do
         set -- $v
@@ -204,12 +205,12 @@ for step in $steps; do
           --splits 1 --new --kv-dtype $2 --launches $4 2>&1 | tee -a "$OUT/fp8attn2.log"
       done ;;
     fp8wl2)  # the fp8 weights + fp8 KV throughput workload (FP8_WL_REPEATS, default 1): this tree's defaults, then main's
-      # behaviour (MINISGL_FP8_ATTN_MAXNREG=0 MINISGL_FP8_FUSED_QUANT=0) if the session is under FP8_WL_OLD_BY (320) s; each
+      # behaviour (MINISGL_FP8_ATTN_MAXNREG=0 MINISGL_FP8_FUSED_QUANT=0) if the session is under FP8_WL_OLD_BY (330) s; each
       # run ends by FP8_END (410) s
       for v in new old; do
         envs=""
         if [ $v = old ]; then
-          [ $SECONDS -ge "${FP8_WL_OLD_BY:-320}" ] && { echo "== fp8kv old: skipped at ${SECONDS}s" | tee -a "$OUT/fp8wl2.log"; break; }
+          [ $SECONDS -ge "${FP8_WL_OLD_BY:-330}" ] && { echo "== fp8kv old: skipped at ${SECONDS}s" | tee -a "$OUT/fp8wl2.log"; break; }
           envs="MINISGL_FP8_ATTN_MAXNREG=0 MINISGL_FP8_FUSED_QUANT=0"
         fi
         left=$(( ${FP8_END:-410} - SECONDS )); [ $left -gt 150 ] && left=150
