@@ -55,7 +55,7 @@ _HEADS_FIRST = os.environ.get("MINISGL_DECODE_HEADS_FIRST", "1") != "0"
 # An fp8 pool at one split: the registers a thread at most (ptxas' maxnreg; 0: the compiler's choice).
 # At 8B's shapes the kernel takes 119 registers, 4 programs (16 warps) a multiprocessor; at 80, 6
 # programs (24 warps) with no spill inside the loop (static count of Triton 3.9's code for sm_90).
-_FP8_MAXNREG = int(os.environ.get("MINISGL_FP8_ATTN_MAXNREG", "80"))
+_FP8_MAXNREG = int(os.environ.get("MINISGL_FP8_ATTN_MAXNREG", "0"))
 # > 0: the decode kernel moves its running max only when a row's grows by more than this (`_scores`).
 _LAZY = float(os.environ.get("MINISGL_DECODE_LAZY", "0"))
 

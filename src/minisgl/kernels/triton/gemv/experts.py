@@ -56,7 +56,7 @@ DOWN_CONFIG = ExpertRowConfig(2, 256, 4)  # 1,024 programs, 8 experts x 2 rows x
 
 def row_path_enabled() -> bool:
     """MINISGL_MOE_B1 (default 1): one token's experts through these row GEMVs (0: the grouped GEMMs)."""
-    return os.environ.get("MINISGL_MOE_B1", "1") not in ("", "0")
+    return os.environ.get("MINISGL_MOE_B1", "0") not in ("", "0")
 
 
 def route_in_gate_up() -> bool:
