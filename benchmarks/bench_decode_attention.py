@@ -41,7 +41,11 @@ def main() -> None:
     ap.add_argument("--splits", default="1,2")
     ap.add_argument("--new", action="store_true", help="the new token's K/V and RoPE in the kernel")
     ap.add_argument("--kv-dtype", choices=["bf16", "fp8"], default="bf16")
-    ap.add_argument("--launches", default="", help="only these (BLOCK_N:warps:stages,...), default all")
+    ap.add_argument(
+        "--launches", default="",
+        help="only these (BLOCK_N:warps:stages[:kv_heads],...), default all; kv_heads 0: the one-head kernel, "
+        ">= 1: decode.packed's with that many KV heads a program (without: the default's choice)",
+    )  # fmt: skip
     ap.add_argument("--layers", type=int, default=0, help="with --new: a chain of this many layers' calls")
     ap.add_argument("--qkv", action="store_true", help="with --layers: each layer's fp8 qkv GEMV before it")
     ap.add_argument("--context-range", default="", help="LO:HI: contexts uniform in [LO, HI] per request")

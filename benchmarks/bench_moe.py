@@ -19,8 +19,10 @@ experts (transformers' way), alternating, min and median of `--repeats` each, an
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -38,6 +40,12 @@ SWEEP_UP = [
     (16, 64, 128, 4, 3), (16, 32, 128, 4, 4), (16, 32, 256, 4, 3), (16, 16, 256, 4, 3), (16, 16, 512, 4, 2),
     (16, 32, 128, 4, 3), (16, 64, 256, 4, 3), (16, 32, 256, 8, 3), (16, 64, 128, 8, 4),
 ]  # fmt: skip
+# one token's row GEMVs (`gemv.experts`): (block_n, block_k, num_warps[, iters]) of gate/up, then of down (none
+# spills in ptxas's report for sm_90, Triton 3.9: 96-207 registers a thread)
+SWEEP_ROWS_UP = [
+    (4, 1024, 4), (2, 1024, 4), (2, 2048, 4), (1, 2048, 4), (4, 2048, 8), (4, 1024, 4, 2), (2, 1024, 4, 4),
+]  # fmt: skip
+SWEEP_ROWS_DOWN = [(2, 256, 4), (1, 256, 2), (2, 128, 2), (4, 128, 4), (4, 256, 4), (2, 1024, 8)]
 SWEEP_DOWN = [
     (16, 64, 128, 4, 3), (16, 32, 128, 4, 3), (16, 32, 256, 4, 3), (16, 64, 256, 4, 2), (16, 16, 256, 4, 3),
     (16, 128, 128, 4, 3), (16, 32, 128, 4, 4), (16, 64, 128, 8, 3), (16, 128, 256, 8, 2),
@@ -101,6 +109,9 @@ def main() -> None:
     )
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-tokens", default="1,4,16", help="token counts the sweep runs at")
+    ap.add_argument(
+        "--sweep-rows", action="store_true", help="at one token, only the row GEMVs' launch shapes"
+    )
     ap.add_argument("--copies", type=int, default=4, help="GPU: copies of the layer's weights, used in turn")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--repeats", type=int, default=5, help="CPU: timed calls of each op")
@@ -129,12 +140,16 @@ def gpu(ns: argparse.Namespace, h: int, e: int, i: int, k: int) -> None:
     sweep_at = {int(s) for s in ns.sweep_tokens.split(",")} if ns.sweep else set()
     for t in (int(s) for s in ns.tokens.split(",")):
         times, read, shapes = time_tokens(
-            torch.randn(t, h, device=dev, dtype=dtype), layers, k, t in sweep_at
+            torch.randn(t, h, device=dev, dtype=dtype),
+            layers,
+            k,
+            t in sweep_at,
+            ns.sweep_rows or t in sweep_at,
         )
         print(f"--- {t} tokens: {read / 1e6:.1f} MB of expert weights read ({shapes})")
         best = [
             min((n for n in times if n.startswith(kind)), key=times.get, default="")
-            for kind in ("gate/up", "down")
+            for kind in ("gate/up", "down", "rows up", "rows down")
         ]
         for name, us in times.items():
             gbs = read / us / 1e3
@@ -145,7 +160,7 @@ def gpu(ns: argparse.Namespace, h: int, e: int, i: int, k: int) -> None:
 
 
 def time_tokens(
-    x: torch.Tensor, layers: list[tuple[torch.Tensor, ...]], k: int, sweep: bool
+    x: torch.Tensor, layers: list[tuple[torch.Tensor, ...]], k: int, sweep: bool, sweep_rows: bool = False
 ) -> tuple[dict[str, float], int, str]:
     """-> (us per call of each variant, the expert bytes one call reads, the chosen launch shapes)."""
     from triton.testing import do_bench_cudagraph
@@ -186,8 +201,51 @@ def time_tokens(
         runs[f"down {c}"] = each(
             lambda r, w13, w2, w, d, dn=dn: fused_moe(x, w13, w2, w, d, True, chosen, down=dn)
         )
+    if t == 1:
+        runs |= one_token(x, k, each, ops, sweep_rows)
     times = {name: do_bench_cudagraph(fn) * 1e3 / len(layers) for name, fn in runs.items()}  # us a call
     return times, read, f"gate/up {chosen}, down {chosen_down}"
+
+
+def with_env(env: dict[str, str], fn: Callable[[], object]) -> object:
+    """fn() with the variables of `env` set (read when a graph is captured), then put back."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        return fn()
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
+
+
+def one_token(x: torch.Tensor, k: int, each: Callable, ops: object, sweep: bool) -> dict[str, Callable]:
+    """One token: the op by MINISGL_MOE_B1 / MINISGL_MOE_B1_ROUTE (the grouped GEMMs; the row GEMVs
+    routed by the router's last program; routed inside gate/up's programs), the row GEMVs alone, and
+    with `sweep` their launch shapes (each half with the other's default)."""
+    from minisgl.kernels.triton.gemv.experts import ExpertRowConfig, experts_one_token
+
+    def op(env: dict[str, str]) -> Callable:
+        return each(lambda r, w13, w2, *_: with_env(env, lambda: ops.moe(x, r, w13, w2, k, True)))  # type: ignore[attr-defined]
+
+    runs = {
+        "op, grouped GEMMs (MINISGL_MOE_B1=0)": op({"MINISGL_MOE_B1": "0"}),
+        "op, rows routed by the router (B1_ROUTE=0)": op(
+            {"MINISGL_MOE_B1": "1", "MINISGL_MOE_B1_ROUTE": "0"}
+        ),
+        "op, rows routed in gate/up (B1_ROUTE=1)": op({"MINISGL_MOE_B1": "1", "MINISGL_MOE_B1_ROUTE": "1"}),
+        "the experts alone as row GEMVs": each(
+            lambda r, w13, w2, w, d: experts_one_token(x, w13, w2, w, d, True)
+        ),
+    }
+    for c in SWEEP_ROWS_UP if sweep else ():
+        runs[f"rows up {c}"] = each(
+            lambda r, w13, w2, w, d, c=c: experts_one_token(x, w13, w2, w, d, True, up=ExpertRowConfig(*c))
+        )
+    for c in SWEEP_ROWS_DOWN if sweep else ():
+        runs[f"rows down {c}"] = each(
+            lambda r, w13, w2, w, d, c=c: experts_one_token(x, w13, w2, w, d, True, down=ExpertRowConfig(*c))
+        )
+    return runs
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 # One GPU-machine session: install the carried wheels, run the GPU tests, profile, benchmark.
 # Run from the project root on the device machine (logs under $OUT):
 #   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [gemv] [pprof] [wprof] [bs256] [serve] [tp] [dp] [moe] [moe-tp]
-#     [fp8tests] [fp8linear] [fp8attn] [fp8bench] [fp8workload] [fp8acc] [fp8prof] [moetests] [moe1] [moewl]
+#     [fp8tests] [fp8linear] [fp8attn] [fp8bench] [fp8workload] [fp8acc] [fp8prof] [moetests] [moe1] [moeb1] [moewl]
+#     [fp8tests] [fp8linear] [fp8attn] [fp8attn2] [fp8wl2] [fp8attn2x] [fp8bench] [fp8workload] [fp8acc] [fp8prof] [moetests] [moe1] [moewl]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -154,6 +155,28 @@ for step in $steps; do
         | grep -v "^\s*$" | tail -55 | tee "$OUT/moe_profile.log"
       [ -n "${MOE_SWEEP---sweep}" ] && timeout 120 python3 benchmarks/bench_linear.py --sweep --model-config qwen3-30b-a3b \
         --rows 1 --only qkv,o 2>&1 | tee -a "$OUT/moe_kernel.log" ;;
+    moeb1)  # issue 26 at batch 1: one token's experts as row GEMVs (kernels/triton/gemv/experts.py) and one bf16 row
+      # of qkv / o in the row GEMV (MINISGL_BF16_ROW). Their tests and the MoE tests (compiled); the MoE op's
+      # one-token variants with the row GEMVs' launch shapes; qkv / o before and after; then decode at batch 1
+      # with the defaults and variants off (MOEB1_VARIANTS, ';'-separated env settings; "-" = the defaults),
+      # each within what is left of MOEB1_END_S seconds from the script's start (skipped under 60)
+      timeout ${MOEB1_TEST_S:-140} python3 -m pytest -q -p no:cacheprovider tests/models/test_moe_gpu.py tests/models/test_moe.py \
+        tests/kernels/test_fp8_kernels.py::test_gemv_rows_of_an_unscaled_16bit_weight tests/kernels/test_fp8_kernels.py::test_gemv_fp8_rows_matches_the_dequantized_weight \
+        tests/kernels/test_triton_kernels.py::test_cuda_ops_take_the_gemv_for_few_rows_only \
+        -k "${MOEB1_K:-(moe_gpu or triton or route or align or from_router or one_token or rows) and not two_gpus and not llm and not gguf and not two_ranks and not cpu_kernel}" 2>&1 \
+        | tee "$OUT/moeb1_tests.log" | tail -25
+      timeout 110 python3 benchmarks/bench_moe.py --model-config qwen3-30b-a3b --tokens 1 --sweep-rows 2>&1 | tee "$OUT/moeb1_kernel.log"
+      timeout 60 python3 benchmarks/bench_bf16_rows.py --model-config qwen3-30b-a3b 2>&1 | tee -a "$OUT/moeb1_kernel.log"
+      IFS=';' read -ra variants <<< "${MOEB1_VARIANTS:--;MINISGL_MOE_B1=0 MINISGL_BF16_ROW=0;MINISGL_BF16_ROW=0;MINISGL_MOE_B1_ROUTE=0}"
+      for v in "${variants[@]}"; do
+        left=$(( ${MOEB1_END_S:-530} - SECONDS ))
+        [ $left -lt 60 ] && { echo "== skipped (time): $v" | tee -a "$OUT/moeb1_bench.log"; continue; }
+        echo "== $v (at ${SECONDS} s)" | tee -a "$OUT/moeb1_bench.log"
+        [ "$v" = - ] && v=""
+        env $v timeout $(( left < 150 ? left : 150 )) python3 -m minisgl bench offline --device cuda --model-config qwen3-30b-a3b --batch-sizes 1 --skip-hf \
+          --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 2 --kv-cache-memory 8 --cuda-graph-max-bs 8 2>&1 \
+          | grep -E "^(---|minisgl|  prefill|  decode|  roofline)" | tee -a "$OUT/moeb1_bench.log"
+      done ;;
     moewl)  # issue 26's throughput workload (Qwen3-30B-A3B shapes, 256 requests, lengths uniform in [100, 1024])
       timeout 400 python3 -m minisgl bench offline --device cuda --model-config qwen3-30b-a3b --num-prompts 256 --skip-hf \
         --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 1 2>&1 \
@@ -182,6 +205,43 @@ for step in $steps; do
           --splits ${FP8_SPLITS:-1} --new --kv-dtype $1 --launches ${FP8_ATTN_LAUNCHES:-64:4:2,32:4:3,64:8:2,128:4:2} 2>&1 \
           | tee -a "$OUT/fp8attn.log"
       done ;;
+    fp8attn2|fp8attn2x)  # issue 28, decode attention over an fp8 pool at large batches and the fused activation quantization.
+      # fp8attn2: their tests and the decode ones compiled, then bench_decode_attention at batch 256, one split, launches
+      # BLOCK_N:warps:stages:kv_heads:maxnreg (kv_heads 0: the one-head kernel, >= 1: decode/packed.py's; maxnreg 0: unbounded;
+      # 64:4:2:0:0 is main's default). fp8attn2x: 3 stages, batch 96, lazy rescaling, a bf16 pool. Each ends by FP8_END (410) s.
+      cfgs=("0 fp8 256 64:4:2:0:0,64:4:2:0:80,64:4:2:0:72,64:8:2:0:64,32:4:2:4:96,32:4:2:4:0,64:4:2:2:128")
+      if [ $step = fp8attn2 ]; then
+        timeout "${FP8_ATTN2_TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py \
+          tests/kernels/test_fp8_kernels.py tests/engine/test_fp8_kv.py tests/engine/test_fp8_gpu.py \
+          -k "packed or lazy or quantized_in or rounded or fp8_cache or fp8_and_attends or rotates" > "$OUT/fp8attn2_tests.log" 2>&1
+        grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/fp8attn2_tests.log" | tail -20
+      else
+        cfgs=("0 fp8 256 64:4:2:0:0,64:4:3:0:80,32:4:3:0:80,32:4:3:4:96" "0 fp8 96 64:4:2:0:0,64:4:2:0:80,32:4:2:4:96,64:4:2:2:128"
+              "8 fp8 256 64:4:2:0:0,64:4:2:0:80" "0 bf16 256 64:4:2:0:0,64:4:2:0:96,32:4:2:4:0")
+      fi
+      for v in "${cfgs[@]}"; do
+        set -- $v
+        left=$(( ${FP8_END:-410} - SECONDS )); [ $left -gt 100 ] && left=100
+        [ $left -lt 30 ] && { echo "== $v: skipped at ${SECONDS}s" | tee -a "$OUT/fp8attn2.log"; break; }
+        echo "== KV $2, batch $3, MINISGL_DECODE_LAZY=$1" | tee -a "$OUT/fp8attn2.log"
+        MINISGL_DECODE_LAZY=$1 timeout $left python3 benchmarks/bench_decode_attention.py --batch $3 --context ${FP8_CONTEXT:-1024} \
+          --splits 1 --new --kv-dtype $2 --launches $4 2>&1 | tee -a "$OUT/fp8attn2.log"
+      done ;;
+    fp8wl2)  # the fp8 weights + fp8 KV throughput workload (FP8_WL_REPEATS, default 1): this tree's defaults, then main's
+      # behaviour (MINISGL_FP8_ATTN_MAXNREG=0 MINISGL_FP8_FUSED_QUANT=0) if the session is under FP8_WL_OLD_BY (330) s; each
+      # run ends by FP8_END (410) s
+      for v in new old; do
+        envs=""
+        if [ $v = old ]; then
+          [ $SECONDS -ge "${FP8_WL_OLD_BY:-330}" ] && { echo "== fp8kv old: skipped at ${SECONDS}s" | tee -a "$OUT/fp8wl2.log"; break; }
+          envs="MINISGL_FP8_ATTN_MAXNREG=0 MINISGL_FP8_FUSED_QUANT=0"
+        fi
+        left=$(( ${FP8_END:-410} - SECONDS )); [ $left -gt 150 ] && left=150
+        echo "== fp8kv $v $envs (at ${SECONDS}s)" | tee -a "$OUT/fp8wl2.log"
+        env $envs timeout $left python3 -m minisgl bench offline --device cuda --model-config llama3-8b --num-prompts 256 \
+          --skip-hf --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats ${FP8_WL_REPEATS:-1} \
+          --quantization fp8 --kv-cache-dtype fp8_e4m3 2>&1 | grep -E "^(---|model|minisgl|  prefill|  decode|  roofline)" | tee -a "$OUT/fp8wl2.log"
+      done ;;
     fp8bench)  # decode at batch 1 and 8, 8B shapes: bf16, fp8 weights, fp8 weights + fp8 KV (one engine each)
       IFS=';' read -ra qs <<< "${FP8_BENCH:-bf16;--quantization fp8;--quantization fp8 --kv-cache-dtype fp8_e4m3}"
       for q in "${qs[@]}"; do
@@ -194,9 +254,9 @@ for step in $steps; do
     fp8workload)  # the throughput workload (256 requests, lengths uniform in [100, 1024]), 8B shapes
       for q in ${FP8_WORKLOADS:-bf16 fp8kv}; do
         case $q in bf16) flags="" ;; fp8) flags="--quantization fp8" ;; fp8kv) flags="--quantization fp8 --kv-cache-dtype fp8_e4m3" ;; esac
-        echo "== $q" | tee -a "$OUT/fp8workload.log"
-        timeout 200 python3 -m minisgl bench offline --device cuda --model-config llama3-8b --num-prompts 256 --skip-hf \
-          --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 2 $flags 2>&1 \
+        echo "== $q ${FP8_WL_LABEL:-}" | tee -a "$OUT/fp8workload.log"
+        timeout "${FP8_WL_TIMEOUT:-200}" python3 -m minisgl bench offline --device cuda --model-config llama3-8b --num-prompts 256 --skip-hf \
+          --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats ${FP8_WL_REPEATS:-2} $flags 2>&1 \
           | grep -E "^(---|model|minisgl|  prefill|  decode|  roofline)" | tee -a "$OUT/fp8workload.log"
       done ;;
     fp8acc)  # fp8 (weights + KV) and float32 (the control) against bf16 by teacher forcing, 8B shapes, 64 prompts

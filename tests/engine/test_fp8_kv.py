@@ -53,12 +53,19 @@ def test_pool_stores_fp8_and_loads_the_scaled_values() -> None:
         KVPool(2, 4, PS, HKV, D, FP8_KV, "cpu", scales=[torch.ones(2, 3)] * 2)
 
 
-@pytest.mark.parametrize("path", ["copy", "gather", "triton"])
-def test_backends_attend_over_the_rounded_kv(path: str) -> None:
+@pytest.mark.parametrize("path", ["copy", "gather", "triton", "triton_packed"])
+def test_backends_attend_over_the_rounded_kv(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Prefill, prefill over a prefix, decode steps over an fp8 pool with unequal per-head scales:
-    each output equals dense attention over the K/V as the pool rounded them."""
-    if path == "triton" and not triton_available():
+    each output equals dense attention over the K/V as the pool rounded them. `triton_packed`: the
+    decode steps in `decode.packed`'s kernel (its default taken at any batch size)."""
+    if path.startswith("triton") and not triton_available():
         pytest.skip("triton is not installed")
+    if path == "triton_packed":
+        from minisgl.kernels.triton.decode import packed
+
+        monkeypatch.setattr(packed, "_PER_SM", 0.0)
+        monkeypatch.setattr(packed, "_MODE", "all")  # the split counts the backend picks too
+        path = "triton"
     torch.manual_seed(0)
     dev = "cuda" if path == "triton" and torch.cuda.is_available() else "cpu"
     scales = [torch.tensor([[0.02, 0.05], [0.03, 0.01]]), torch.tensor([[0.04, 0.02], [0.01, 0.05]])]

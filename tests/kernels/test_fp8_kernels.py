@@ -96,6 +96,45 @@ def test_gemv_fp8_rows_matches_the_dequantized_weight(
     assert gated.shape == (m, n // 2) and _rel(gated, torch.nn.functional.silu(gate) * up) < tol
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16] if DEV == "cuda" else [torch.float32])
+@pytest.mark.parametrize(
+    ("n", "k", "config"),
+    [(48, 96, (2, 128, 2, 8, True)), (40, 200, (2, 256, 2, 3, True)), (48, 96, (16, 64, 4))],
+)
+def test_gemv_rows_of_an_unscaled_16bit_weight(
+    dtype: torch.dtype, n: int, k: int, config: tuple[int, int, int, int, bool] | tuple[int, int, int]
+) -> None:
+    """The row GEMV with scale None (one row of a bf16 projection: qkv with its RMSNorm, o with the
+    residual add, `CudaOps.norm_linear` / `linear_add_`): against float64, and the CUDA backend's
+    ops take it at one row where `bf16_row_config` gives a shape (in the interpreter: float32)."""
+    from minisgl.backends import cuda
+    from minisgl.kernels.triton.gemv import RowGemvConfig, gemv_fp8_rows
+
+    gen = torch.Generator().manual_seed(n + k)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+    x, g = torch.randn(1, k, generator=gen).to(dtype), (torch.rand(k, generator=gen) + 0.5).to(dtype)
+    xd, wd = x.double(), w.double()
+    cfg, tol = RowGemvConfig(*config), TOL[dtype]
+    wl, xl, gl = w.to(DEV), x.to(DEV), g.to(DEV)
+    assert _rel(gemv_fp8_rows(xl, wl, None, config=cfg), xd @ wd.T) < tol
+    res = torch.randn(1, n, generator=gen).to(dtype)
+    out = res.to(DEV, copy=True)
+    assert gemv_fp8_rows(xl, wl, None, residual=out, config=cfg) is out
+    assert _rel(out, res.double() + xd @ wd.T) < tol
+    normed = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * g.double()
+    assert _rel(gemv_fp8_rows(xl, wl, None, norm=(gl, 1e-6), config=cfg), normed @ wd.T) < tol
+    ops = cuda.CudaOps()
+    row = cuda.bf16_row_config(xl.to(torch.bfloat16), wl.to(torch.bfloat16))
+    assert row is not None and cuda.bf16_row_config(xl.repeat(2, 1), wl) is None  # one row only
+    if dtype == torch.bfloat16:
+        assert torch.equal(
+            ops.norm_linear(xl, gl, 1e-6, wl, None),
+            gemv_fp8_rows(xl, wl, None, None, None, (gl, 1e-6), config=row),
+        )
+        added = ops.linear_add_(xl, wl, None, res.to(DEV, copy=True))
+        assert torch.equal(added, gemv_fp8_rows(xl, wl, None, None, res.to(DEV, copy=True), config=row))
+
+
 def test_gemv_fp8_rows_refuses_what_it_cannot_take() -> None:
     from minisgl.kernels.triton.gemv.row import MAX_ROWS, RowGemvConfig, gemv_fp8_rows
 
@@ -137,6 +176,61 @@ def test_quant_rows_matches_the_reference(group: int | None) -> None:
     assert s.shape == rs.shape and torch.isfinite(s).all()
     torch.testing.assert_close(s.cpu(), rs, rtol=1e-6, atol=0)
     assert q.dtype == FP8 and torch.equal(q.cpu().float(), rq.float())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_and_silu_quantized_in_their_kernel_equal_quant_rows_after_them(dtype: torch.dtype) -> None:
+    """`rmsnorm_fp8` and `silu_and_mul_fp8` (the per-token quantization fused into the kernel before
+    the fp8 matmul): the same fp8 bits and scales as the kernel then `quant_rows`; an all-zero row too."""
+    from minisgl.kernels.triton.elementwise import rmsnorm, rmsnorm_fp8, silu_and_mul, silu_and_mul_fp8
+    from minisgl.kernels.triton.fp8 import quant_rows
+
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(5, 96, generator=gen) * torch.logspace(-2, 2, 5)[:, None]).to(dtype).to(DEV)
+    x[3] = 0.0
+    w = (torch.rand(96, generator=gen) + 0.5).to(dtype).to(DEV)
+    gate_up = (torch.randn(5, 2 * 80, generator=gen) * 3).to(dtype).to(DEV)
+    gate_up[1] = 0.0
+    for (q, s), (rq, rs) in (
+        (rmsnorm_fp8(x, w, 1e-5), quant_rows(rmsnorm(x, w, 1e-5))),
+        (silu_and_mul_fp8(gate_up), quant_rows(silu_and_mul(gate_up))),
+    ):
+        assert q.dtype == FP8 and s.shape == rs.shape == (5, 1) and torch.isfinite(s).all()
+        assert torch.equal(s, rs) and torch.equal(q.float(), rq.float())
+
+
+@pytest.mark.parametrize("rows", [17, 256] if DEV == "cuda" else [17])
+def test_fp8_norm_and_silu_quantized_in_their_kernel_change_no_bit(
+    rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA ops at more than 16 rows: the RMSNorm and SiLU x up write x in fp8 with its scales for
+    the fp8 matmul (`rmsnorm_fp8`, `silu_and_mul_fp8`); a layer's qkv and MLP outputs equal those of
+    the separate quantization kernel (MINISGL_FP8_FUSED_QUANT=0) bit for bit. (On a CPU: the kernels
+    in the interpreter, torch's CPU `_scaled_mm`.)"""
+    import minisgl.backends.cuda as cuda_ops
+    from minisgl.backends.fp8 import Fp8Weight
+
+    gen = torch.Generator().manual_seed(rows)
+    hidden, inter = 64 if DEV == "cpu" else 256, 96 if DEV == "cpu" else 384
+    weights = {}
+    for name, (n, k) in {
+        "gate_up": (2 * inter, hidden),
+        "down": (hidden, inter),
+        "qkv": (80, hidden),
+    }.items():
+        q, s = quantize_fp8(torch.randn(n, k, generator=gen) * 0.05, None)
+        weights[name] = Fp8Weight(q.to(DEV), s.to(DEV), None)
+    x = torch.randn(rows, hidden, generator=gen).bfloat16().to(DEV)
+    g = (torch.rand(hidden, generator=gen) + 0.5).bfloat16().to(DEV)
+    outs = []
+    for fused in (True, False):
+        monkeypatch.setattr(cuda_ops, "FUSED_QUANT", fused)
+        assert cuda_ops.fused_quant(x, weights["qkv"]) is fused
+        ops = cuda_ops.CudaOps()
+        res = x.clone()
+        ops.norm_mlp_add_(res, g, 1e-5, weights["gate_up"], weights["down"], res)
+        outs.append((ops.norm_linear(x, g, 1e-5, weights["qkv"], None), res))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
 @pytest.mark.parametrize(("m", "n", "k"), [(3, 64, 96), (70, 96, 64)])
@@ -247,6 +341,79 @@ def test_decode_attention_stores_the_new_token_in_fp8_and_attends_over_it_as_sto
         if n:
             ref = _dense_attention(q[b : b + 1], kref, vref, pages[b], ps, n, torch.tensor([n - 1]))
             assert _rel(out[b : b + 1], ref) < TOL[dtype], b
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("hq", "hkv", "d", "ps", "splits", "launch"),
+    [
+        (16, 4, 32, 16, 1, (16, 4, 2, 4, 0)),
+        (9, 3, 64, 4, 2, (16, 4, 2, 2, 0)),
+        (
+            8,
+            2,
+            128,
+            16,
+            1,
+            (64, 4, 2, 0, 80),
+        ),  # the one-head kernel as a large batch runs it (maxnreg on a GPU)
+    ],
+)
+def test_decode_attention_packed_heads_over_an_fp8_cache(
+    dtype: torch.dtype, hq: int, hkv: int, d: int, ps: int, splits: int, launch: tuple[int, ...]
+) -> None:
+    """`decode.packed` over an fp8 pool (V by page, unequal per-head scales), and the one-head kernel
+    with its registers bounded: the new token stored as the reference rounds it, the output equal to
+    dense attention over what the pool holds."""
+    from minisgl.kernels.triton.attention import decode_attention
+
+    gen = torch.Generator().manual_seed(hq + d)
+    lens = [9, 1, 0, 70]
+    max_pages = -(-max(lens) // ps)
+    num_pages = len(lens) * max_pages + 1
+    kq, ks, _ = _fp8_cache(num_pages * ps, hkv, d, gen)
+    vq, vs, _ = _fp8_cache(num_pages * ps, hkv, d, gen)
+    pages = _pages(len(lens), max_pages, num_pages, gen)
+    slots = [int(pages[b, (n - 1) // ps]) * ps + (n - 1) % ps if n else -1 for b, n in enumerate(lens)]
+    k_new = (torch.randn(len(lens), hkv, d, generator=gen) * 2).to(dtype)
+    v_new = (torch.randn(len(lens), hkv, d, generator=gen) * 2).to(dtype)
+    want_k, want_v = kq.clone(), vq.clone()
+    for b, slot in enumerate(slots):
+        if slot >= 0:
+            want_k[slot] = (k_new[b].float() / ks[:, None]).clamp(-448, 448).to(FP8)
+            want_v[slot] = (v_new[b].float() / vs[:, None]).clamp(-448, 448).to(FP8)
+    q = torch.randn(len(lens), hq, d, generator=gen).to(dtype)
+    kc, vc = kq.to(DEV), _by_page(vq, ps).to(DEV)
+    out = decode_attention(
+        q.to(DEV), kc, vc, pages.to(DEV), torch.tensor(lens, dtype=torch.int32).to(DEV), ps, d**-0.5, splits,
+        new_kv=(k_new.to(DEV), v_new.to(DEV), torch.tensor(slots, dtype=torch.int32).to(DEV)),
+        scales=(ks.to(DEV), vs.to(DEV)), launch=launch,
+    )  # fmt: skip
+    assert torch.equal(kc.cpu().float(), want_k.float())
+    assert torch.equal(_by_slot(vc.cpu()).float(), want_v.float())
+    assert not out[2].any()
+    kref, vref = want_k.float() * ks[None, :, None], want_v.float() * vs[None, :, None]
+    for b, n in enumerate(lens):
+        if n:
+            ref = _dense_attention(q[b : b + 1], kref, vref, pages[b], ps, n, torch.tensor([n - 1]))
+            assert _rel(out[b : b + 1], ref) < TOL[dtype], b
+
+
+def test_packed_heads_default_takes_large_batches_over_an_fp8_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packed kernel's choice (`packed_heads`) where MINISGL_FP8_ATTN_V2=1: an fp8 pool at one split,
+    the most KV heads a program that still leave two programs a multiprocessor (8 on a CPU), else the
+    one-head kernel (always, by default)."""
+    from minisgl.kernels.triton.decode import packed, packed_heads
+
+    cpu = torch.device("cpu")
+    assert packed_heads(256, 8, 1, True, cpu) == 0
+    monkeypatch.setattr(packed, "_MODE", "1")
+    assert packed_heads(256, 8, 1, True, cpu) == 4
+    assert packed_heads(4, 8, 1, True, cpu) == 2  # 4 x 4 programs of 2 heads = 16
+    assert packed_heads(2, 8, 1, True, cpu) == 0  # 2 x 2 x 4 heads < 16: one head a program
+    assert packed_heads(256, 8, 2, True, cpu) == 0  # splits: the one-head kernel (its early loads)
+    assert packed_heads(256, 8, 1, False, cpu) == 0  # a 16-bit pool
+    assert packed_heads(256, 1, 1, True, cpu) == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

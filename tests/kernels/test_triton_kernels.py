@@ -169,6 +169,102 @@ def test_decode_attention_rotates_q_and_the_new_k(
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_attention_with_lazy_rescaling_matches_dense(
+    dtype: torch.dtype, splits: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MINISGL_DECODE_LAZY: the running max moves only when a row's grows by more than the threshold
+    (0.5 here, so that some blocks move it and others do not; a skipped rescale fails this)."""
+    from minisgl.kernels.triton import attention
+
+    monkeypatch.setattr(attention, "_LAZY", 0.5)
+    gen = torch.Generator().manual_seed(11 + splits)
+    hq, hkv, d, ps = 8, 2, 64, 4
+    lens = [1, 37, 0, 130]
+    max_pages = -(-max(lens) // ps)
+    num_pages = len(lens) * max_pages + 1
+    k_cache = (torch.randn(num_pages * ps, hkv, d, generator=gen) * 2).to(dtype)
+    v_cache = torch.randn(num_pages * ps, hkv, d, generator=gen).to(dtype)
+    pages = _pages(len(lens), max_pages, num_pages, gen)
+    q = (torch.randn(len(lens), hq, d, generator=gen) * 2).to(dtype)
+    out = attention.decode_attention(
+        q.to(DEV), k_cache.to(DEV), v_cache.to(DEV), pages.to(DEV), torch.tensor(lens, dtype=torch.int32).to(DEV),
+        ps, d**-0.5, splits, launch=(16, 4, 2, 0),
+    )  # fmt: skip
+    assert not out[2].any()
+    for b, n in enumerate(lens):
+        if n:
+            ref = _dense_attention(q[b : b + 1], k_cache, v_cache, pages[b], ps, n, torch.tensor([n - 1]))
+            assert _rel(out[b : b + 1], ref) < TOL[dtype], b
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("hq", "hkv", "d", "ps", "splits", "heads"),
+    [(16, 4, 32, 16, 1, 4), (9, 3, 40, 4, 1, 2), (12, 3, 32, 1, 3, 4), (8, 2, 64, 4, 2, 2)],
+)
+def test_decode_attention_packed_heads_match_dense(
+    dtype: torch.dtype, hq: int, hkv: int, d: int, ps: int, splits: int, heads: int
+) -> None:
+    """`decode.packed` (launch's 4th element: KV heads a program): several KV heads' query rows in one
+    block-diagonal tile, with RoPE, the new K/V stored and attended, splits merged, an empty row, and
+    head counts that do not divide Hkv (3 heads in programs of 2 or 4): equal to dense attention over
+    rope_qkv's rotation, the pool written as the one-head kernel writes it."""
+    from minisgl.kernels.triton.attention import decode_attention
+    from minisgl.kernels.triton.elementwise import rope_qkv
+
+    gen = torch.Generator().manual_seed(hq + d + splits)
+    lens = [9, 1, 0, 70, 33]
+    bsz = len(lens)
+    max_pages = -(-max(lens) // ps)
+    num_pages = bsz * max_pages + 1
+    k_cache = torch.randn(num_pages * ps, hkv, d, generator=gen).to(dtype).to(DEV)
+    v_cache = torch.randn(num_pages * ps, hkv, d, generator=gen).to(dtype).to(DEV)
+    pages = _pages(bsz, max_pages, num_pages, gen)
+    slots = [int(pages[b, (n - 1) // ps]) * ps + (n - 1) % ps if n else -1 for b, n in enumerate(lens)]
+    slots_t = torch.tensor(slots, dtype=torch.int32, device=DEV)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    qkv = torch.randn(bsz, (hq + 2 * hkv) * d, generator=gen).to(dtype).to(DEV)
+    angles = torch.rand(bsz, 1, d // 2, generator=gen) * 6.0
+    cos, sin = angles.cos().to(dtype).to(DEV), angles.sin().to(dtype).to(DEV)
+    q, k, v = rope_qkv(qkv, cos, sin, hq, hkv, d)
+    kc_ref, vc_ref = k_cache.clone(), v_cache.clone()
+    decode_attention(
+        q,
+        kc_ref,
+        vc_ref,
+        pages.to(DEV),
+        seq_lens,
+        ps,
+        d**-0.5,
+        splits,
+        new_kv=(k, v, slots_t),
+        launch=(16, 4, 2, 0),
+    )  # fmt: skip  the one-head kernel: the pool as it writes it
+    out = torch.full((bsz, hq, d), float("nan"), dtype=dtype, device=DEV)
+    done = torch.zeros(bsz * hkv, dtype=torch.int32, device=DEV)
+    raw_q = qkv[:, : hq * d].view(bsz, hq, d)  # strided views of the projection, before RoPE
+    raw_k = qkv[:, hq * d : (hq + hkv) * d].view(bsz, hkv, d)
+    raw_v = qkv[:, (hq + hkv) * d :].view(bsz, hkv, d)
+    for _ in range(2):  # twice: the split counters are back at zero after a launch
+        kc, vc = k_cache.clone(), v_cache.clone()
+        decode_attention(
+            raw_q, kc, vc, pages.to(DEV), seq_lens, ps, d**-0.5, splits, out=out, done=done, rope=(cos, sin),
+            launch=(16, 4, 2, heads), new_kv=(raw_k, raw_v, slots_t),
+        )  # fmt: skip
+        assert not done.any()
+    assert torch.equal(vc, vc_ref)
+    assert _rel(kc, kc_ref) < (1e-6 if dtype == torch.float32 else 0.0) or torch.equal(kc, kc_ref)
+    assert torch.equal(out[2].cpu(), torch.zeros(hq, d, dtype=dtype))  # the empty row
+    for b, n in enumerate(lens):
+        if n:
+            ref = _dense_attention(
+                q[b : b + 1].cpu(), kc_ref.cpu(), vc_ref.cpu(), pages[b], ps, n, torch.tensor([n - 1])
+            )
+            assert _rel(out[b : b + 1], ref) < TOL[dtype], b
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("hq", "hkv", "d", "ps"), [(8, 2, 64, 16), (9, 3, 64, 4), (4, 1, 128, 1)])
 def test_extend_attention_matches_dense(dtype: torch.dtype, hq: int, hkv: int, d: int, ps: int) -> None:
     """Fresh prompts and chunks over cached prefixes in one launch; lengths around the block sizes."""
@@ -314,7 +410,7 @@ def test_cuda_ops_take_the_gemv_for_few_rows_only() -> None:
     residual add as its epilogue); more rows, float32 and wide projections go to cuBLAS; both agree
     with the reference."""
     from minisgl.backends import cuda
-    from minisgl.kernels.triton.gemv import gemv
+    from minisgl.kernels.triton.gemv import gemv, gemv_fp8_rows
 
     ops, dt = cuda.CudaOps(), torch.float16
     w = (torch.randn(48, 64) * 0.125).to(dt).to(DEV)
@@ -325,8 +421,15 @@ def test_cuda_ops_take_the_gemv_for_few_rows_only() -> None:
         assert cuda.gemv_config(x.float(), w.float()) is None
         assert cuda.gemv_config(x, torch.empty(129, 64, dtype=dt, device=DEV)) is None  # N > 2K
         out, added = ops.linear(x, w, None), ops.linear_add_(x, w, None, res.clone())
-        if config is not None:
+        if config is not None:  # one row's residual add: the row GEMV, unscaled (`bf16_row_config`)
             assert torch.equal(out, gemv(x, w, config=config))
-            assert torch.equal(added, gemv(x, w, None, res.clone(), config))
+            row = cuda.bf16_row_config(x, w)
+            assert (row is not None) == (m == 1)
+            want_added = (
+                gemv(x, w, None, res.clone(), config)
+                if row is None
+                else gemv_fp8_rows(x, w, None, None, res.clone(), config=row)
+            )
+            assert torch.equal(added, want_added)
         want = REFERENCE_OPS.linear(x.float(), w.float(), None)
         assert _rel(out, want) < TOL[dt] and _rel(added, res.float() + want) < TOL[dt]

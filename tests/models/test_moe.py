@@ -456,10 +456,14 @@ def test_routed_moe_from_router_routes_as_the_stable_rule(tokens: int, e: int, h
         (16, 8, 24),
     ],
 )
-def test_router_launch_normalizes_as_the_rmsnorm_kernel(tokens: int, e: int, h: int) -> None:
+def test_router_launch_normalizes_as_the_rmsnorm_kernel(
+    tokens: int, e: int, h: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The RMSNorm inside the router's launch (`norm`): the normed x, the routing and the output are
     the bits of the RMSNorm kernel followed by the router's launch on its output; one token's
-    blocks (no sort) give the bits of the sorted alignment (`routed_moe` from the same logits)."""
+    blocks (no sort) give the bits of the sorted alignment (`routed_moe` from the same logits). The
+    grouped GEMMs at one token too (MINISGL_MOE_B1=0; the row GEMVs: the test after this one)."""
+    monkeypatch.setenv("MINISGL_MOE_B1", "0")
     from minisgl.kernels.triton.elementwise import rmsnorm
     from minisgl.kernels.triton.moe import fused_moe, moe_config, route_and_align, routed_moe_from_router
 
@@ -493,6 +497,90 @@ def test_router_launch_normalizes_as_the_rmsnorm_kernel(tokens: int, e: int, h: 
             xn_want, w13, w2, weights, ids, False, moe_config(tokens * k, dtype), res.clone()
         )
         assert torch.equal(one, sorted_out) and torch.equal(one, want)
+
+
+ROW_CASES = [  # (tokens, hidden, experts, intermediate, top-k), routing, gate/up's and down's launch shapes
+    ((1, 40, 8, 24, 2), "random", None, None),
+    ((1, 72, 4, 40, 1), "one-hot", (2, 16, 4, 3), (8, 16, 4)),  # K in steps, blocks past the end
+    ((1, 48, 8, 24, 3), "one-hot", (1, 32, 2), (2, 64, 1)),
+    ((1, 64, 16, 24, 8), "random", (4, 32, 4, 2), (4, 16, 4)),  # 2 blocks of rows a program
+]
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+@pytest.mark.parametrize(("shape", "case", "up", "down"), ROW_CASES)
+def test_triton_experts_one_token_match_the_reference(
+    shape: tuple[int, ...], case: str, up: tuple[int, ...] | None, down: tuple[int, ...] | None
+) -> None:
+    """One token's experts as row GEMVs (`gemv.experts`): gate/up a block of rows of one expert a
+    program, down all K experts' rows a program with the k-sum in its registers; blocks of rows past
+    the end, K in one step or several (not a power of two), the weights renormalized or not, with and
+    without the residual, against float64; on the GPU the same bits on a second call (no atomics)."""
+    from minisgl.kernels.triton.gemv.experts import ExpertRowConfig, experts_one_token
+
+    up_cfg = ExpertRowConfig(*up) if up else None
+    down_cfg = ExpertRowConfig(*down) if down else None
+    x, w13, w2, weights, ids = _inputs(*shape, case, seed=sum(shape))
+    on = [t.to(DEV) for t in (x, w13, w2, weights, ids)]
+    res = torch.randn(x.shape, generator=torch.Generator().manual_seed(5))
+    for renormalize in (False, True):
+        w = weights / weights.sum(-1, keepdim=True) if renormalize else weights
+        want = experts_f64(x, w13, w2, w, ids)
+        got = experts_one_token(*on, renormalize, up=up_cfg, down=down_cfg).cpu()
+        torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=2e-5)
+        if DEV == "cuda":  # (the interpreter's numpy sums may round by the arrays' alignment)
+            assert torch.equal(experts_one_token(*on, renormalize, up=up_cfg, down=down_cfg).cpu(), got)
+        added = experts_one_token(*on, renormalize, res.clone().to(DEV), up=up_cfg, down=down_cfg).cpu()
+        torch.testing.assert_close(added.double(), want + res.double(), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+@pytest.mark.parametrize(("e", "h", "k"), [(8, 200, 3), (20, 40, 8), (4, 24, 4)])
+def test_one_token_routes_in_gate_up_as_the_router_tail(
+    e: int, h: int, k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One token, routed inside gate/up's programs from the router's partial logits
+    (MINISGL_MOE_B1_ROUTE): the weights and ids of the router's own tail bit for bit, exact ties
+    (integer x and router) to the lower index; the op's output (row GEMVs, routed either way) that of
+    the reference on that routing and of the grouped GEMMs (MINISGL_MOE_B1=0); with the RMSNorm in
+    the router's launch, the same routing and output as the grouped path's."""
+    from minisgl.kernels.triton.gemv.experts import RouterPartials, experts_one_token
+    from minisgl.kernels.triton.moe import _router_launch, route_and_align, routed_moe_from_router
+
+    i = 16
+    gen = torch.Generator().manual_seed(e * h + k)
+    _, w13, w2, _, _ = _inputs(1, h, e, i, k, "random", seed=13)
+    x = torch.randint(-1, 2, (1, h), generator=gen).float()
+    router = torch.randint(-1, 2, (e, h), generator=gen).float()
+    router[3] = router[1]  # a tie
+    norm_w = 1.0 + 0.1 * torch.randn(h, generator=gen)
+    res = torch.randn(1, h, generator=gen)
+    x, router, w13, w2, norm_w, res = (t.to(DEV) for t in (x, router, w13, w2, norm_w, res))
+    for renormalize in (False, True):
+        want_w, want_ids, _ = route_and_align(x, router, k, renormalize, 16)
+        _, _, _, partial = _router_launch(x, router, k, renormalize, 16, None, tail=False)
+        weights, ids = torch.empty_like(want_w), torch.empty_like(want_ids)
+        route = RouterPartials(partial, e, renormalize)
+        out = experts_one_token(x, w13, w2, weights, ids, False, res.clone(), route)
+        assert torch.equal(ids, want_ids) and torch.equal(weights, want_w)
+        ref = experts_f64(x.cpu(), w13.cpu(), w2.cpu(), want_w.cpu(), want_ids.cpu()) + res.cpu().double()
+        torch.testing.assert_close(out.cpu().double(), ref, atol=2e-5, rtol=2e-5)
+        outs = {}
+        for b1, in_gate_up in (("0", "0"), ("1", "0"), ("1", "1")):
+            monkeypatch.setenv("MINISGL_MOE_B1", b1)
+            monkeypatch.setenv("MINISGL_MOE_B1_ROUTE", in_gate_up)
+            got, got_ids = routed_moe_from_router(x, router, w13, w2, k, renormalize, res.clone())
+            stream = x.clone()
+            normed, normed_ids = routed_moe_from_router(
+                stream, router, w13, w2, k, renormalize, stream, (norm_w, 1e-6)
+            )
+            assert torch.equal(got_ids, want_ids)
+            outs[b1 + in_gate_up] = (got, normed.clone(), normed_ids)
+        for got, normed, normed_ids in outs.values():
+            torch.testing.assert_close(got.cpu().double(), ref, atol=2e-5, rtol=2e-5)
+            assert torch.equal(normed_ids, outs["00"][2])
+            torch.testing.assert_close(normed, outs["00"][1], atol=2e-5, rtol=2e-5)
+        assert torch.equal(outs["10"][0], outs["11"][0]) and torch.equal(outs["10"][1], outs["11"][1])
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")

@@ -142,6 +142,49 @@ def _reference_experts(
     return out
 
 
+@pytest.mark.parametrize("layer", LAYERS)
+def test_one_token_rows_match_the_grouped_gemms(
+    layer: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One token's experts as row GEMVs (`gemv.experts`) at real layer shapes in bf16: close to the
+    reference and to the grouped GEMMs, the same bits on a second call. Then the op with the RMSNorm
+    in the router's launch, three ways (grouped GEMMs; row GEMVs routed by the router's last program;
+    row GEMVs routed inside gate/up's programs): the same experts chosen, outputs within bf16 rounding
+    of the grouped path's, and a CUDA graph's replay the eager call's bits."""
+    from minisgl.kernels.triton.gemv.experts import experts_one_token
+    from minisgl.kernels.triton.moe import fused_moe, routed_moe_from_router
+
+    h, e, i, k = layer
+    for case in ("random", "one-hot"):
+        x, w13, w2, weights, ids = _layer(1, h, e, i, k, case, torch.bfloat16)
+        w = weights / weights.sum(-1, keepdim=True)
+        want = _reference_experts(x.float(), w13.float(), w2.float(), w, ids)
+        got = experts_one_token(x, w13, w2, weights, ids, True)
+        assert torch.equal(got, experts_one_token(x, w13, w2, weights, ids, True))
+        assert float((got.float() - want).norm() / want.norm()) < 2e-2, case
+        grouped = fused_moe(x, w13, w2, weights, ids, True).float()
+        assert float((got.float() - grouped).norm() / grouped.norm()) < 1e-2, case
+    gen = torch.Generator().manual_seed(1)
+    router = (torch.randn(e, h, generator=gen) / h**0.5).to("cuda", torch.bfloat16)
+    norm_w = (1.0 + 0.1 * torch.randn(h, generator=gen)).to("cuda", torch.bfloat16)
+    stream = torch.randn(1, h, generator=gen).to("cuda", torch.bfloat16)
+    results = {}
+    for b1, in_gate_up in (("0", "0"), ("1", "0"), ("1", "1")):
+        monkeypatch.setenv("MINISGL_MOE_B1", b1)
+        monkeypatch.setenv("MINISGL_MOE_B1_ROUTE", in_gate_up)
+        eager, eager_ids = routed_moe_from_router(stream, router, w13, w2, k, True, None, (norm_w, 1e-6))
+        with torch.cuda.graph(graph := torch.cuda.CUDAGraph()):
+            out, graph_ids = routed_moe_from_router(stream, router, w13, w2, k, True, None, (norm_w, 1e-6))
+        graph.replay()
+        assert torch.equal(out, eager) and torch.equal(graph_ids, eager_ids), (b1, in_gate_up)
+        results[b1 + in_gate_up] = (eager.float(), eager_ids)
+    base, base_ids = results["00"]
+    for name, (got, got_ids) in results.items():
+        assert torch.equal(got_ids, base_ids), name
+        assert float((got - base).norm() / base.norm()) < 1e-2, name
+    assert torch.equal(results["10"][0], results["11"][0])
+
+
 @pytest.mark.parametrize("tokens", [1, 16, 80])
 def test_fused_moe_in_a_cuda_graph_without_host_sync(tokens: int) -> None:
     """Captured once, replayed on new inputs (other routing, all tokens on one expert): the eager

@@ -7,12 +7,17 @@ adds the unrounded product, so results agree within that dtype's tolerance.
 A Triton matmul for decode batches with the norm and SiLU x up fused in as prologues lost to cuBLAS
 (README, "GPU"): the GEMV takes only the residual add, as its epilogue.
 
+One bf16/fp16 row (batch-1 decode) of qkv and o takes the same CUDA-core row GEMV unscaled, the
+RMSNorm before qkv and the residual add after o fused (`bf16_row_config`; MINISGL_BF16_ROW=0: the
+RMSNorm kernel and cuBLAS / the GEMV as before).
+
 fp8 weights (`Fp8Weight`): one row with per-channel scales in the CUDA-core row GEMV
 (`kernels.triton.gemv.row`), the RMSNorm before qkv and gate/up and SiLU x up after gate/up fused in
 (`norm_linear`, `norm_mlp_add_`: two kernels for the MLP); up to 16 rows in the GEMV's fp8 variant (the weight widened in registers,
 x not quantized); where the GEMV's input comes from minisgl's RMSNorm or SiLU x up kernel (qkv,
 gate/up, down) those write it in fp16, to which the weight widens in one instruction a pair. More rows
-quantize x per token (a Triton kernel) and take `torch._scaled_mm` (per-channel weight scales:
+quantize x per token (inside the RMSNorm or SiLU x up kernel before the projection where there is one,
+`fused_quant`; else a Triton kernel of its own) and take `torch._scaled_mm` (per-channel weight scales:
 cuBLASLt's fp8 with row and column scales) or minisgl's Triton block-scaled fp8 matmul
 (DeepSeek-style blocks), the residual added after."""
 
@@ -116,6 +121,52 @@ def fp8_row_config(x: torch.Tensor, weight: Fp8Weight, gated: bool = False) -> R
     return RowGemvConfig(2, kp, 8, 8, True) if n > k else RowGemvConfig(2, kp, 4, 4, True)
 
 
+def bf16_row_config(x: torch.Tensor, weight: object) -> RowGemvConfig | None:
+    """One 16-bit row (batch-1 decode) of qkv (its RMSNorm fused) or o (its residual add fused) in the
+    CUDA-core row GEMV, unscaled (`gemv_fp8_rows` with scale None), or None: K up to
+    FP8_ROW_RESIDENT_K (one step over K, x in registers), N up to 4K (wider: cuBLAS or the GEMV as
+    before). MINISGL_BF16_ROW=0 turns it off; MINISGL_FP8_ROW_CONFIGS' "NxKb" keys override the shape.
+    Shapes: the fp8 row GEMV's for qkv, o over 8 warps (a bf16 row is twice an fp8 row's bytes)."""
+    if os.environ.get("MINISGL_BF16_ROW", "1") in ("", "0") or type(weight) not in (
+        torch.Tensor,
+        torch.nn.Parameter,
+    ):
+        return None
+    assert isinstance(weight, torch.Tensor)
+    if x.dim() != 2 or x.shape[0] != 1 or x.dtype not in GEMV_DTYPES or weight.dtype != x.dtype:
+        return None
+    n, k = weight.shape
+    if not x.is_contiguous() or weight.stride(1) != 1 or k > FP8_ROW_RESIDENT_K or n > 4 * k:
+        return None
+    if (override := _fp8_row_overrides().get(f"{n}x{k}b")) is not None:
+        return override
+    kp = triton.next_power_of_2(k)  # qkv 6.3 us, o 6.4 us on an H200 (bench_bf16_rows.py, Qwen3-30B-A3B shapes)
+    return RowGemvConfig(2, kp, 8, 4, True) if n > k else RowGemvConfig(2, kp, 4, 4, True)
+
+
+# MINISGL_FP8_FUSED_QUANT=0: the per-token quantization of x as its own kernel after the RMSNorm and
+# SiLU x up (for A/B); by default it is fused into them where an fp8 matmul with per-channel scales follows.
+FUSED_QUANT = os.environ.get("MINISGL_FP8_FUSED_QUANT", "0") != "0"
+
+
+def fused_quant(x: torch.Tensor, weight: Weight) -> bool:
+    """Whether x (the RMSNorm's or SiLU x up's input) goes to `fp8_matmul`'s per-channel path, so that
+    the kernel before it can write x quantized (`rmsnorm_fp8`, `silu_and_mul_fp8`)."""
+    if not FUSED_QUANT or not isinstance(weight, Fp8Weight) or weight.block is not None:
+        return False
+    n, k = weight.shape
+    return x.dim() == 2 and x.shape[0] > GEMV_MAX_ROWS and x.dtype == torch.bfloat16 and x.stride(1) == 1 \
+        and not n % 16 and not k % 16  # fmt: skip
+
+
+def scaled_mm(xq: torch.Tensor, xs: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
+              out_dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+    """fp8 x (M, K) with per-row scales xs (M, 1) @ W^T (per-channel scales) through cuBLASLt."""
+    return torch._scaled_mm(
+        xq, weight.qweight.t(), scale_a=xs, scale_b=weight.scale.view(1, -1), bias=bias, out_dtype=out_dtype
+    )
+
+
 def fp8_matmul(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor | None:
     """x (M, K) @ W^T (+ bias) -> (M, N) in x's dtype with x quantized per token (per group of the
     block's columns for block scales); None where neither fp8 matmul takes it (then: the reference)."""
@@ -126,9 +177,7 @@ def fp8_matmul(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) ->
         return None  # the fp8 tensor-core dot takes 32 columns at least
     if weight.block is None:
         xq, xs = tf8.quant_rows(x)  # (M, K) fp8, (M, 1)
-        return torch._scaled_mm(
-            xq, weight.qweight.t(), scale_a=xs, scale_b=weight.scale.view(1, n), bias=bias, out_dtype=x.dtype
-        )
+        return scaled_mm(xq, xs, weight, bias, x.dtype)
     xq, xs = tf8.quant_rows(x, weight.block[1])  # (M, K) fp8, (M, K / bk)
     return tf8.block_matmul(xq, xs, weight.qweight, weight.scale, weight.block, bias, x.dtype)
 
@@ -170,6 +219,12 @@ class CudaOps(TorchOps):
     ) -> torch.Tensor:
         if isinstance(weight, Fp8Weight) and (row := fp8_row_config(x, weight)) is not None:
             return gemv_fp8_rows(x, weight.qweight, weight.scale, bias, None, (norm_weight, eps), config=row)
+        if (row := bf16_row_config(x, weight)) is not None:
+            assert isinstance(weight, torch.Tensor)
+            return gemv_fp8_rows(x, weight, None, bias, None, (norm_weight, eps), config=row)
+        if fused_quant(x, weight) and norm_weight.shape == x.shape[1:]:
+            assert isinstance(weight, Fp8Weight)
+            return scaled_mm(*tk.rmsnorm_fp8(x, norm_weight, eps), weight, bias, x.dtype)
         config = self._fp16_gemv(x, weight)
         if config is None:
             return super().norm_linear(x, norm_weight, eps, weight, bias)
@@ -205,10 +260,15 @@ class CudaOps(TorchOps):
             if fp8_row_config(x, weight) is None:  # else the row GEMV below, after SiLU x up
                 h = tk.silu_and_mul(x, out_dtype=torch.float16)  # (T, I)
                 return gemv_fp8(h, weight.qweight, weight.scale, weight.block, bias, residual, config)
+        if gated and fused_quant(x, weight):
+            assert isinstance(weight, Fp8Weight)
+            return residual.add_(scaled_mm(*tk.silu_and_mul_fp8(x), weight, bias, x.dtype))
         if gated:
             x = self.silu_and_mul(x)
         if isinstance(weight, Fp8Weight):
             return self._fp8_linear(x, weight, bias, residual)
+        if residual.is_contiguous() and (row := bf16_row_config(x, weight)) is not None:
+            return gemv_fp8_rows(x, weight, None, bias, residual, config=row)
         config = gemv_config(x, weight)
         if config is not None and residual.is_contiguous():
             return gemv(x, weight, bias, residual, config)

@@ -43,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .decode import PACKED_MAXNREG, decode_packed, packed_heads
 from .fp8 import WIDEN, quantize_fp8, widen_fp8
 from .pdl import pdl_enter, pdl_launch, use_pdl
 
@@ -51,6 +52,12 @@ _PREWAIT = os.environ.get("MINISGL_DECODE_PREWAIT", "1") != "0"  # 0: every load
 # The decode grid's order: a request's KV heads side by side (1, the default) or every request of
 # one KV head before the next head (0, the old order; for A/B).
 _HEADS_FIRST = os.environ.get("MINISGL_DECODE_HEADS_FIRST", "1") != "0"
+# An fp8 pool at one split: the registers a thread at most (ptxas' maxnreg; 0: the compiler's choice).
+# At 8B's shapes the kernel takes 119 registers, 4 programs (16 warps) a multiprocessor; at 80, 6
+# programs (24 warps) with no spill inside the loop (static count of Triton 3.9's code for sm_90).
+_FP8_MAXNREG = int(os.environ.get("MINISGL_FP8_ATTN_MAXNREG", "0"))
+# > 0: the decode kernel moves its running max only when a row's grows by more than this (`_scores`).
+_LAZY = float(os.environ.get("MINISGL_DECODE_LAZY", "0"))
 
 
 @triton.jit
@@ -205,16 +212,35 @@ def _v_block(VCache, pos, n_mask, page_mask, page, kvh, offs_d, d_mask, stride_c
 
 
 @triton.jit
-def _scores(q1, q2, k1, k2, n_mask, m_i, l_i, s_scale, wide: tl.constexpr, IEEE: tl.constexpr):
+def _scores(
+    q1, q2, k1, k2, n_mask, m_i, l_i, s_scale, wide: tl.constexpr, IEEE: tl.constexpr, LAZY: tl.constexpr
+):
     """The online softmax over one block (at least one position unmasked): (new max, new sum, the
-    block's weights p (BLOCK_H, BLOCK_N), the factor alpha for what was summed before)."""
+    block's weights p (BLOCK_H, BLOCK_N), the factor alpha for what was summed before, whether alpha
+    is not all 1). LAZY: the max is moved only where some row's grows by more than LAZY (in the
+    scores' units), so most blocks leave the accumulator as it is (p stays below e^LAZY: exact math,
+    the same relative rounding in fp16/bf16)."""
     k1, k2 = _widen(k1, q1.dtype, wide), _widen(k2, q1.dtype, wide)
     s = (_dot(q1, tl.trans(k1), IEEE) + _dot(q2, tl.trans(k2), IEEE)) * s_scale  # (BLOCK_H, BLOCK_N)
     s = tl.where(n_mask[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
+    grow = tl.max(m_new - m_i, 0) > LAZY  # m_i -inf: inf
+    if LAZY > 0:
+        m_new = tl.where(grow, m_new, m_i)
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(s - m_new[:, None])
-    return m_new, l_i * alpha + tl.sum(p, 1), p, alpha
+    return m_new, l_i * alpha + tl.sum(p, 1), p, alpha, grow
+
+
+@triton.jit
+def _rescale(acc, alpha, grow, LAZY: tl.constexpr):
+    """acc times alpha per row; with LAZY only where `_scores` moved the max (else alpha is all 1)."""
+    if LAZY > 0:
+        if grow:
+            acc = acc * alpha[:, None]
+    else:
+        acc = acc * alpha[:, None]
+    return acc
 
 
 @triton.jit
@@ -264,6 +290,7 @@ def _decode_kernel(
     BLOCK_G: tl.constexpr,  # the merge's heads at a time
     BLOCK_S: tl.constexpr,  # NUM_SPLITS padded to a power of two
     HEADS_FIRST: tl.constexpr,  # grid (Hkv, B, splits): a request's heads launch one after the other
+    LAZY: tl.constexpr = 0.0,  # > 0: `_scores`' lazy rescaling
 ):
     if HEADS_FIRST:
         kvh = tl.program_id(0)
@@ -361,16 +388,16 @@ def _decode_kernel(
     if PEEL:
         loop_start = start + BLOCK_N
         if start < cached_end:  # the first block, loaded before the wait
-            m_i, l_i, p, alpha = _scores(q1, q2, k01, k02, n_mask0, m_i, l_i, s_scale, wide, IEEE)
+            m_i, l_i, p, alpha, grow = _scores(q1, q2, k01, k02, n_mask0, m_i, l_i, s_scale, wide, IEEE, LAZY)
             v = _widen(v0, q1.dtype, wide)
-            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)  # in `unit`s
+            acc = _rescale(acc, alpha, grow, LAZY) + _dot(p.to(v.dtype), v, IEEE)  # in `unit`s
     for n0 in range(loop_start, cached_end, BLOCK_N):
         pos, n_mask, page_mask, page, k1, k2 = _k_block(KCache, pt_row, n0, cached_end, kvh, offs_j, j_mask,
                                                         stride_cs, stride_ch, D, PS, BLOCK_N)  # fmt: skip
-        m_i, l_i, p, alpha = _scores(q1, q2, k1, k2, n_mask, m_i, l_i, s_scale, wide, IEEE)
+        m_i, l_i, p, alpha, grow = _scores(q1, q2, k1, k2, n_mask, m_i, l_i, s_scale, wide, IEEE, LAZY)
         v = _widen(_v_block(VCache, pos, n_mask, page_mask, page, kvh, offs_d, d_mask, stride_cs, stride_ch,
                             stride_vp, D, PS, V_T), q1.dtype, wide)  # fmt: skip
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+        acc = _rescale(acc, alpha, grow, LAZY) + _dot(p.to(v.dtype), v, IEEE)
     if HAS_NEW:
         if (start <= seq_len - 1) & (seq_len - 1 < end):
             s_new = tl.sum(q1.to(tl.float32) * kn1.to(tl.float32)[None, :], 1)
@@ -466,7 +493,7 @@ def decode_attention(
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     done: torch.Tensor | None = None,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-    launch: tuple[int, int, int] | None = None,
+    launch: tuple[int, ...] | None = None,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     heads_first: bool | None = None,
 ) -> torch.Tensor:
@@ -481,7 +508,11 @@ def decode_attention(
     rope: (cos, sin), each (B, D/2) or (B, 1, D/2) with unit stride in D/2: q and the new k are given
     before RoPE and the kernel rotates them (rotate-half, rounded once to q's dtype, as
     `elementwise.rope_qkv` does), so q/k/v may be views of the fused projection's output.
-    launch: (BLOCK_N, num_warps, num_stages), for benchmarks; default (64 or 32 by D, 4, 2).
+    launch: (BLOCK_N, num_warps, num_stages[, kv_heads[, maxnreg]]), for benchmarks; default (64 or 32
+    by D, 4, 2); kv_heads 0 takes the one-head kernel, >= 1 `decode.packed`'s with that many KV heads a
+    program (default: `packed_heads`); maxnreg the registers a thread at most, 0 unbounded (default:
+    for an fp8 pool at one split MINISGL_FP8_ATTN_MAXNREG, or _V2_MAXNREG for the packed kernel, else
+    unbounded).
     scales: an fp8 cache's (k_scale, v_scale), each (Hkv,) float32.
     heads_first: the grid's order, for benchmarks (default MINISGL_DECODE_HEADS_FIRST, on): a
     request's KV heads are neighbouring programs, so the GPU starts them together (they read the same
@@ -496,7 +527,7 @@ def decode_attention(
     if bsz == 0:
         return out
     block_d = max(16, triton.next_power_of_2(d))  # tl.dot needs dimensions >= 16
-    block_n, warps, stages = launch or (64 if block_d <= 128 else 32, 4, 2)
+    block_n, warps, stages = (launch or ())[:3] or (64 if block_d <= 128 else 32, 4, 2)
     ieee = q.dtype == torch.float32
     if new_kv is not None:
         k_new, v_new, slots = new_kv
@@ -522,9 +553,27 @@ def decode_attention(
             done = torch.zeros(bsz * hkv, dtype=torch.int32, device=q.device)
     k_scale, v_scale, quant = _scale_args(k_cache, scales)
     pdl = use_pdl(q)
+    first = _HEADS_FIRST if heads_first is None else heads_first
+    v_t = _v_layout(k_cache, v_cache, page_size)[0]
+    heads = launch[3] if launch and len(launch) > 3 else packed_heads(bsz, hkv, num_splits, quant, q.device)
+    if launch and len(launch) > 4:
+        maxnreg = launch[4]
+    elif quant and num_splits == 1:
+        maxnreg = PACKED_MAXNREG if heads else _FP8_MAXNREG
+    else:
+        maxnreg = 0
+    options: dict[str, int] = dict(pdl_launch(pdl))
+    if maxnreg and q.is_cuda:  # (the interpreter takes no such option)
+        options["maxnreg"] = maxnreg
+    if heads:
+        flags = dict(HAS_NEW=new_kv is not None, ROPE=rope is not None, QUANT=quant, KV_F16=_kv_f16(quant, q),
+                     V_T=v_t, IEEE=ieee, PDL=pdl)  # fmt: skip
+        decode_packed(q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, cos, sin, (k_scale, v_scale),
+                      out, partial, lse, done, sm_scale, page_size, num_splits, heads, flags, launch, first,
+                      options)  # fmt: skip
+        return out
     block_s = triton.next_power_of_2(num_splits)
     block_g = min(triton.next_power_of_2(group), max(1, 8192 // (block_s * block_d)))  # <= 64 floats a thread
-    first = _HEADS_FIRST if heads_first is None else heads_first
     _decode_kernel[(hkv, bsz, num_splits) if first else (bsz, hkv, num_splits)](
         q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, cos, sin, k_scale, v_scale, out,
         partial, lse, done,
@@ -533,9 +582,9 @@ def decode_attention(
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d,
         BLOCK_HALF=max(16, triton.next_power_of_2(d // 2)), PS=page_size, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, ROPE=rope is not None, QUANT=quant,
-        KV_F16=_kv_f16(quant, q), V_T=_v_layout(k_cache, v_cache, page_size)[0], IEEE=ieee, PDL=pdl,
+        KV_F16=_kv_f16(quant, q), V_T=v_t, IEEE=ieee, PDL=pdl,
         PEEL=new_kv is not None and num_splits > 1 and _PREWAIT, BLOCK_G=block_g, BLOCK_S=block_s,
-        HEADS_FIRST=first, num_warps=warps, num_stages=stages, **pdl_launch(pdl),
+        HEADS_FIRST=first, LAZY=_LAZY, num_warps=warps, num_stages=stages, **options,
     )  # fmt: skip
     return out
 

@@ -1,5 +1,7 @@
 """Element-wise kernels of a transformer layer: RMSNorm (over rows or per head), RoPE + q/k/v split
-(with Qwen3's per-head q/k RMSNorm before it), SiLU x up. One program per token row (and head block); math in float32, one rounding to the
+(with Qwen3's per-head q/k RMSNorm before it), SiLU x up; the norm and SiLU x up
+also quantized per row to fp8 in the same kernel (`rmsnorm_fp8`, `silu_and_mul_fp8`: the fp8 matmul's
+input). One program per token row (and head block); math in float32, one rounding to the
 tensor's dtype at the end (the torch reference rounds after each op: results agree within bf16/fp16
 tolerance, and to float32 rounding in float32)."""
 
@@ -9,7 +11,20 @@ import torch
 import triton
 import triton.language as tl
 
+from .fp8 import FP8_MAX, MIN_SCALE, quantize_fp8
 from .pdl import pdl_enter, pdl_launch, use_pdl
+
+
+@triton.jit
+def _quant_row(y, S, idx, QUANT: tl.constexpr, dtype: tl.constexpr):
+    """QUANT: y (a whole row, float32) as `fp8.quant_rows` quantizes it once rounded to `dtype` (its
+    scale stored at S[idx]); else y as it is."""
+    if QUANT:
+        y = y.to(dtype).to(tl.float32)
+        scale = tl.maximum(tl.div_rn(tl.max(tl.abs(y), 0), FP8_MAX), MIN_SCALE)
+        tl.store(S + idx, scale)
+        y = quantize_fp8(y, scale)
+    return y  # one return: the compiler wants one type from every return of a function
 
 
 @triton.jit
@@ -17,6 +32,7 @@ def _rmsnorm_kernel(
     X,  # (rows, heads, N) strided, unit stride in N
     W,  # (N,)
     Out,  # (rows, heads, N) contiguous
+    S,  # QUANT: (rows * heads,) float32, each row's fp8 scale
     stride_xr,
     stride_xh,
     n,
@@ -24,6 +40,7 @@ def _rmsnorm_kernel(
     HEADS: tl.constexpr,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
+    QUANT: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -34,7 +51,8 @@ def _rmsnorm_kernel(
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
     y = (x * rstd).to(X.dtype.element_ty).to(tl.float32)  # HF rounds the normed x to its dtype
     w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Out + (row * HEADS + head) * n + offs, (w * y).to(Out.dtype.element_ty), mask=mask)
+    y = _quant_row(w * y, S, row * HEADS + head, QUANT, X.dtype.element_ty)
+    tl.store(Out + (row * HEADS + head) * n + offs, y.to(Out.dtype.element_ty), mask=mask)
 
 
 def rmsnorm(
@@ -54,10 +72,28 @@ def rmsnorm(
     # Few warps: a row is a few KB, and a wide block spends its time in the cross-warp reduction.
     pdl = use_pdl(x)
     _rmsnorm_kernel[(rows, heads)](
-        x3, weight, out, x3.stride(0), x3.stride(1), n, eps, HEADS=heads, BLOCK=block,
+        x3, weight, out, out, x3.stride(0), x3.stride(1), n, eps, HEADS=heads, BLOCK=block,
         num_warps=4 if block <= 8192 else 8, PDL=pdl, **pdl_launch(pdl),
     )  # fmt: skip
     return out
+
+
+def rmsnorm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rmsnorm` of x (T, N) (unit stride in N) quantized per row in the same kernel: (fp8 (T, N),
+    float32 scales (T, 1)), the same bits as `fp8.quant_rows(rmsnorm(x, weight, eps))`."""
+    t, n = x.shape
+    if x.stride(1) != 1:
+        raise ValueError(f"rmsnorm_fp8: x {tuple(x.shape)} strides {x.stride()}")
+    out = torch.empty(t, n, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(t, 1, dtype=torch.float32, device=x.device)
+    if t:
+        block = triton.next_power_of_2(n)
+        pdl = use_pdl(x)
+        _rmsnorm_kernel[(t, 1)](
+            x, weight, out, scales, x.stride(0), 0, n, eps, HEADS=1, BLOCK=block, QUANT=True,
+            num_warps=4 if block <= 8192 else 8, PDL=pdl, **pdl_launch(pdl),
+        )  # fmt: skip
+    return out, scales
 
 
 @triton.jit
@@ -155,14 +191,16 @@ def rope_qkv(
 
 
 @triton.jit
-def _silu_mul_kernel(GateUp, Out, stride_in, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _silu_mul_kernel(
+    GateUp, Out, S, stride_in, inter, BLOCK: tl.constexpr, PDL: tl.constexpr, QUANT: tl.constexpr = False
+):  # QUANT: a whole row a program, quantized (S: (T,) its scales)
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
     g = tl.load(GateUp + t * stride_in + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(GateUp + t * stride_in + inter + offs, mask=mask, other=0.0).to(tl.float32)
-    y = g / (1.0 + tl.exp(-g)) * u
+    y = _quant_row(g / (1.0 + tl.exp(-g)) * u, S, t, QUANT, GateUp.dtype.element_ty)
     tl.store(Out + t * inter + offs, y.to(Out.dtype.element_ty), mask=mask)
 
 
@@ -179,6 +217,25 @@ def silu_and_mul(gate_up: torch.Tensor, out_dtype: torch.dtype | None = None) ->
     block = min(1024, triton.next_power_of_2(inter))
     pdl = use_pdl(gate_up)
     _silu_mul_kernel[(t, triton.cdiv(inter, block))](
-        gate_up, out, gate_up.stride(0), inter, BLOCK=block, num_warps=4, PDL=pdl, **pdl_launch(pdl)
+        gate_up, out, out, gate_up.stride(0), inter, BLOCK=block, num_warps=4, PDL=pdl, **pdl_launch(pdl)
     )
     return out
+
+
+def silu_and_mul_fp8(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`silu_and_mul` quantized per row in the same kernel (a row a program): (fp8 (T, I), float32
+    scales (T, 1)), the same bits as `fp8.quant_rows(silu_and_mul(gate_up))`."""
+    t, two_i = gate_up.shape
+    if gate_up.stride(-1) != 1 or two_i % 2:
+        raise ValueError(f"silu_and_mul_fp8: gate_up {tuple(gate_up.shape)} strides {gate_up.stride()}")
+    inter = two_i // 2
+    out = torch.empty(t, inter, dtype=torch.float8_e4m3fn, device=gate_up.device)
+    scales = torch.empty(t, 1, dtype=torch.float32, device=gate_up.device)
+    if t:
+        block = triton.next_power_of_2(inter)
+        pdl = use_pdl(gate_up)
+        _silu_mul_kernel[(t, 1)](
+            gate_up, out, scales, gate_up.stride(0), inter, BLOCK=block, QUANT=True,
+            num_warps=max(4, min(16, block // 1024)), PDL=pdl, **pdl_launch(pdl),
+        )  # fmt: skip
+    return out, scales

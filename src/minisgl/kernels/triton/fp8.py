@@ -22,7 +22,7 @@ import triton.language as tl
 from . import interpreting
 
 FP8_MAX = tl.constexpr(448.0)
-_MIN_SCALE = tl.constexpr(1e-12)
+MIN_SCALE = tl.constexpr(1e-12)
 
 
 if interpreting():
@@ -103,7 +103,7 @@ def _quant_rows_kernel(X, Q, S, k, stride_x, stride_q, stride_s, GROUP: tl.const
     offs = g * GROUP + tl.arange(0, BLOCK)
     mask = (tl.arange(0, BLOCK) < GROUP) & (offs < k)
     x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.div_rn(tl.max(tl.abs(x), 0), FP8_MAX), _MIN_SCALE)
+    scale = tl.maximum(tl.div_rn(tl.max(tl.abs(x), 0), FP8_MAX), MIN_SCALE)
     tl.store(Q + row * stride_q + offs, quantize_fp8(x, scale), mask=mask)
     tl.store(S + row * stride_s + g, scale)
 

@@ -22,8 +22,11 @@ Grids are sized for the worst case (P + min(P, E) (BLOCK_M - 1) padded rows) and
 Hopper they launch with programmatic dependent launch (`pdl`), as the decode step's other kernels.
 
 A program per pair instead of 16-row tiles at decode sizes (no sort) was tried and was slower than
-the grouped GEMMs at every size measured (docs/benchmarks.md, "Mixtures of experts"), so every size
-takes the grouped GEMMs.
+the grouped GEMMs at every size measured (docs/benchmarks.md, "Mixtures of experts"), so from two
+tokens on every size takes the grouped GEMMs. One token (batch-1 decode, `routed_moe_from_router`)
+takes two row GEMVs on the CUDA cores instead (`gemv.experts`: no padding to 16-row tiles, the k-sum
+in the down kernel's registers), routed inside gate/up's programs from the router's partial logits
+(the router's launch then has no serial tail); MINISGL_MOE_B1=0 / MINISGL_MOE_B1_ROUTE=0 turn these off.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .gemv import experts
 from .moe_route import route_topk, topk_rows, topk_tile
 from .pdl import pdl_enter, pdl_launch, use_pdl
 
@@ -236,6 +240,7 @@ def _router_kernel(
     NORM: tl.constexpr,
     BLOCK_H: tl.constexpr,  # NORM: H rounded up to a power of two
     ONE_TOKEN: tl.constexpr,
+    TAIL: tl.constexpr,  # False: only the partial logits (and XN); the experts' kernel routes from them
     PDL: tl.constexpr,
 ):
     """A decode batch's router in one launch: program (i, s) computes experts i * BLOCK_E.. over the
@@ -274,6 +279,8 @@ def _router_kernel(
         acc += _dot_t(x, w, IEEE)
     part_rows = Partial + (pid_s * BLOCK_T + rows)[:, None] * E_ROUTE
     tl.store(part_rows + offs_e[None, :], acc)
+    if not TAIL:
+        return
     tl.debug_barrier()  # every thread's part is stored before the count moves (release below)
     done = tl.atomic_add(Counter, 1, sem="acq_rel")
     tl.debug_barrier()  # the other programs' parts are read after the count (acquire above)
@@ -511,6 +518,22 @@ def route_and_align(
     `align_pairs` gives them). The logits are x @ router^T rounded to x's dtype (what `linear`
     gives), routed by `moe_route`'s rule. norm (weight (H,), eps, out (T, H) contiguous): x is the
     residual stream, the router reads rmsnorm(x) * weight (the RMSNorm kernel's bits), written to out."""
+    weights, ids, aligned, _ = _router_launch(x, router, top_k, renormalize, block_m, norm, True)
+    return weights, ids, aligned
+
+
+def _router_launch(
+    x: torch.Tensor,
+    router: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    block_m: int,
+    norm: tuple[torch.Tensor, float, torch.Tensor] | None,
+    tail: bool,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """`route_and_align`, and the partial logits (splits, BLOCK_T, E_ROUTE) float32. Without the
+    tail, only the partial logits (and the normed x) are written: weights, ids and the aligned pairs
+    are left for the experts' kernel to fill (`gemv.experts`, one token)."""
     t, h = x.shape
     e = router.shape[0]
     if not 0 < t <= ROUTE_IN_ALIGN or router.shape[1] != h or x.stride(1) != 1 or router.stride(1) != 1:
@@ -536,9 +559,9 @@ def route_and_align(
         BLOCK_E=block_e, BLOCK_K=block_k, E_ROUTE=e_route, TOP_K=top_k, K_PAD=max(2, triton.next_power_of_2(top_k)),
         RENORMALIZE=renormalize, IEEE=x.dtype == torch.float32, NORM=norm is not None,
         BLOCK_H=triton.next_power_of_2(h) if norm is not None else 1, ONE_TOKEN=t == 1 and top_k <= e,
-        PDL=pdl, num_warps=4, **consts, **pdl_launch(pdl),
+        TAIL=tail, PDL=pdl, num_warps=4, **consts, **pdl_launch(pdl),
     )  # fmt: skip
-    return weights, ids, (bufs[0], bufs[1], bufs[2])
+    return weights, ids, (bufs[0], bufs[1], bufs[2]), partial
 
 
 def _router_splits(e: int, block_e: int) -> int:
@@ -582,13 +605,22 @@ def routed_moe_from_router(
     """`routed_moe` for a decode batch (1 to ROUTE_IN_ALIGN tokens) from the router's weight (E, H)
     in x's dtype: the logits, the routing and the alignment in one launch (`route_and_align`), then
     the two grouped GEMMs -> (the output, ids (T, K)). norm (weight (H,), eps): x is the residual
-    stream and the experts' input is its RMSNorm, computed in the router's launch."""
+    stream and the experts' input is its RMSNorm, computed in the router's launch. One token
+    (MINISGL_MOE_B1, default on): the experts as row GEMVs (`gemv.experts`), routed inside gate/up's
+    programs (MINISGL_MOE_B1_ROUTE, default on) or by the router's last program."""
     cfg = moe_config(x.shape[0] * top_k, x.dtype)
     normed = (
         None if norm is None else (norm[0], norm[1], torch.empty(x.shape, dtype=x.dtype, device=x.device))
     )
-    weights, ids, aligned = route_and_align(x, router, top_k, renormalize, cfg.block_m, normed)
     x_in = x if normed is None else normed[2]
+    if x.shape[0] == 1 and top_k <= router.shape[0] and experts.row_path_enabled():
+        in_gate_up = experts.route_in_gate_up()
+        weights, ids, _, partial = _router_launch(
+            x, router, top_k, renormalize, cfg.block_m, normed, tail=not in_gate_up
+        )
+        route = experts.RouterPartials(partial, router.shape[0], renormalize) if in_gate_up else None
+        return experts.experts_one_token(x_in, w13, w2, weights, ids, False, residual, route), ids
+    weights, ids, aligned = route_and_align(x, router, top_k, renormalize, cfg.block_m, normed)
     return fused_moe(x_in, w13, w2, weights, ids, False, cfg, residual, aligned), ids
 
 

@@ -72,17 +72,21 @@ def _row_ptrs(W, first, n_out, stride_wn, BLOCK_N: tl.constexpr):
 @triton.jit
 def _finish(
     acc, acc_up, rstd, offs_n, n_mask, safe_n, n_out, WScale, Bias, y_row,
-    NORM: tl.constexpr, GATED: tl.constexpr, HAS_BIAS: tl.constexpr, ADD_RES: tl.constexpr,
+    NORM: tl.constexpr, GATED: tl.constexpr, HAS_BIAS: tl.constexpr, ADD_RES: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
     """A block's epilogue: the chunk sums (BLOCK_N, CHUNKS) summed, scaled, normed, biased, gated,
     rounded once and stored (added into the residual where ADD_RES)."""
-    y = tl.sum(acc, axis=1) * tl.load(WScale + safe_n)  # (BLOCK_N,)
+    y = tl.sum(acc, axis=1)  # (BLOCK_N,)
+    if SCALED:
+        y = y * tl.load(WScale + safe_n)
     if NORM:
         y = y * rstd
     if HAS_BIAS:
         y += tl.load(Bias + safe_n).to(tl.float32)
     if GATED:
-        up = tl.sum(acc_up, axis=1) * tl.load(WScale + n_out + safe_n)
+        up = tl.sum(acc_up, axis=1)
+        if SCALED:
+            up = up * tl.load(WScale + n_out + safe_n)
         if NORM:
             up = up * rstd
         if HAS_BIAS:
@@ -95,7 +99,7 @@ def _finish(
 def _gemv_row_kernel(
     X,  # (M, K), unit stride in K
     W,  # (N, K) fp8, unit stride in K; gated: [gate | up], N = 2 * n_out
-    WScale,  # (N,) float32
+    WScale,  # (N,) float32 (SCALED), else unused
     Bias,  # (N,) or unused
     NormW,  # (K,) or unused
     Y,  # (M, n_out) output, or the residual updated in place (ADD_RES)
@@ -114,6 +118,7 @@ def _gemv_row_kernel(
     ITERS: tl.constexpr,  # blocks of BLOCK_N rows a program; > 1 only where RESIDENT
     RESIDENT: tl.constexpr,  # BLOCK_K >= k: one step spans the row, x is loaded once
     PREFETCH: tl.constexpr,
+    SCALED: tl.constexpr,  # fp8 weights with per-channel scales; else 16-bit weights, unscaled
     PDL: tl.constexpr,
 ):
     CHUNKS: tl.constexpr = BLOCK_K // VEC
@@ -148,7 +153,7 @@ def _gemv_row_kernel(
             acc = tl.sum(w.to(tl.float32) * x[None, :, :], axis=2)  # (BLOCK_N, CHUNKS)
             acc_up = tl.sum(u.to(tl.float32) * x[None, :, :], axis=2) if GATED else acc
             _finish(acc, acc_up, rstd, offs_n, n_mask, safe_n, n_out, WScale, Bias, y_row,
-                    NORM, GATED, HAS_BIAS, ADD_RES)  # fmt: skip
+                    NORM, GATED, HAS_BIAS, ADD_RES, SCALED)  # fmt: skip
             if i + 1 < ITERS:
                 offs_n, n_mask, safe_n, w, u = offs_n1, n_mask1, safe_n1, w1, u1
     else:  # one block of rows, K in steps; x is read with each step (no PREFETCH: see the wrapper)
@@ -168,20 +173,21 @@ def _gemv_row_kernel(
                 acc_up += tl.sum(u.to(tl.float32) * x[None, :, :], axis=2)
         rstd = tl.rsqrt(tl.sum(ss, axis=0) / k + eps) if NORM else 1.0
         _finish(acc, acc_up, rstd, offs_n, n_mask, safe_n, n_out, WScale, Bias, y_row,
-                NORM, GATED, HAS_BIAS, ADD_RES)  # fmt: skip
+                NORM, GATED, HAS_BIAS, ADD_RES, SCALED)  # fmt: skip
 
 
 def gemv_fp8_rows(
     x: torch.Tensor,
     weight: torch.Tensor,
-    scale: torch.Tensor,
+    scale: torch.Tensor | None,
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
     norm: tuple[torch.Tensor, float] | None = None,
     gated: bool = False,
     config: RowGemvConfig = RowGemvConfig(),
 ) -> torch.Tensor:
-    """x (M, K), M <= MAX_ROWS, unit stride in K, @ (weight (N, K) fp8 * scale (N,) float32)^T.
+    """x (M, K), M <= MAX_ROWS, unit stride in K, @ (weight (N, K) fp8 * scale (N,) float32)^T;
+    scale None: weight in a 16-bit dtype (or x's), unscaled (batch-1 bf16 projections).
 
     norm (g (K,), eps): project rmsnorm(x) * g instead of x. gated: weight is [gate | up] and the
     result is silu(gate) * up, (M, N / 2). residual (M, N') contiguous: added into in place and
@@ -191,8 +197,10 @@ def gemv_fp8_rows(
     n_out = n // 2 if gated else n
     if m > MAX_ROWS or weight.shape[1] != k or x.stride(1) != 1 or weight.stride(1) != 1 or n % (1 + gated):
         raise ValueError(f"gemv_fp8_rows: x {tuple(x.shape)} against weight {tuple(weight.shape)}")
-    if scale.shape != (n,) or scale.dtype != torch.float32:
+    if scale is not None and (scale.shape != (n,) or scale.dtype != torch.float32):
         raise ValueError(f"gemv_fp8_rows: scale {tuple(scale.shape)} {scale.dtype} for {n} rows")
+    if scale is None and weight.dtype not in (torch.bfloat16, torch.float16, x.dtype):
+        raise ValueError(f"gemv_fp8_rows: an unscaled weight in {weight.dtype}")
     if residual is not None and (residual.shape != (m, n_out) or not residual.is_contiguous()):
         raise ValueError(f"gemv_fp8_rows: residual {tuple(residual.shape)} for an output ({m}, {n_out})")
     out = x.new_empty(m, n_out) if residual is None else residual
@@ -206,10 +214,10 @@ def gemv_fp8_rows(
         raise ValueError(f"gemv_fp8_rows: {config} needs one step over K = {k}")
     rows_per_program = config.block_n * config.iters
     _gemv_row_kernel[(m, triton.cdiv(n_out, rows_per_program))](
-        x, weight, scale, weight if bias is None else bias, x if norm is None else norm[0], out,
+        x, weight, weight if scale is None else scale, weight if bias is None else bias, x if norm is None else norm[0], out,
         n_out, k, x.stride(0), weight.stride(0), out.stride(0), 0.0 if norm is None else norm[1],
         NORM=norm is not None, GATED=gated, HAS_BIAS=bias is not None, ADD_RES=residual is not None,
         BLOCK_N=config.block_n, BLOCK_K=block_k, ITERS=config.iters, RESIDENT=resident,
-        PREFETCH=config.prefetch, PDL=pdl, num_warps=config.num_warps, num_stages=1, **pdl_launch(pdl),
+        PREFETCH=config.prefetch, SCALED=scale is not None, PDL=pdl, num_warps=config.num_warps, num_stages=1, **pdl_launch(pdl),
     )  # fmt: skip
     return out
