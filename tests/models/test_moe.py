@@ -502,7 +502,6 @@ def test_router_launch_normalizes_as_the_rmsnorm_kernel(
 ROW_CASES = [  # (tokens, hidden, experts, intermediate, top-k), routing, gate/up's and down's launch shapes
     ((1, 40, 8, 24, 2), "random", None, None),
     ((1, 72, 4, 40, 1), "one-hot", (2, 16, 4, 3), (8, 16, 4)),  # K in steps, blocks past the end
-    ((1, 48, 8, 24, 3), "one-hot", (1, 32, 2), (2, 64, 1)),
     ((1, 64, 16, 24, 8), "random", (4, 32, 4, 2), (4, 16, 4)),  # 2 blocks of rows a program
 ]
 
@@ -535,7 +534,7 @@ def test_triton_experts_one_token_match_the_reference(
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
-@pytest.mark.parametrize(("e", "h", "k"), [(8, 200, 3), (20, 40, 8), (4, 24, 4)])
+@pytest.mark.parametrize(("e", "h", "k"), [(8, 24, 8)])  # interpreted: 10-20 s a case
 def test_one_token_routes_in_gate_up_as_the_router_tail(
     e: int, h: int, k: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
