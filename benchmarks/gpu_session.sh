@@ -158,7 +158,7 @@ for step in $steps; do
     moeb1)  # issue 26 at batch 1: one token's experts as row GEMVs (kernels/triton/gemv/experts.py) and one bf16 row
       # of qkv / o in the row GEMV (MINISGL_BF16_ROW). Their tests and the MoE tests (compiled); the MoE op's
       # one-token variants with the row GEMVs' launch shapes; qkv / o before and after; then decode at batch 1
-      # with the defaults and variants off (MOEB1_VARIANTS, ';'-separated env settings; "-" = the defaults),
+      # with the defaults (row experts off since the 2026-12-03 run) and variants (MOEB1_VARIANTS, ';'-separated env settings; "-" = the defaults),
       # each within what is left of MOEB1_END_S seconds from the script's start (skipped under 60)
       timeout ${MOEB1_TEST_S:-140} python3 -m pytest -q -p no:cacheprovider tests/models/test_moe_gpu.py tests/models/test_moe.py \
         tests/kernels/test_fp8_kernels.py::test_gemv_rows_of_an_unscaled_16bit_weight tests/kernels/test_fp8_kernels.py::test_gemv_fp8_rows_matches_the_dequantized_weight \
@@ -167,7 +167,7 @@ for step in $steps; do
         | tee "$OUT/moeb1_tests.log" | tail -25
       timeout 110 python3 benchmarks/bench_moe.py --model-config qwen3-30b-a3b --tokens 1 --sweep-rows 2>&1 | tee "$OUT/moeb1_kernel.log"
       timeout 60 python3 benchmarks/bench_bf16_rows.py --model-config qwen3-30b-a3b 2>&1 | tee -a "$OUT/moeb1_kernel.log"
-      IFS=';' read -ra variants <<< "${MOEB1_VARIANTS:--;MINISGL_MOE_B1=0 MINISGL_BF16_ROW=0;MINISGL_BF16_ROW=0;MINISGL_MOE_B1_ROUTE=0}"
+      IFS=';' read -ra variants <<< "${MOEB1_VARIANTS:--;MINISGL_BF16_ROW=0;MINISGL_MOE_B1=1;MINISGL_MOE_B1=1 MINISGL_MOE_B1_ROUTE=0}"
       for v in "${variants[@]}"; do
         left=$(( ${MOEB1_END_S:-530} - SECONDS ))
         [ $left -lt 60 ] && { echo "== skipped (time): $v" | tee -a "$OUT/moeb1_bench.log"; continue; }

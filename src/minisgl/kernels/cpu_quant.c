@@ -1720,6 +1720,19 @@ static void amx_row_bf16(const Decoded *r, int64_t K, uint16_t *out) {
     }
 }
 
+/* Block L's 32 weights of 4 blocks' unsigned values (lo: the first 16 of each block in 128-bit lane L,
+ * hi: the second 16) as bf16, w = d u + b (amx_row_bf16's operations) */
+static inline void bf16_block(__m512i lo, __m512i hi, int L, float d, float b, uint16_t *out) {
+    const __m128i l = L == 0 ? _mm512_extracti32x4_epi32(lo, 0) : L == 1 ? _mm512_extracti32x4_epi32(lo, 1)
+                    : L == 2 ? _mm512_extracti32x4_epi32(lo, 2) : _mm512_extracti32x4_epi32(lo, 3);
+    const __m128i h = L == 0 ? _mm512_extracti32x4_epi32(hi, 0) : L == 1 ? _mm512_extracti32x4_epi32(hi, 1)
+                    : L == 2 ? _mm512_extracti32x4_epi32(hi, 2) : _mm512_extracti32x4_epi32(hi, 3);
+    const __m512 dv = _mm512_set1_ps(d), bv = _mm512_set1_ps(b);
+    const __m512 w0 = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(l)), bv);
+    const __m512 w1 = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(h)), bv);
+    _mm512_storeu_si512((void *)out, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+}
+
 /* A repacked row (Q4_0R, Q4_1R, Q8_0R) -> K bf16 weights, the values amx_row_bf16 gives for the row
  * put back in order and decoded (w = d u + bias per block, the same operations), its full sub-groups
  * straight from their lanes: one pass instead of three (unpack, decode, convert), the AMX prefill of
@@ -1746,17 +1759,7 @@ static void amx_row_bf16_repacked(int fmt, const uint8_t *p, int64_t K, Decoded 
                 const __m512i v = _mm512_permutex2var_epi32(za, idx, zb);
                 const __m512i lo = _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
                 const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
-                for (int L = 0; L < 4; ++L) {
-                    const int blk = b0 + L;
-                    const __m512 dv = _mm512_set1_ps(ds[blk]), bv = _mm512_set1_ps(bs[blk]);
-                    const __m128i l = L == 0 ? _mm512_extracti32x4_epi32(lo, 0) : L == 1 ? _mm512_extracti32x4_epi32(lo, 1)
-                                    : L == 2 ? _mm512_extracti32x4_epi32(lo, 2) : _mm512_extracti32x4_epi32(lo, 3);
-                    const __m128i h = L == 0 ? _mm512_extracti32x4_epi32(hi, 0) : L == 1 ? _mm512_extracti32x4_epi32(hi, 1)
-                                    : L == 2 ? _mm512_extracti32x4_epi32(hi, 2) : _mm512_extracti32x4_epi32(hi, 3);
-                    const __m512 w0 = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(l)), bv);
-                    const __m512 w1 = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(h)), bv);
-                    _mm512_storeu_si512((void *)(o + 32 * blk), (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
-                }
+                for (int L = 0; L < 4; ++L) bf16_block(lo, hi, L, ds[b0 + L], bs[b0 + L], o + 32 * (b0 + L));
             }
         } else { /* vector s, lane i = block i % 8, half i / 8, bytes 16 half + 4s.. */
             const __m512i z0 = _mm512_loadu_si512((const void *)q), z1 = _mm512_loadu_si512((const void *)(q + 64));
@@ -1769,17 +1772,7 @@ static void amx_row_bf16_repacked(int fmt, const uint8_t *p, int64_t K, Decoded 
                 const __m512i flip = _mm512_set1_epi8((char)0x80);
                 const __m512i lo = _mm512_xor_si512(_mm512_unpacklo_epi64(u, v), flip); /* weights 0..15 */
                 const __m512i hi = _mm512_xor_si512(_mm512_unpackhi_epi64(u, v), flip); /* 16..31 */
-                for (int L = 0; L < 4; ++L) {
-                    const int blk = b0 + L;
-                    const __m512 dv = _mm512_set1_ps(ds[blk]), bv = _mm512_set1_ps(bs[blk]);
-                    const __m128i l = L == 0 ? _mm512_extracti32x4_epi32(lo, 0) : L == 1 ? _mm512_extracti32x4_epi32(lo, 1)
-                                    : L == 2 ? _mm512_extracti32x4_epi32(lo, 2) : _mm512_extracti32x4_epi32(lo, 3);
-                    const __m128i h = L == 0 ? _mm512_extracti32x4_epi32(hi, 0) : L == 1 ? _mm512_extracti32x4_epi32(hi, 1)
-                                    : L == 2 ? _mm512_extracti32x4_epi32(hi, 2) : _mm512_extracti32x4_epi32(hi, 3);
-                    const __m512 w0 = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(l)), bv);
-                    const __m512 w1 = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(h)), bv);
-                    _mm512_storeu_si512((void *)(o + 32 * blk), (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
-                }
+                for (int L = 0; L < 4; ++L) bf16_block(lo, hi, L, ds[b0 + L], bs[b0 + L], o + 32 * (b0 + L));
             }
         }
     }
