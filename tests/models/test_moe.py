@@ -506,6 +506,7 @@ ROW_CASES = [  # (tokens, hidden, experts, intermediate, top-k), routing, gate/u
 ]
 
 
+@pytest.mark.slow  # the opt-in row experts (MINISGL_MOE_B1=1) under the interpreter: `make test-slow`
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 @pytest.mark.parametrize(("shape", "case", "up", "down"), ROW_CASES)
 def test_triton_experts_one_token_match_the_reference(
@@ -533,6 +534,7 @@ def test_triton_experts_one_token_match_the_reference(
         torch.testing.assert_close(added.double(), want + res.double(), atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.slow  # the opt-in routing inside gate/up under the interpreter: `make test-slow`
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 @pytest.mark.parametrize(("e", "h", "k"), [(8, 24, 8)])  # interpreted: 10-20 s a case
 def test_one_token_routes_in_gate_up_as_the_router_tail(
