@@ -177,17 +177,37 @@ static inline int sub_group(int64_t nb, int64_t b0) {
 }
 
 #if defined(MINISGL_AVX512)
+/* Q4_0/Q4_1: blocks 4 half .. 4 half + 3 of a full sub-group's quants (at q: dword s * 8 + b = bytes 4s..
+ * of block b's nibbles), each block's 16 bytes of nibbles in 128-bit lane b - 4 half */
+static inline __m512i q4_blocks4(const uint8_t *q, int half) {
+    const int b0 = 4 * half;
+    const __m512i idx = _mm512_setr_epi32(b0, 8 + b0, 16 + b0, 24 + b0, b0 + 1, 9 + b0, 17 + b0, 25 + b0, b0 + 2, 10 + b0,
+                                          18 + b0, 26 + b0, b0 + 3, 11 + b0, 19 + b0, 27 + b0);
+    return _mm512_permutex2var_epi32(_mm512_loadu_si512((const void *)q), idx, _mm512_loadu_si512((const void *)(q + 64)));
+}
+
+/* Q8_0: the same for a full sub-group's vectors (vector s, lane i = block i % 8, half i / 8, bytes
+ * 16 half + 4s..): lane L of *lo holds block 4 half + L's bytes 0..15, of *hi its 16..31 */
+static inline void q8_blocks4(const uint8_t *q, int half, __m512i *lo, __m512i *hi) {
+    const int b0 = 4 * half;
+    /* per 128-bit lane L (block b0 + L): [zA[b], zB[b], zA[8 + b], zB[8 + b]] */
+    const __m512i idx = _mm512_setr_epi32(b0, 16 + b0, 8 + b0, 24 + b0, b0 + 1, 17 + b0, 9 + b0, 25 + b0, b0 + 2, 18 + b0,
+                                          10 + b0, 26 + b0, b0 + 3, 19 + b0, 11 + b0, 27 + b0);
+    const __m512i u = _mm512_permutex2var_epi32(_mm512_loadu_si512((const void *)q), idx,
+                                                _mm512_loadu_si512((const void *)(q + 64)));
+    const __m512i v = _mm512_permutex2var_epi32(_mm512_loadu_si512((const void *)(q + 128)), idx,
+                                                _mm512_loadu_si512((const void *)(q + 192)));
+    *lo = _mm512_unpacklo_epi64(u, v), *hi = _mm512_unpackhi_epi64(u, v);
+}
+
 /* A full sub-group's quants (at q) back into its 8 blocks at plain (their d and m already there) */
 static void unpack_group8(int fmt, const uint8_t *q, uint8_t *plain) {
     const int ts = type_size(fmt);
     if (fmt != Q8_0) { /* dword s * 8 + b -> bytes 4s.. of block b's nibbles */
         const int off = fmt == Q4_1 ? 4 : 2;
-        const __m512i a = _mm512_loadu_si512((const void *)q), b = _mm512_loadu_si512((const void *)(q + 64));
         for (int half = 0; half < 2; ++half) { /* blocks 4 half .. 4 half + 3 */
             const int b0 = 4 * half;
-            const __m512i idx = _mm512_setr_epi32(b0, 8 + b0, 16 + b0, 24 + b0, b0 + 1, 9 + b0, 17 + b0, 25 + b0, b0 + 2,
-                                                  10 + b0, 18 + b0, 26 + b0, b0 + 3, 11 + b0, 19 + b0, 27 + b0);
-            const __m512i v = _mm512_permutex2var_epi32(a, idx, b);
+            const __m512i v = q4_blocks4(q, half);
             _mm_storeu_si128((__m128i *)(plain + (b0 + 0) * ts + off), _mm512_extracti32x4_epi32(v, 0));
             _mm_storeu_si128((__m128i *)(plain + (b0 + 1) * ts + off), _mm512_extracti32x4_epi32(v, 1));
             _mm_storeu_si128((__m128i *)(plain + (b0 + 2) * ts + off), _mm512_extracti32x4_epi32(v, 2));
@@ -196,15 +216,10 @@ static void unpack_group8(int fmt, const uint8_t *q, uint8_t *plain) {
         return;
     }
     /* Q8_0: vector s, lane i = block i % 8, half i / 8, bytes 16 half + 4s.. */
-    const __m512i z0 = _mm512_loadu_si512((const void *)q), z1 = _mm512_loadu_si512((const void *)(q + 64));
-    const __m512i z2 = _mm512_loadu_si512((const void *)(q + 128)), z3 = _mm512_loadu_si512((const void *)(q + 192));
     for (int half = 0; half < 2; ++half) {
         const int b0 = 4 * half;
-        /* per 128-bit lane L (block b0 + L): [zA[b], zB[b], zA[8 + b], zB[8 + b]] */
-        const __m512i idx = _mm512_setr_epi32(b0, 16 + b0, 8 + b0, 24 + b0, b0 + 1, 17 + b0, 9 + b0, 25 + b0, b0 + 2,
-                                              18 + b0, 10 + b0, 26 + b0, b0 + 3, 19 + b0, 11 + b0, 27 + b0);
-        const __m512i u = _mm512_permutex2var_epi32(z0, idx, z1), v = _mm512_permutex2var_epi32(z2, idx, z3);
-        const __m512i lo = _mm512_unpacklo_epi64(u, v), hi = _mm512_unpackhi_epi64(u, v); /* halves 0, 1 */
+        __m512i lo, hi; /* halves 0, 1 */
+        q8_blocks4(q, half, &lo, &hi);
         for (int L = 0; L < 4; ++L) {
             uint8_t *blk = plain + (b0 + L) * ts + 2;
             const __m128i l = L == 0 ? _mm512_extracti32x4_epi32(lo, 0) : L == 1 ? _mm512_extracti32x4_epi32(lo, 1)
@@ -1751,27 +1766,20 @@ static void amx_row_bf16_repacked(int fmt, const uint8_t *p, int64_t K, Decoded 
         _mm256_storeu_ps(bs, b);
         uint16_t *o = out + 32 * g0;
         if (!q8) { /* dword s * 8 + b: bytes 4s.. of block b's nibbles (unpack_group8's permutes) */
-            const __m512i za = _mm512_loadu_si512((const void *)q), zb = _mm512_loadu_si512((const void *)(q + 64));
             for (int half = 0; half < 2; ++half) {
                 const int b0 = 4 * half;
-                const __m512i idx = _mm512_setr_epi32(b0, 8 + b0, 16 + b0, 24 + b0, b0 + 1, 9 + b0, 17 + b0, 25 + b0, b0 + 2,
-                                                      10 + b0, 18 + b0, 26 + b0, b0 + 3, 11 + b0, 19 + b0, 27 + b0);
-                const __m512i v = _mm512_permutex2var_epi32(za, idx, zb);
+                const __m512i v = q4_blocks4(q, half);
                 const __m512i lo = _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
                 const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
                 for (int L = 0; L < 4; ++L) bf16_block(lo, hi, L, ds[b0 + L], bs[b0 + L], o + 32 * (b0 + L));
             }
         } else { /* vector s, lane i = block i % 8, half i / 8, bytes 16 half + 4s.. */
-            const __m512i z0 = _mm512_loadu_si512((const void *)q), z1 = _mm512_loadu_si512((const void *)(q + 64));
-            const __m512i z2 = _mm512_loadu_si512((const void *)(q + 128)), z3 = _mm512_loadu_si512((const void *)(q + 192));
             for (int half = 0; half < 2; ++half) {
                 const int b0 = 4 * half;
-                const __m512i idx = _mm512_setr_epi32(b0, 16 + b0, 8 + b0, 24 + b0, b0 + 1, 17 + b0, 9 + b0, 25 + b0, b0 + 2,
-                                                      18 + b0, 10 + b0, 26 + b0, b0 + 3, 19 + b0, 11 + b0, 27 + b0);
-                const __m512i u = _mm512_permutex2var_epi32(z0, idx, z1), v = _mm512_permutex2var_epi32(z2, idx, z3);
                 const __m512i flip = _mm512_set1_epi8((char)0x80);
-                const __m512i lo = _mm512_xor_si512(_mm512_unpacklo_epi64(u, v), flip); /* weights 0..15 */
-                const __m512i hi = _mm512_xor_si512(_mm512_unpackhi_epi64(u, v), flip); /* 16..31 */
+                __m512i lo, hi;
+                q8_blocks4(q, half, &lo, &hi);
+                lo = _mm512_xor_si512(lo, flip), hi = _mm512_xor_si512(hi, flip); /* weights 0..15, 16..31 */
                 for (int L = 0; L < 4; ++L) bf16_block(lo, hi, L, ds[b0 + L], bs[b0 + L], o + 32 * (b0 + L));
             }
         }
