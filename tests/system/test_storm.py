@@ -2,12 +2,14 @@
 on the CPU with default options. A prefill step cannot be interrupted, so what an abort or a new
 request waits for is the step in progress; the CPU default budget keeps it short.
 
-The latencies are printed so that they can be quoted. They are asserted only against loose bounds
-calibrated in the same test, so that a busy machine does not fail it: the wait may be the step in
-progress plus the new request's own prefill, so the bound is a few times the latency of one full
-prefill step (a prompt of exactly the budget) plus that of a small request, and at least a few
-seconds. The target on an idle 2-core box is 1 s; with the old default of 4096 tokens a step alone
-took 8 s there (16 steps of the new budget)."""
+The latencies are printed so that they can be quoted. What is asserted does not hang on this
+machine's speed or on what else runs on it (the suite's other worker): the scheduler's own record of
+what it did (an aborted prompt's pages computed before the abort, the requests aborted before their
+first token), and a latency bound only where the failure it guards against is an order of magnitude
+slower: after the storm, the bound is a few times the latency of one full prefill step (a prompt of
+exactly the budget) plus that of a small request, and at least FLOOR_S, against the ~100 full steps
+that the dropped prompts would take. The target on an idle 2-core box is 1 s; with the old default of
+4096 tokens a step alone took 8 s there (16 steps of the new budget)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ pytestmark = pytest.mark.timeout(300)
 
 STORM_CLIENTS = 200
 STORM_PROMPT = "Tell me a long story about a dragon who guards a library. " * 10  # ~130 tokens each
-FLOOR_S = 3.0  # the bound: max(FLOOR_S, small request + STEPS x one full prefill step + 0.5 s)
+FLOOR_S = 6.0  # the bound: max(FLOOR_S, small request + STEPS x one full prefill step + 0.5 s)
 STEPS = 3
 
 
@@ -134,16 +136,21 @@ async def _storm_then_probe(srv: ServerProcess) -> tuple[int, float]:
     """Start the storm; drop every client at 0.5 s, or later if need be: once every request has
     reached the scheduler and some have their first token, so that the scheduler is prefilling the
     rest of the storm when it is dropped (on a busy machine that takes longer than 0.5 s)."""
-    body = json.dumps(
-        {"messages": [{"role": "user", "content": STORM_PROMPT}], "max_tokens": 64, "stream": True}
-    ).encode()
-    head = (
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\n\r\n"
-    ).encode()
+
+    def raw(i: int) -> bytes:  # each prompt its own: no prefix-cache hit turns 200 prefills into one
+        content = f"Story {i}. {STORM_PROMPT}"
+        body = json.dumps(
+            {"messages": [{"role": "user", "content": content}], "max_tokens": 64, "stream": True}
+        )
+        head = (
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        )
+        return (head + body).encode()
+
     storm = Storm()
     start = time.monotonic()
-    clients = [asyncio.create_task(_storm_client(srv.port, head + body, storm)) for _ in range(STORM_CLIENTS)]
+    clients = [asyncio.create_task(_storm_client(srv.port, raw(i), storm)) for i in range(STORM_CLIENTS)]
     deadline = time.monotonic() + 120
     while storm.accepted < STORM_CLIENTS or not storm.generating.is_set():
         assert time.monotonic() < deadline, f"storm: {storm.accepted} accepted, no token within 120 s"
@@ -195,7 +202,13 @@ def test_long_prompt_aborted_mid_prefill_frees_the_scheduler_at_the_next_chunk(s
         f"\n8,000-token prompt aborted 1 s into its prefill: a new request's first token {ttft:.2f} s "
         f"later ({idle})"
     )
-    assert ttft < idle.bound
     m = server.wait_for_log(re.compile(r"scheduler: aborted request \d+ \((\d+) tokens generated\)"), after)
     assert m.group(1) == "0"  # it was still prefilling
     wait_no_requests(server.url)
+    # Its computed pages stay in the prefix cache: fewer than the whole prompt's, so the prefill stopped
+    # at the abort (however fast this machine got through the chunks meanwhile), not at the prompt's end.
+    idle_line = re.compile(r"scheduler idle: 0 running, 0 waiting, pages free \d+/\d+, cached (\d+)")
+    cached_before = int(idle_line.findall(server.output()[:after])[-1])
+    cached_after = int(server.wait_for_log(idle_line, after).group(1))  # + the probe's few pages
+    print(f"pages cached since: {cached_after - cached_before} (16 tokens each)")
+    assert (cached_after - cached_before) * 16 < 8000 - CPU_MAX_PREFILL_TOKENS
