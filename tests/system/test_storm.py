@@ -14,6 +14,7 @@ that the dropped prompts would take. The target on an idle 2-core box is 1 s; wi
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import time
@@ -68,9 +69,14 @@ async def first_token_s(url: str) -> float:
     return first
 
 
+_STEP_PROMPTS = itertools.count()
+
+
 def one_step_s(url: str) -> float:
-    """Seconds for a prompt of exactly one prefill budget and one output token: one full step."""
-    body = {"prompt": list(range(1000, 1000 + CPU_MAX_PREFILL_TOKENS)), "max_tokens": 1}
+    """Seconds for a prompt of exactly one prefill budget and one output token: one full step (each
+    call's prompt its own, so that no call is a prefix-cache hit)."""
+    first = 20000 + 300 * next(_STEP_PROMPTS)
+    body = {"prompt": list(range(first, first + CPU_MAX_PREFILL_TOKENS)), "max_tokens": 1}
     start = time.monotonic()
     r = httpx.post(url + "/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
