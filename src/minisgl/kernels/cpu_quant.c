@@ -1038,7 +1038,7 @@ static void prefetch_rows(const int64_t *row_ptrs, const int32_t *row_fmts, int6
 #endif
 }
 
-/* ---- decode passes over the 32-weight block formats (AVX-512): straight from the blocks ----------
+/* ---- decode passes over the 32-weight block formats (AVX-512, AVX2): straight from the blocks -----
  * Where every row of a weight is Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 (the embedded model's formats and
  * llama.cpp's legacy quants), decode passes skip the decoded tiles above: each row is read once from
  * its blocks, two blocks (64 weights) per step, unpacked in registers to unsigned bytes (nibbles,
@@ -1051,8 +1051,10 @@ static void prefetch_rows(const int64_t *row_ptrs, const int32_t *row_fmts, int6
  * block's sum of quantized activations into the same accumulator once per 16 blocks. A micro-tile
  * is a few rows of one format against a few activation rows; each (row, activation) pair is one
  * fixed sequence of operations whatever M, the tile or the thread count, so decode rows stay
- * batch-invariant. */
-#if defined(MINISGL_AVX512)
+ * batch-invariant. The AVX2 build has its own micro-tiles for Q4_0, Q4_1 and Q8_0 (below); before
+ * them its decode passes decoded tiles of rows to memory and read them back, 2.2x the step time at
+ * batch 1 on a 2-core AMD EPYC (Zen 1). */
+#if defined(MINISGL_AVX512) || defined(MINISGL_AVX2)
 #define DIRECT_RUN 4 /* rows of one format taken together */
 #ifndef DIRECT_STREAMS
 #define DIRECT_STREAMS 4 /* places of a weight read side by side (a multiple of DIRECT_RUN) */
@@ -1066,7 +1068,11 @@ typedef struct {
     const float *xsb;   /* (M, NB16): each block's sum of quantized activations, zero past K / 32 */
 } DirectActs;
 
+#if defined(MINISGL_AVX512)
 static inline int is_direct_fmt(int fmt) { return fmt == Q4_0 || fmt == Q4_1 || fmt == Q5_0 || fmt == Q5_1 || fmt == Q8_0; }
+#else
+static inline int is_direct_fmt(int fmt) { return fmt == Q4_0 || fmt == Q4_1 || fmt == Q8_0; }
+#endif
 
 static int direct_weight(const int32_t *row_fmts, int64_t N) {
     for (int64_t n = 0; n < N; ++n)
@@ -1074,6 +1080,11 @@ static int direct_weight(const int32_t *row_fmts, int64_t N) {
     return 1;
 }
 
+/* A micro-tile: rows[0..NR) against activation rows a0.. of X (its kernel's own activations) */
+typedef void (*MicroFn)(const uint8_t *const *rows, int64_t nb, const void *X, int64_t a0, float out[][4]);
+/* the micro-tile of a kernel for a format and na (1-4) activation rows */
+typedef MicroFn (*PickFn)(int fmt, int na);
+#if defined(MINISGL_AVX512)
 /* the offset of a block format as a multiple of its d, or NAN where the block holds an f16 m after d */
 static inline float direct_bias_of_d(int fmt) {
     return fmt == Q4_0 ? -8.f : fmt == Q5_0 ? -16.f : fmt == Q8_0 ? -128.f : NAN;
@@ -1244,10 +1255,6 @@ static inline __attribute__((always_inline)) void direct_micro_impl(const int fm
 
 /* The micro-tiles, one function per format and shape (NR rows x NA activations: 4 x 1, 4 x 2, 2 x 3
  * and 4 x 4 keep their sums in registers; 4 x 4 against 2 x 4: 8-10% less time at M = 16). */
-/* A micro-tile: rows[0..NR) against activation rows a0.. of X (its kernel's own activations) */
-typedef void (*MicroFn)(const uint8_t *const *rows, int64_t nb, const void *X, int64_t a0, float out[][4]);
-/* the micro-tile of a kernel for a format and na (1-4) activation rows */
-typedef MicroFn (*PickFn)(int fmt, int na);
 #define DIRECT_FN(F, NR, NA)                                                                                 \
     static void direct_##F##_##NR##x##NA(const uint8_t *const *rows, int64_t nb, const void *X, int64_t a0,     \
                                          float out[][4]) {                                                     \
@@ -1263,6 +1270,93 @@ DIRECT_FNS(Q8_0)
 static const MicroFn direct_fns[Q8_0 + 1][4] = {DIRECT_TABLE(Q4_0), DIRECT_TABLE(Q4_1), DIRECT_TABLE(Q5_0),
                                                  DIRECT_TABLE(Q5_1), DIRECT_TABLE(Q8_0)};
 static MicroFn direct_pick(int fmt, int na) { return direct_fns[fmt][na - 1]; }
+#else
+/* AVX2 (no VNNI): a step is one block (32 weights) of NR rows against NA activation rows. A row's
+ * block is unpacked in registers (Q4_0/Q4_1: the low nibbles are weights 0-15, the high ones 16-31;
+ * Q8_0: its signed bytes), vpmaddubsw multiplies the unsigned weights by the activations' int8 (Q8_0
+ * by the sign trick, |w| times x signed by w: its u + 128 would saturate the int16 pair sums) and
+ * vpmaddwd sums them into 8 int32 lanes, lanes 0-3 the block's first 16 and 4-7 its second: each is
+ * scaled by d times its 16 activations' dx (`dxl` holds them lane by lane). The offsets (Q4_1's m,
+ * Q4_0's -8 d) go in once per 8 blocks, times the blocks' sums of quantized activations. As for
+ * AVX-512, each (row, activation) pair is one fixed sequence of operations whatever the tile. */
+/* the f16 words at p, p + stride, ... (n <= 8 of them) as 8 floats, zeros past n; lane inserts, not
+ * 2-byte stores read back as one vector (a stalled store forward: 1.75x the whole kernel's time) */
+static inline __attribute__((always_inline)) __m256 half8(const uint8_t *p, int64_t stride, int n) {
+    __m128i h = _mm_setzero_si128();
+    uint16_t v;
+#define HALF_LANE(i)                                      \
+    if (i < n) {                                          \
+        memcpy(&v, p + (i) * stride, 2);                  \
+        h = _mm_insert_epi16(h, v, i);                    \
+    }
+    HALF_LANE(0) HALF_LANE(1) HALF_LANE(2) HALF_LANE(3) HALF_LANE(4) HALF_LANE(5) HALF_LANE(6) HALF_LANE(7)
+#undef HALF_LANE
+    return _mm256_cvtph_ps(h);
+}
+
+static inline __attribute__((always_inline)) void direct_micro_impl(const int fmt, const int NR, const int NA,
+                                                                     const uint8_t *const *rows, int64_t nb,
+                                                                     const DirectActs *X, int64_t a0, float out[][4]) {
+    const int bytes = type_size(fmt), off = fmt == Q4_1 ? 4 : 2;
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4][4];
+    for (int r = 0; r < NR; ++r)
+        for (int a = 0; a < NA; ++a) acc[r][a] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < nb; c += 8) {
+        const int n = nb - c < 8 ? (int)(nb - c) : 8;
+        float d[4][8]; /* the 8 blocks' d, read back one at a time (a broadcast load: no lane permute) */
+        for (int r = 0; r < NR; ++r) {
+            const __m256 dr = half8(rows[r] + c * bytes, bytes, n);
+            _mm256_storeu_ps(d[r], dr);
+            if (fmt == Q8_0) continue;
+            const __m256 m = fmt == Q4_1 ? half8(rows[r] + c * bytes + 2, bytes, n) : _mm256_mul_ps(_mm256_set1_ps(-8.f), dr);
+            for (int a = 0; a < NA; ++a)
+                acc[r][a] = _mm256_fmadd_ps(m, _mm256_loadu_ps(X->xsb + (a0 + a) * X->NB16 + c), acc[r][a]);
+        }
+        for (int j = 0; j < n; ++j) {
+            const int64_t b = c + j;
+            __m256i u[4];
+            __m256 sd[4];
+            for (int r = 0; r < NR; ++r) {
+                const uint8_t *p = rows[r] + b * bytes;
+                if (fmt == Q8_0) {
+                    u[r] = _mm256_loadu_si256((const __m256i *)(p + 2));
+                } else {
+                    const __m128i q = _mm_loadu_si128((const __m128i *)(p + off));
+                    u[r] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low4), _mm_and_si128(q, low4));
+                }
+                sd[r] = _mm256_broadcast_ss(&d[r][j]);
+            }
+            for (int a = 0; a < NA; ++a) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(X->qx + (a0 + a) * X->K64 + 32 * b));
+                const __m256 dl = _mm256_loadu_ps(X->dxl + (a0 + a) * (X->K64 / 4) + 8 * b);
+                for (int r = 0; r < NR; ++r) {
+                    const __m256i prod = fmt == Q8_0 ? _mm256_maddubs_epi16(_mm256_sign_epi8(u[r], u[r]), _mm256_sign_epi8(xv, u[r]))
+                                                     : _mm256_maddubs_epi16(u[r], xv);
+                    acc[r][a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones)), _mm256_mul_ps(sd[r], dl), acc[r][a]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < NR; ++r)
+        for (int a = 0; a < NA; ++a) out[r][a] = hsum8(acc[r][a]);
+}
+
+/* The micro-tiles (16 ymm registers: 4 x 1 and 2 x 2-4), one function per format and shape */
+#define DIRECT_FN(F, NR, NA)                                                                                 \
+    static void direct_##F##_##NR##x##NA(const uint8_t *const *rows, int64_t nb, const void *X, int64_t a0,     \
+                                         float out[][4]) {                                                     \
+        direct_micro_impl(F, NR, NA, rows, nb, (const DirectActs *)X, a0, out);                                \
+    }
+#define DIRECT_FNS(F) DIRECT_FN(F, 4, 1) DIRECT_FN(F, 2, 2) DIRECT_FN(F, 2, 3) DIRECT_FN(F, 2, 4)
+DIRECT_FNS(Q4_0)
+DIRECT_FNS(Q4_1)
+DIRECT_FNS(Q8_0)
+#define DIRECT_TABLE(F) [F] = {direct_##F##_4x1, direct_##F##_2x2, direct_##F##_2x3, direct_##F##_2x4}
+static const MicroFn direct_fns[Q8_0 + 1][4] = {DIRECT_TABLE(Q4_0), DIRECT_TABLE(Q4_1), DIRECT_TABLE(Q8_0)};
+static MicroFn direct_pick(int fmt, int na) { return direct_fns[fmt][na - 1]; }
+#endif
 
 /* Rows idx[0..R) (R <= DIRECT_RUN, any formats) against all M activation rows: those of one format
  * go through `pick`'s micro-tiles together. */
@@ -1285,7 +1379,11 @@ static void micro_rows(PickFn pick, const int64_t *row_ptrs, const int32_t *row_
         float out[4][4];
         for (int64_t a0 = 0; a0 < M; a0 += 4) {
             const int na = M - a0 < 4 ? (int)(M - a0) : 4;
+#if defined(MINISGL_AVX512)
             const int nr = na == 3 ? 2 : 4; /* rows per call */
+#else
+            const int nr = na == 1 ? 4 : 2;
+#endif
             for (int r0 = 0; r0 < nr_fmt; r0 += nr) {
                 pick(fmt, na)(rows + r0, K / 32, X, a0, out);
                 for (int r = 0; r < nr && r0 + r < nr_fmt; ++r)
@@ -1347,6 +1445,9 @@ static int qlinear_direct(const float *xf, int64_t ldf, int64_t M, int64_t K, co
     return 0;
 }
 
+#endif
+
+#if defined(MINISGL_AVX512)
 /* ---- decode passes over repacked rows (AVX-512; the layout: "repacked rows" above) ----------------
  * A (row, activation row) pair keeps one int32 vector per sub-group: a lane sums its 16 (Q4_0/Q4_1:
  * one vpdpbusd per 4 of them) or its 4 to 16 products (the smaller sub-groups) of one block half
@@ -1934,6 +2035,8 @@ int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, 
         scratch_put(xf, xf_owned);
         return rc;
     }
+#endif
+#if defined(MINISGL_AVX512) || defined(MINISGL_AVX2)
     if (!prefill && !has_float && (uniform ? is_direct_fmt(row_fmts[0]) : direct_weight(row_fmts, N))) {
         const int rc = qlinear_direct(A.xf, A.ldf, M, K, row_ptrs, row_fmts, N, bias, y, ldy, accumulate);
         scratch_put(xf, xf_owned);
