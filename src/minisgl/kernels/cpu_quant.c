@@ -1084,6 +1084,12 @@ static int direct_weight(const int32_t *row_fmts, int64_t N) {
 typedef void (*MicroFn)(const uint8_t *const *rows, int64_t nb, const void *X, int64_t a0, float out[][4]);
 /* the micro-tile of a kernel for a format and na (1-4) activation rows */
 typedef MicroFn (*PickFn)(int fmt, int na);
+/* one micro-tile function: each build's direct_micro_impl (below) for a format and shape */
+#define DIRECT_FN(F, NR, NA)                                                                                 \
+    static void direct_##F##_##NR##x##NA(const uint8_t *const *rows, int64_t nb, const void *X, int64_t a0,     \
+                                         float out[][4]) {                                                     \
+        direct_micro_impl(F, NR, NA, rows, nb, (const DirectActs *)X, a0, out);                                \
+    }
 #if defined(MINISGL_AVX512)
 /* the offset of a block format as a multiple of its d, or NAN where the block holds an f16 m after d */
 static inline float direct_bias_of_d(int fmt) {
@@ -1255,11 +1261,6 @@ static inline __attribute__((always_inline)) void direct_micro_impl(const int fm
 
 /* The micro-tiles, one function per format and shape (NR rows x NA activations: 4 x 1, 4 x 2, 2 x 3
  * and 4 x 4 keep their sums in registers; 4 x 4 against 2 x 4: 8-10% less time at M = 16). */
-#define DIRECT_FN(F, NR, NA)                                                                                 \
-    static void direct_##F##_##NR##x##NA(const uint8_t *const *rows, int64_t nb, const void *X, int64_t a0,     \
-                                         float out[][4]) {                                                     \
-        direct_micro_impl(F, NR, NA, rows, nb, (const DirectActs *)X, a0, out);                                \
-    }
 #define DIRECT_FNS(F) DIRECT_FN(F, 4, 1) DIRECT_FN(F, 4, 2) DIRECT_FN(F, 2, 3) DIRECT_FN(F, 4, 4)
 DIRECT_FNS(Q4_0)
 DIRECT_FNS(Q4_1)
@@ -1344,11 +1345,6 @@ static inline __attribute__((always_inline)) void direct_micro_impl(const int fm
 }
 
 /* The micro-tiles (16 ymm registers: 4 x 1 and 2 x 2-4), one function per format and shape */
-#define DIRECT_FN(F, NR, NA)                                                                                 \
-    static void direct_##F##_##NR##x##NA(const uint8_t *const *rows, int64_t nb, const void *X, int64_t a0,     \
-                                         float out[][4]) {                                                     \
-        direct_micro_impl(F, NR, NA, rows, nb, (const DirectActs *)X, a0, out);                                \
-    }
 #define DIRECT_FNS(F) DIRECT_FN(F, 4, 1) DIRECT_FN(F, 2, 2) DIRECT_FN(F, 2, 3) DIRECT_FN(F, 2, 4)
 DIRECT_FNS(Q4_0)
 DIRECT_FNS(Q4_1)
