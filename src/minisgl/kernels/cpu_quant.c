@@ -1411,7 +1411,8 @@ static int qlinear_direct(const float *xf, int64_t ldf, int64_t M, int64_t K, co
                           const int32_t *row_fmts, int64_t N, const float *bias, float *y, int64_t ldy, int accumulate) {
     const int64_t K64 = round_up(K, 64), C16 = round_up(K64 / 16, 16), NB16 = round_up(K / 32, 16);
     const size_t per_row = (size_t)K64 + sizeof(float) * (size_t)(K64 / 16 + C16 + K64 / 2 + NB16);
-    uint8_t *buf = (uint8_t *)aligned_alloc(64, (size_t)round_up((int64_t)(per_row * (size_t)M), 64));
+    int owned;
+    uint8_t *buf = (uint8_t *)scratch_get(0, per_row * (size_t)M, &owned);
     if (buf == NULL) return -2;
     float *dx = (float *)buf, *xs = dx + M * (K64 / 16), *dxl = xs + M * C16, *dxl16 = dxl + M * (K64 / 4);
     float *xsb = dxl16 + M * (K64 / 4);
@@ -1437,7 +1438,7 @@ static int qlinear_direct(const float *xf, int64_t ldf, int64_t M, int64_t K, co
 #pragma omp parallel for schedule(guided) if (L > 1 && M * N * K >= 32768)
     for (int64_t t = 0; t < L; ++t)
         micro_stripe(direct_pick, row_ptrs, row_fmts, N, L, t, K, &X, M, bias, y, ldy, accumulate);
-    free(buf);
+    scratch_put(buf, owned);
     return 0;
 }
 
