@@ -42,8 +42,22 @@ def _backend(path: str, pool: KVPool, max_pages: int):  # noqa: ANN202
     return backend
 
 
-@pytest.mark.parametrize("decode_path", ["kernel", "matmul", "copy", "gather", "triton"])
-@pytest.mark.parametrize("chunks", [[[5, 9, 1], [3, 6, 2]], [[7], [4]], [[2, 3], [1, 1]]])
+_CHUNKS = [[[5, 9, 1], [3, 6, 2]], [[7], [4]], [[2, 3], [1, 1]]]
+_PATHS = ["kernel", "matmul", "copy", "gather", "triton"]
+
+
+def _chunk_cases() -> list:
+    """Every (chunks, path); Triton's interpreter takes 6-11 s a case on a 2-core CPU, so only the
+    first chunking runs it in `make test`, the other two under `make test-slow`."""
+    slow = [] if torch.cuda.is_available() else [pytest.mark.slow]
+    return [
+        pytest.param(c, p, id=f"chunks{i}-{p}", marks=slow if p == "triton" and i > 0 else [])
+        for i, c in enumerate(_CHUNKS)
+        for p in _PATHS
+    ]
+
+
+@pytest.mark.parametrize(("chunks", "decode_path"), _chunk_cases())
 def test_prefill_with_prefix_then_decode_matches_dense(chunks: list[list[int]], decode_path: str) -> None:
     """Fresh prefill, prefill over a prefix, then decode steps: through the CPU backend's C kernels
     (fresh prefill, and decode reading the pool: "kernel") or its explicit-score matmuls over the
