@@ -93,6 +93,28 @@ INLINE __m256 kv8(const void *p, int64_t i, int half) {
 #define HAVE_KV8 1
 #endif
 
+/* A float vector for kernels written once for both widths (the extend attention, the MoE): 16 floats
+ * on AVX-512, 8 on AVX2, FV_W of them */
+#if defined(__AVX512F__)
+#define FV_W 16
+typedef __m512 fvec;
+INLINE fvec fv_load(const float *p) { return _mm512_loadu_ps(p); }
+INLINE void fv_store(float *p, fvec v) { _mm512_storeu_ps(p, v); }
+INLINE fvec fv_fma(fvec a, fvec b, fvec c) { return _mm512_fmadd_ps(a, b, c); }
+INLINE fvec fv_set1(float x) { return _mm512_set1_ps(x); }
+INLINE fvec fv_zero(void) { return _mm512_setzero_ps(); }
+INLINE float fv_sum(fvec v) { return _mm512_reduce_add_ps(v); }
+#elif defined(HAVE_AVX2)
+#define FV_W 8
+typedef __m256 fvec;
+INLINE fvec fv_load(const float *p) { return _mm256_loadu_ps(p); }
+INLINE void fv_store(float *p, fvec v) { _mm256_storeu_ps(p, v); }
+INLINE fvec fv_fma(fvec a, fvec b, fvec c) { return _mm256_fmadd_ps(a, b, c); }
+INLINE fvec fv_set1(float x) { return _mm256_set1_ps(x); }
+INLINE fvec fv_zero(void) { return _mm256_setzero_ps(); }
+INLINE float fv_sum(fvec v) { return hsum8(v); }
+#endif
+
 /* sum_d a[d] * b[d], b the K/V elements from b0 */
 INLINE float dot(const float *a, const void *b, int64_t b0, int64_t D, int half) {
     int64_t d = 0;
@@ -553,23 +575,6 @@ int minisgl_decode_attention_f16(const float *q, const uint16_t *k, const uint16
 #define EXT_QB 32
 #define EXT_PAIRS 12 /* (query row, query head) pairs sharing each K/V vector loaded (8: 1.09-1.16x the time, 16: 1.01-1.03x) */
 #if defined(__AVX512F__)
-typedef __m512 ext_vec; /* the kernel's vector: 16 floats (AVX-512) or 8 (AVX2), EXT_W of them */
-#define EXT_W 16
-INLINE ext_vec ext_load(const float *p) { return _mm512_loadu_ps(p); }
-INLINE void ext_store(float *p, ext_vec v) { _mm512_storeu_ps(p, v); }
-INLINE ext_vec ext_fma(ext_vec a, ext_vec b, ext_vec c) { return _mm512_fmadd_ps(a, b, c); }
-INLINE ext_vec ext_set1(float x) { return _mm512_set1_ps(x); }
-INLINE ext_vec ext_zero(void) { return _mm512_setzero_ps(); }
-#elif defined(HAVE_KV8)
-typedef __m256 ext_vec;
-#define EXT_W 8
-INLINE ext_vec ext_load(const float *p) { return _mm256_loadu_ps(p); }
-INLINE void ext_store(float *p, ext_vec v) { _mm256_storeu_ps(p, v); }
-INLINE ext_vec ext_fma(ext_vec a, ext_vec b, ext_vec c) { return _mm256_fmadd_ps(a, b, c); }
-INLINE ext_vec ext_set1(float x) { return _mm256_set1_ps(x); }
-INLINE ext_vec ext_zero(void) { return _mm256_setzero_ps(); }
-#endif
-#if defined(__AVX512F__)
 /* 16 x 16 floats: r[i] lane j -> r[j] lane i */
 static inline void transpose16_ps(__m512 r[16]) {
     __m512 t[16];
@@ -641,27 +646,27 @@ static void ext_load_kv(const void *k, const void *v, const int32_t *pages, int6
  * group, block or batch. */
 INLINE void ext_pairs(const int NP, const float *const *qp, const int64_t *Ls, int64_t Lmax, const float *kt,
                       const float *vs, int64_t Lp, int64_t D, float scale, float *s, float *const *op) {
-    const int64_t LW = (Lmax + EXT_W - 1) / EXT_W * EXT_W;
-    ext_vec a[EXT_PAIRS];
-    for (int64_t j = 0; j < LW; j += EXT_W) { /* scores of positions j .. j + EXT_W */
-        for (int p = 0; p < NP; ++p) a[p] = ext_zero();
+    const int64_t LW = (Lmax + FV_W - 1) / FV_W * FV_W;
+    fvec a[EXT_PAIRS];
+    for (int64_t j = 0; j < LW; j += FV_W) { /* scores of positions j .. j + FV_W */
+        for (int p = 0; p < NP; ++p) a[p] = fv_zero();
         for (int64_t d = 0; d < D; ++d) {
-            const ext_vec kv = ext_load(kt + d * Lp + j);
-            for (int p = 0; p < NP; ++p) a[p] = ext_fma(ext_set1(qp[p][d]), kv, a[p]);
+            const fvec kv = fv_load(kt + d * Lp + j);
+            for (int p = 0; p < NP; ++p) a[p] = fv_fma(fv_set1(qp[p][d]), kv, a[p]);
         }
-        for (int p = 0; p < NP; ++p) ext_store(s + p * Lp + j, a[p]);
+        for (int p = 0; p < NP; ++p) fv_store(s + p * Lp + j, a[p]);
     }
     for (int p = 0; p < NP; ++p) {
         softmax_inplace(s + p * Lp, Ls[p], scale);
         for (int64_t j = Ls[p]; j < Lmax; ++j) s[p * Lp + j] = 0.f;
     }
-    for (int64_t c = 0; c < D; c += EXT_W) {
-        for (int p = 0; p < NP; ++p) a[p] = ext_zero();
+    for (int64_t c = 0; c < D; c += FV_W) {
+        for (int p = 0; p < NP; ++p) a[p] = fv_zero();
         for (int64_t j = 0; j < Lmax; ++j) {
-            const ext_vec vv = ext_load(vs + j * D + c);
-            for (int p = 0; p < NP; ++p) a[p] = ext_fma(ext_set1(s[p * Lp + j]), vv, a[p]);
+            const fvec vv = fv_load(vs + j * D + c);
+            for (int p = 0; p < NP; ++p) a[p] = fv_fma(fv_set1(s[p * Lp + j]), vv, a[p]);
         }
-        for (int p = 0; p < NP; ++p) ext_store(op[p] + c, a[p]);
+        for (int p = 0; p < NP; ++p) fv_store(op[p] + c, a[p]);
     }
 }
 
@@ -717,8 +722,8 @@ INLINE int extend_attention(const float *q, const void *k, const void *v, const 
         const float *qb_q = q + starts[b] * Hq * D;
         float *qb_out = out + starts[b] * Hq * D;
 #if defined(__AVX512F__) || defined(HAVE_KV8)
-        if (D % EXT_W == 0) {
-            const int64_t Lp = (L + EXT_W - 1) / EXT_W * EXT_W;
+        if (D % FV_W == 0) {
+            const int64_t Lp = (L + FV_W - 1) / FV_W * FV_W;
             float *kt = (float *)malloc(sizeof(float) * (size_t)(D * Lp + Lp * D + EXT_PAIRS * Lp));
             if (kt == NULL) {
                 failed = 1;
@@ -1211,21 +1216,6 @@ int minisgl_graph_profile(const int64_t *prog, int64_t n, int64_t *ns) {
  * Every element is one dot product in a fixed order: a token's result depends neither on the tokens
  * batched with it nor on the thread count. */
 
-#if defined(__AVX512F__)
-#define MOE_VW 16
-typedef __m512 moe_vec;
-static inline moe_vec moe_load(const float *p) { return _mm512_loadu_ps(p); }
-static inline moe_vec moe_fma(moe_vec a, moe_vec b, moe_vec c) { return _mm512_fmadd_ps(a, b, c); }
-static inline moe_vec moe_zero(void) { return _mm512_setzero_ps(); }
-static inline float moe_sum(moe_vec v) { return _mm512_reduce_add_ps(v); }
-#elif defined(HAVE_AVX2)
-#define MOE_VW 8
-typedef __m256 moe_vec;
-static inline moe_vec moe_load(const float *p) { return _mm256_loadu_ps(p); }
-static inline moe_vec moe_fma(moe_vec a, moe_vec b, moe_vec c) { return _mm256_fmadd_ps(a, b, c); }
-static inline moe_vec moe_zero(void) { return _mm256_setzero_ps(); }
-static inline float moe_sum(moe_vec v) { return hsum8(v); }
-#endif
 
 #define MOE_TOK 4  /* tokens multiplied against each weight row at once */
 #define MOE_ROWS 16 /* weight rows per work item */
@@ -1234,18 +1224,18 @@ static inline float moe_sum(moe_vec v) { return hsum8(v); }
 /* o0[r] = w0 . xs[r] and o1[r] = w1 . xs[r] for the MOE_TOK rows xs, over n elements */
 static void moe_dots(const float *w0, const float *w1, const float *const *xs, int64_t n, float *o0, float *o1) {
     int64_t k = 0;
-#ifdef MOE_VW
-    moe_vec a0[MOE_TOK], a1[MOE_TOK];
-    for (int r = 0; r < MOE_TOK; ++r) a0[r] = a1[r] = moe_zero();
-    for (; k + MOE_VW <= n; k += MOE_VW) {
-        const moe_vec v0 = moe_load(w0 + k), v1 = moe_load(w1 + k);
+#ifdef FV_W
+    fvec a0[MOE_TOK], a1[MOE_TOK];
+    for (int r = 0; r < MOE_TOK; ++r) a0[r] = a1[r] = fv_zero();
+    for (; k + FV_W <= n; k += FV_W) {
+        const fvec v0 = fv_load(w0 + k), v1 = fv_load(w1 + k);
         for (int r = 0; r < MOE_TOK; ++r) {
-            const moe_vec xv = moe_load(xs[r] + k);
-            a0[r] = moe_fma(v0, xv, a0[r]);
-            a1[r] = moe_fma(v1, xv, a1[r]);
+            const fvec xv = fv_load(xs[r] + k);
+            a0[r] = fv_fma(v0, xv, a0[r]);
+            a1[r] = fv_fma(v1, xv, a1[r]);
         }
     }
-    for (int r = 0; r < MOE_TOK; ++r) o0[r] = moe_sum(a0[r]), o1[r] = moe_sum(a1[r]);
+    for (int r = 0; r < MOE_TOK; ++r) o0[r] = fv_sum(a0[r]), o1[r] = fv_sum(a1[r]);
 #else
     for (int r = 0; r < MOE_TOK; ++r) o0[r] = o1[r] = 0.f;
 #endif
