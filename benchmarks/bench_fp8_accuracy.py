@@ -22,12 +22,19 @@ Random weights make the figures hard to read, and the bench prints what they dep
   makes. `--weight-scales 1,0.5,...` multiplies every projection in every engine (fp8: its scales,
   which is the same) and repeats the comparison at each scale.
 
+A trained checkpoint instead (`--model`: a Hugging Face directory, or a GGUF file whose tensors are
+dequantized into one first, e.g. the embedded SmolLM2-135M): its own weights, where these caveats do
+not apply; `--prompt-source chat` then takes 64 chat prompts (16 questions in 4 framings, the model's
+chat template, lengths as they come) instead of random token ids.
+
     python benchmarks/bench_fp8_accuracy.py --model-config llama3-8b [--compare fp8,fp32] [--weight-scales 1,0.5]
+    python benchmarks/bench_fp8_accuracy.py --model SmolLM2-135M-Instruct.Q4_1.gguf --prompt-source chat,random
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import tempfile
 from dataclasses import dataclass, field
@@ -125,8 +132,7 @@ def teacher_force(
 ) -> dict[str, tuple[Stats, Stats]]:
     """(prefill, decode) stats of each of `others` against `ref`, all fed the same tokens: the
     prompts, then `decode_len` steps of ref's greedy tokens."""
-    plen = len(prompts[0])
-    total = plen + decode_len + 1
+    total = max(map(len, prompts)) + decode_len + 1
     engines = [ref, *others.values()]
     rows = [_reqs(llm, prompts, total) for llm in engines]
     stats = {name: (Stats(), Stats()) for name in others}
@@ -135,12 +141,13 @@ def teacher_force(
         logits = []
         for llm, reqs in zip(engines, rows, strict=True):
             part = reqs[g : g + group]
-            logits.append(llm.engine.forward_logits(Batch(part, [plen] * len(part), "prefill")))
-            for r in part:
-                r.cached_len = plen
+            lens = [len(r.token_ids) for r in part]
+            logits.append(llm.engine.forward_logits(Batch(part, lens, "prefill")))
+            for r, n in zip(part, lens, strict=True):
+                r.cached_len = n
         for name, got in zip(others, logits[1:], strict=True):
             stats[name][0].add(logits[0], got.to(logits[0].device))
-        ends = torch.arange(1, len(part) + 1, device=logits[0].device) * plen - 1
+        ends = torch.tensor(lens, device=logits[0].device).cumsum(0) - 1
         last[g : g + len(part)] = logits[0][ends].argmax(-1).cpu()
         del logits
     for _ in range(decode_len):
@@ -176,18 +183,80 @@ def copy_weights(src: LLM, dst: LLM) -> None:
         p.copy_(theirs[name])
 
 
-def run(ns: argparse.Namespace) -> None:
+# 16 questions in 4 framings: `--prompt-source chat`'s 64 prompts for a trained model.
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain gravity to a ten-year-old.",
+    "List three prime numbers and say why they are prime.",
+    "Who wrote Hamlet, and what is it about?",
+    "Write a Python function that reverses a string.",
+    "What causes the seasons on Earth?",
+    "Give me a recipe for a simple tomato soup.",
+    "Translate 'good morning, how are you?' into Spanish.",
+    "What is the difference between a virus and a bacterium?",
+    "Summarize the plot of Cinderella in two sentences.",
+    "How do I make my code run faster?",
+    "Why is the sky blue?",
+    "Tell me a short story about a robot who learns to paint.",
+    "What are the benefits of regular exercise?",
+    "Describe how a bicycle works.",
+]
+FRAMINGS = ["{q}", "Answer briefly: {q}", "Explain step by step. {q}", "{q} Please give details."]
+
+
+def gguf_as_hf_dir(gguf: Path, out: Path) -> Path:
+    """A Hugging Face directory of the GGUF file's model: its derived config and tokenizer, and its
+    tensors dequantized to float32 in model.safetensors (what every engine below loads, fp8 too)."""
+    from safetensors.torch import save_file
+
+    from minisgl.checkpoint.gguf_convert import convert_gguf
+    from minisgl.checkpoint.gguf_weights import hf_state_dict
+
+    out.mkdir(parents=True)
+    convert_gguf(gguf, out)
+    config = json.loads((out / "config.json").read_text())
+    state = hf_state_dict(out, config)
+    (out / "model.gguf").unlink()
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
+    return out
+
+
+def make_prompts(ns: argparse.Namespace, source: str, model_dir: Path, vocab: int) -> list[list[int]]:
+    """`ns.prompts` prompts: random token ids (`ns.prompt_len` each), or chat prompts through the
+    model's chat template (a trained model's; lengths as they come)."""
     rng = random.Random(ns.seed)
-    cfg = preset_config(ns.model_config)
-    vocab = int(cfg["vocab_size"])
-    prompts = [[rng.randrange(300, vocab) for _ in range(ns.prompt_len)] for _ in range(ns.prompts)]
+    if source == "random":
+        return [[rng.randrange(300, vocab) for _ in range(ns.prompt_len)] for _ in range(ns.prompts)]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    texts = [f.format(q=q) for f in FRAMINGS for q in QUESTIONS][: ns.prompts]
+    chats = [[{"role": "user", "content": t}] for t in texts]
+    rendered = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+    return [tok(r, add_special_tokens=False)["input_ids"] for r in rendered]
+
+
+def run(ns: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = write_model_dir(cfg, Path(tmp) / "m")
+        if ns.model:
+            path = Path(ns.model)
+            model_dir = gguf_as_hf_dir(path, Path(tmp) / "m") if path.suffix == ".gguf" else path
+            cfg = json.loads((model_dir / "config.json").read_text())
+            what = f"{path.name} (its trained weights)"
+        else:
+            cfg = preset_config(ns.model_config)
+            model_dir = write_model_dir(cfg, Path(tmp) / "m")
+            what = f"{ns.model_config} random weights (projections N(0, 0.02) x the scale below)"
+        vocab = int(cfg["vocab_size"])
+        sources = ns.prompt_source.split(",")
+        prompt_sets = {src: make_prompts(ns, src, model_dir, vocab) for src in sources}
+        longest = max(len(p) for ps in prompt_sets.values() for p in ps)
         pages = (
-            ns.prompts * (-(-(ns.prompt_len + ns.decode_len + 1) // 16)) + 16
+            ns.prompts * (-(-(longest + ns.decode_len + 1) // 16)) + 16
         )  # every engine's pool holds them all
-        common = dict(device=ns.device, dummy_weights=True, num_pages=pages, page_size=16, cuda_graph_max_bs=0,
-                      max_running_requests=max(256, ns.prompts))  # fmt: skip
+        common = dict(device=ns.device, dummy_weights=not ns.model, num_pages=pages, page_size=16,
+                      cuda_graph_max_bs=0, max_running_requests=max(256, ns.prompts))  # fmt: skip
 
         ref = LLM(str(model_dir), **common)
         kinds = {
@@ -203,27 +272,36 @@ def run(ns: argparse.Namespace) -> None:
             others[label] = LLM(str(model_dir), **common, **extra)
             if key == "fp32":
                 copy_weights(ref, others[label])
-        print(
-            f"{ns.model_config} random weights (projections N(0, 0.02) x the scale below), {ns.prompts} prompts "
-            f"of {ns.prompt_len} random tokens + {ns.decode_len} decode steps feeding bf16's greedy tokens; "
-            f"each engine against bf16"
-        )
-        applied = 1.0
-        for f in (float(v) for v in ns.weight_scales.split(",")):
+        for src, prompts in prompt_sets.items():
+            lens = sorted(map(len, prompts))
+            print(
+                f"{what}, {len(prompts)} {src} prompts ({lens[0]}-{lens[-1]} tokens) + {ns.decode_len} decode "
+                f"steps feeding bf16's greedy tokens; each engine against bf16"
+            )
+            applied = 1.0
+            for f in (float(v) for v in ns.weight_scales.split(",")):
+                for llm in (ref, *others.values()):
+                    scale_projections(llm, f / applied)
+                applied = f
+                results = teacher_force(ref, others, prompts, ns.decode_len, ns.prefill_batch)
+                for label, (prefill, decode) in results.items():
+                    print(f"==== {src} prompts, projection weights x{f:g}: {label}")
+                    prefill.report("prefill")
+                    decode.report(f"decode ({len(prompts)} rows)")
+                    prefill.merged(decode).report("all")
             for llm in (ref, *others.values()):
-                scale_projections(llm, f / applied)
-            applied = f
-            results = teacher_force(ref, others, prompts, ns.decode_len, ns.prefill_batch)
-            for label, (prefill, decode) in results.items():
-                print(f"==== projection weights x{f:g} (std {0.02 * f:g}): {label}")
-                prefill.report("prefill")
-                decode.report(f"decode ({ns.prompts} rows)")
-                prefill.merged(decode).report("all")
+                scale_projections(llm, 1.0 / applied)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model-config", default="llama3-8b")
+    ap.add_argument("--model-config", default="llama3-8b", help="a preset's shapes, random weights")
+    ap.add_argument("--model", help="a trained checkpoint instead: a Hugging Face directory or a GGUF file")
+    ap.add_argument(
+        "--prompt-source",
+        default="random",
+        help="random (token ids), chat (a trained model's template), or both",
+    )
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--decode-len", type=int, default=32)

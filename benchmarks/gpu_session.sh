@@ -3,7 +3,7 @@
 # Run from the project root on the device machine (logs under $OUT):
 #   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [gemv] [pprof] [wprof] [bs256] [serve] [tp] [dp] [moe] [moe-tp]
 #     [fp8tests] [fp8linear] [fp8attn] [fp8bench] [fp8workload] [fp8acc] [fp8prof] [moetests] [moe1] [moeb1] [moewl]
-#     [fp8tests] [fp8linear] [fp8attn] [fp8attn2] [fp8wl2] [fp8attn2x] [fp8bench] [fp8workload] [fp8acc] [fp8prof] [moetests] [moe1] [moewl]
+#     [fp8tests] [fp8linear] [fp8attn] [fp8attn2] [fp8wl2] [fp8attn2x] [fp8bench] [fp8workload] [fp8acc] [fp8trained] [fp8prof] [moetests] [moe1] [moewl]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -262,6 +262,12 @@ for step in $steps; do
     fp8acc)  # fp8 (weights + KV) and float32 (the control) against bf16 by teacher forcing, 8B shapes, 64 prompts
       timeout 200 python3 benchmarks/bench_fp8_accuracy.py --model-config llama3-8b --compare ${FP8_ACC_COMPARE:-fp8,fp32} \
         --weight-scales ${FP8_ACC_SCALES:-1,0.5} 2>&1 | grep -v "^[0-9:]* I \[" | grep -v "^\[transformers\]" | tee -a "$OUT/fp8acc.log" ;;
+    fp8trained)  # fp8 against bf16 on trained weights: the embedded SmolLM2-135M GGUF, carried in two parts
+      # (build/gga: its first 58,000,000 bytes, build/ggb: the rest; one part a call, the machine kept warm)
+      cat build/gga build/ggb > /tmp/smollm2.gguf || exit 1
+      timeout 300 python3 benchmarks/bench_fp8_accuracy.py --model /tmp/smollm2.gguf --prompt-source chat,random \
+        --compare ${FP8_ACC_COMPARE:-fp8,fp8w,kv,fp32} 2>&1 | grep -v "^[0-9:]* I \[" | grep -v "^\[transformers\]" \
+        | grep -v "Loading weights" | tee -a "$OUT/fp8trained.log" ;;
     fp8prof)  # where an fp8 decode step's time goes (8B shapes): kernels of the graph replay
       IFS=';' read -ra cfgs <<< "${FP8_PROF:-1 --quantization fp8;256 --quantization fp8 --kv-cache-dtype fp8_e4m3}"
       for cfg in "${cfgs[@]}"; do
