@@ -312,7 +312,7 @@ int minisgl_repack_rows(const int64_t *row_ptrs, const int32_t *row_fmts, int64_
 
 /* whether this build's decode passes have the repacked rows' kernel (else repacking gains nothing) */
 int minisgl_repack_supported(void) {
-#if defined(MINISGL_AVX512)
+#if defined(MINISGL_AVX512) || defined(MINISGL_AVX2)
     return 1;
 #else
     return 0;
@@ -1354,6 +1354,10 @@ static const MicroFn direct_fns[Q8_0 + 1][4] = {DIRECT_TABLE(Q4_0), DIRECT_TABLE
 static MicroFn direct_pick(int fmt, int na) { return direct_fns[fmt][na - 1]; }
 #endif
 
+#if defined(MINISGL_AVX2) && !defined(MINISGL_AVX512)
+static MicroFn rp_pick(int fmt, int na);
+#endif
+
 /* Rows idx[0..R) (R <= DIRECT_RUN, any formats) against all M activation rows: those of one format
  * go through `pick`'s micro-tiles together. */
 static void micro_rows(PickFn pick, const int64_t *row_ptrs, const int32_t *row_fmts, const int64_t *idx, int R,
@@ -1377,8 +1381,8 @@ static void micro_rows(PickFn pick, const int64_t *row_ptrs, const int32_t *row_
             const int na = M - a0 < 4 ? (int)(M - a0) : 4;
 #if defined(MINISGL_AVX512)
             const int nr = na == 3 ? 2 : 4; /* rows per call */
-#else
-            const int nr = na == 1 ? 4 : 2;
+#else /* the repacked rows' tiles (4 x 1, 2 x 2, 1 x 3, 1 x 4), the direct kernel's (4 x 1, 2 x 2-4) */
+            const int nr = na == 1 ? 4 : na == 2 || pick != rp_pick ? 2 : 1;
 #endif
             for (int r0 = 0; r0 < nr_fmt; r0 += nr) {
                 pick(fmt, na)(rows + r0, K / 32, X, a0, out);
@@ -1444,19 +1448,14 @@ static int qlinear_direct(const float *xf, int64_t ldf, int64_t M, int64_t K, co
 
 #endif
 
-#if defined(MINISGL_AVX512)
-/* ---- decode passes over repacked rows (AVX-512; the layout: "repacked rows" above) ----------------
- * A (row, activation row) pair keeps one int32 vector per sub-group: a lane sums its 16 (Q4_0/Q4_1:
- * one vpdpbusd per 4 of them) or its 4 to 16 products (the smaller sub-groups) of one block half
- * against the activations' int8, then the lane is scaled once by its block's d times its 16
- * activations' dx and the offsets (m, -8 d, -128 d) times the block's sum of quantized activations
- * are added: four float operations per pair and 8 blocks, against 16 for the direct kernel above.
- * The activations are quantized per 16 as for the direct kernel and laid out lane by lane. Each pair
- * is one fixed sequence of operations whatever M, the tile or the thread count (batch-invariant). */
+#if defined(MINISGL_AVX512) || defined(MINISGL_AVX2)
+/* the activations of a decode pass over repacked rows (both builds' layout; see below) */
 typedef struct {
     int64_t QB, SB; /* per activation row: bytes of qx, floats of each of dl, dl16, xs */
     const int8_t *qx;
     const float *dl, *dl16, *xs; /* per sub-group 16 lanes: dx (dl16: / 16 in the high halves), the sums */
+    const int8_t *q4;            /* AVX2, Q4_0/Q4_1 rows: the same values in the Q4 lanes (see there) */
+    const float *dl4, *xs4;
 } RepackActs;
 
 static void repack_act_sizes(int64_t nb, int64_t *qb, int64_t *sb) {
@@ -1469,6 +1468,17 @@ static void repack_act_sizes(int64_t nb, int64_t *qb, int64_t *sb) {
     *qb = q, *sb = 16 * g;
 }
 
+#endif
+
+#if defined(MINISGL_AVX512)
+/* ---- decode passes over repacked rows (AVX-512; the layout: "repacked rows" above) ----------------
+ * A (row, activation row) pair keeps one int32 vector per sub-group: a lane sums its 16 (Q4_0/Q4_1:
+ * one vpdpbusd per 4 of them) or its 4 to 16 products (the smaller sub-groups) of one block half
+ * against the activations' int8, then the lane is scaled once by its block's d times its 16
+ * activations' dx and the offsets (m, -8 d, -128 d) times the block's sum of quantized activations
+ * are added: four float operations per pair and 8 blocks, against 16 for the direct kernel above.
+ * The activations are quantized per 16 as for the direct kernel and laid out lane by lane. Each pair
+ * is one fixed sequence of operations whatever M, the tile or the thread count (batch-invariant). */
 /* One activation row (K floats) quantized per 16 (as quantize_row) into the repacked lanes */
 /* max (MAX) or sum of each of v[0..16)'s lanes, lane k of the result v[k]'s (the order of a sum does
  * not matter: integers, exact) */
@@ -1612,7 +1622,7 @@ static inline __attribute__((always_inline)) void rp_sub(const int fmt, const in
     }
 }
 
-#define RP_AHEAD 4 /* full sub-groups of each row asked for ahead of their use (streams stay busy) */
+#define RP_AHEAD 16 /* full sub-groups of each row asked for ahead of their use (streams stay busy) */
 
 /* rows[0..NR) (one repacked format) against activation rows a0 .. a0 + NA -> out[r][a] */
 static inline __attribute__((always_inline)) void rp_micro_impl(const int fmt, const int NR, const int NA,
@@ -1721,6 +1731,218 @@ static int qlinear_repacked(const float *xf, int64_t ldf, int64_t M, int64_t K, 
         scratch_put(buf, owned);
         return 0;
     }
+    const int64_t L = (N + DIRECT_STREAMS - 1) / DIRECT_STREAMS;
+#pragma omp parallel for schedule(guided) if (L > 1 && M * N * K >= 32768)
+    for (int64_t t = 0; t < L; ++t)
+        micro_stripe(rp_pick, row_ptrs, row_fmts, N, L, t, K, &X, M, bias, y, ldy, accumulate);
+    scratch_put(buf, owned);
+    return 0;
+}
+#endif
+
+#if defined(MINISGL_AVX2) && !defined(MINISGL_AVX512)
+/* ---- decode passes over repacked rows (AVX2, no VNNI; the layout: "repacked rows" above) ----------
+ * The AVX-512 layout read 8 lanes at a time. In a full sub-group (8 blocks) the Q4_0/Q4_1 quants'
+ * 32 bytes j (j = 0..3) hold dword j of each block's nibbles, lane b = block b: the low nibbles are
+ * weights 4j..4j+3 of block b, the high ones 16+4j..; the activations' 64 bytes j hold, lane h * 8 + b,
+ * the same positions' int8. vpmaddubsw gives int16 pair sums of one block half per lane; a half's four
+ * j add up in int16 (at most 4 x 2 x 15 x 127 < 2^15) and one vpmaddwd widens them: per 8 blocks and
+ * (row, activation) pair 8 vpmaddubsw and 2 vpmaddwd, then 2 conversions and 3 fmas for all 8 blocks
+ * (the direct kernel above: 8, 8, 8 and 16). Zen 1 runs vpmaddubsw and vpmaddwd on one pipe only, so
+ * their count bounds the kernel. Q8_0 (signed bytes: pair sums near 2^15) goes by the sign trick and a
+ * vpmaddwd per 32 bytes, adding in int32. A partial sub-group (n = 4, 2 or 1 blocks, at a row's end)
+ * moves its dwords into its lanes' order (vpermd) and shifts each lane's nibbles by its half (vpsrlvd).
+ * Activations: RepackActs as the AVX-512 kernel lays them out (dl16 unused: the high nibbles are
+ * shifted down here, vpmaddubsw would saturate on them in place). Each (row, activation) pair is one
+ * fixed sequence of operations whatever M, the tile or the thread count (batch-invariant). */
+
+/* One activation row (K floats) quantized per 16 (quantize_row's values) into the repacked lanes:
+ * qx/dl in the AVX-512 kernel's layout (Q8_0 rows' lanes), q4/dl4/xs4 in the Q4 rows' (see above) */
+static void quantize_repacked(const float *restrict x, int64_t K, int64_t QB, int64_t SB, int8_t *restrict qx,
+                              float *restrict dl, int8_t *restrict q4, float *restrict dl4, float *restrict xs4) {
+    const int64_t nb = K / 32;
+    int8_t q16[64 * 16];
+    float d16[64], s16[64];
+    memset(qx, 0, (size_t)QB);
+    memset(q4, 0, (size_t)QB);
+    memset(dl, 0, sizeof(float) * (size_t)SB);
+    int64_t qo = 0, so = 0;
+    for (int64_t g0 = 0; g0 < nb;) {
+        const int n = sub_group(nb, g0), per = 8 / n, copies = per < 4 ? per : 4;
+        quantize_row(x + 32 * g0, 32 * n, 64 * ((n + 1) / 2), 64, q16, d16, s16); /* 2n halves */
+        for (int b = 0; b < n; ++b)
+            for (int h = 0; h < 2; ++h) {
+                const int i = 2 * b + h;
+                for (int sd = 0; sd < 4; ++sd) {
+                    const int lane = (sd % per) * 2 * n + h * n + b, k = sd * n + b; /* k: Q4 dword */
+                    memcpy(qx + qo + 64 * (sd / per) + 4 * lane, q16 + 16 * i + 4 * sd, 4);
+                    memcpy(q4 + qo + 64 * (k / 8) + 32 * h + 4 * (k % 8), q16 + 16 * i + 4 * sd, 4);
+                }
+                for (int c = 0; c < copies; ++c) dl[so + c * 2 * n + h * n + b] = d16[i];
+            }
+        for (int l = 0; l < 8; ++l)
+            for (int h = 0; h < 2; ++h) {
+                dl4[so + 8 * h + l] = d16[2 * (l % n) + h];
+                xs4[so + 8 * h + l] = l < n ? s16[2 * l + h] : 0.f;
+            }
+        qo += 64 * (n >= 2 ? n / 2 : 1);
+        so += 16;
+        g0 += n;
+    }
+}
+
+/* The 8 floats of f16 words p[0..n) (then zeros) in lanes idx (lane i: word idx[i]) */
+static inline __attribute__((always_inline)) __m256 rp2_halves(const uint8_t *p, int n, __m256i idx) {
+    __m128i h;
+    if (n == 8) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    if (n == 4) h = _mm_loadl_epi64((const __m128i *)p);
+    else if (n == 2) h = _mm_cvtsi32_si128(*(const int32_t *)(const void *)p);
+    else h = _mm_cvtsi32_si128(*(const uint16_t *)(const void *)p);
+    return _mm256_permutevar8x32_ps(_mm256_cvtph_ps(h), idx);
+}
+
+/* One sub-group of n blocks: rows at p[r] (the sub-group's first byte) against activation rows a
+ * (qx / q4 + a * QB, dl / dl4 / xs4 + a * SB: the sub-group's), added into acc[r][a] */
+static inline __attribute__((always_inline)) void rp2_sub(const int fmt, const int n, const int NR, const int NA,
+                                                           const uint8_t *const *p, const int8_t *qx, const int8_t *q4,
+                                                           int64_t QB, const float *dl, const float *dl4,
+                                                           const float *xs4, int64_t SB, __m256 acc[][4]) {
+    const int has_min = fmt == Q4_1R, q8 = fmt == Q8_0R, nz = n >= 2 ? n / 2 : 1;
+    const int qoff = (has_min ? 4 : 2) * n;
+    const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
+    /* lane i's block i % n (both halves of a vector of 8 lanes: i and i + 8 have the same block) */
+    const __m256i bi = _mm256_and_si256(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(n - 1));
+    __m256 dd[4], mm[4];
+    for (int r = 0; r < NR; ++r) {
+        dd[r] = rp2_halves(p[r], n, bi);
+        if (has_min) mm[r] = rp2_halves(p[r] + 2 * n, n, bi);
+        else if (!q8) mm[r] = _mm256_mul_ps(_mm256_set1_ps(-8.f), dd[r]);
+    }
+    __m256i ia[4][4][2]; /* int32 lanes 0-7 and 8-15 of each pair */
+    if (!q8) { /* the Q4 lanes: chunk c's dword l is dword 8c + l of the quants, block (8c + l) % n */
+        const int chunks = n == 8 ? 4 : n == 4 ? 2 : 1;
+        __m256i s16[4][4][2]; /* int16 pair sums of each half over the chunks */
+        for (int r = 0; r < NR; ++r)
+            for (int a = 0; a < NA; ++a) s16[r][a][0] = s16[r][a][1] = _mm256_setzero_si256();
+        /* not unrolled: unrolled, gcc hoists every load and product and spills them */
+#pragma GCC unroll 1
+        for (int c = 0; c < chunks; ++c)
+            for (int r = 0; r < NR; ++r) {
+                const uint8_t *q = p[r] + qoff + 32 * c;
+                const __m256i raw = n == 1 ? _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q)) /* lanes 4-7: x is 0 */
+                                           : _mm256_loadu_si256((const __m256i *)q);
+                const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                for (int a = 0; a < NA; ++a) {
+                    const int8_t *x = q4 + a * QB + 64 * c;
+                    s16[r][a][0] = _mm256_add_epi16(s16[r][a][0], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)));
+                    s16[r][a][1] = _mm256_add_epi16(s16[r][a][1], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))));
+                }
+            }
+        for (int r = 0; r < NR; ++r)
+            for (int a = 0; a < NA; ++a) {
+                ia[r][a][0] = _mm256_madd_epi16(s16[r][a][0], ones);
+                ia[r][a][1] = _mm256_madd_epi16(s16[r][a][1], ones);
+            }
+    } else { /* Q8_0: the AVX-512 lanes, 32 bytes of signed weights against 32 of activations */
+        for (int r = 0; r < NR; ++r)
+            for (int a = 0; a < NA; ++a) ia[r][a][0] = ia[r][a][1] = _mm256_setzero_si256();
+        const int halves = n == 1 ? 1 : 2; /* n = 1: 32 bytes, lanes 0-7 only */
+        for (int j = 0; j < nz; ++j)
+            for (int r = 0; r < NR; ++r)
+                for (int L = 0; L < halves; ++L) {
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(p[r] + qoff + 64 * j + 32 * L));
+                    const __m256i aw = _mm256_abs_epi8(w);
+                    for (int a = 0; a < NA; ++a) {
+                        const __m256i xv = _mm256_loadu_si256((const __m256i *)(qx + a * QB + 64 * j + 32 * L));
+                        const __m256i prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w));
+                        ia[r][a][L] = _mm256_add_epi32(ia[r][a][L], _mm256_madd_epi16(prod, ones));
+                    }
+                }
+    }
+    const float *d = q8 ? dl : dl4;
+    for (int a = 0; a < NA; ++a) {
+        const __m256 d0 = _mm256_loadu_ps(d + a * SB), d1 = _mm256_loadu_ps(d + a * SB + 8);
+        for (int r = 0; r < NR; ++r) {
+            acc[r][a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r][a][0]), _mm256_mul_ps(dd[r], d0), acc[r][a]);
+            acc[r][a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r][a][1]), _mm256_mul_ps(dd[r], d1), acc[r][a]);
+        }
+        if (q8) continue;
+        const __m256 sx = _mm256_add_ps(_mm256_loadu_ps(xs4 + a * SB), _mm256_loadu_ps(xs4 + a * SB + 8));
+        for (int r = 0; r < NR; ++r) acc[r][a] = _mm256_fmadd_ps(mm[r], sx, acc[r][a]);
+    }
+}
+
+#define RP_AHEAD 16 /* full sub-groups of each row asked for ahead of their use (streams stay busy) */
+
+/* rows[0..NR) (one repacked format) against activation rows a0 .. a0 + NA -> out[r][a] */
+static inline __attribute__((always_inline)) void rp2_micro_impl(const int fmt, const int NR, const int NA,
+                                                                  const uint8_t *const *rows, int64_t nb,
+                                                                  const RepackActs *X, int64_t a0, float out[][4]) {
+    const int ts = type_size(fmt);
+    __m256 acc[4][4];
+    for (int r = 0; r < NR; ++r)
+        for (int a = 0; a < NA; ++a) acc[r][a] = _mm256_setzero_ps();
+    const int8_t *qx = X->qx + a0 * X->QB, *q4 = X->q4 + a0 * X->QB;
+    const float *dl = X->dl + a0 * X->SB, *dl4 = X->dl4 + a0 * X->SB, *xs4 = X->xs4 + a0 * X->SB;
+    const uint8_t *p[4];
+    int64_t g0 = 0;
+    for (; g0 + 8 <= nb; g0 += 8, qx += 64 * 4, q4 += 64 * 4, dl += 16, dl4 += 16, xs4 += 16) {
+        for (int r = 0; r < NR; ++r) {
+            p[r] = rows[r] + g0 * ts;
+            for (int o = 0; o < 8 * ts; o += 64) _mm_prefetch((const char *)p[r] + RP_AHEAD * 8 * ts + o, _MM_HINT_T0);
+        }
+        rp2_sub(fmt, 8, NR, NA, p, qx, q4, X->QB, dl, dl4, xs4, X->SB, acc);
+    }
+    for (int n = 4; n >= 1; n /= 2)
+        if (nb - g0 >= n) {
+            for (int r = 0; r < NR; ++r) p[r] = rows[r] + g0 * ts;
+            if (n == 4) rp2_sub(fmt, 4, NR, NA, p, qx, q4, X->QB, dl, dl4, xs4, X->SB, acc);
+            else if (n == 2) rp2_sub(fmt, 2, NR, NA, p, qx, q4, X->QB, dl, dl4, xs4, X->SB, acc);
+            else rp2_sub(fmt, 1, NR, NA, p, qx, q4, X->QB, dl, dl4, xs4, X->SB, acc);
+            g0 += n, qx += 64 * (n >= 2 ? n / 2 : 1), q4 += 64 * (n >= 2 ? n / 2 : 1), dl += 16, dl4 += 16, xs4 += 16;
+        }
+    for (int r = 0; r < NR; ++r)
+        for (int a = 0; a < NA; ++a) out[r][a] = hsum8(acc[r][a]);
+}
+
+#define RP_FN(F, NR, NA)                                                                                     \
+    static void rp_##F##_##NR##x##NA(const uint8_t *const *rows, int64_t nb, const void *X, int64_t a0,          \
+                                     float out[][4]) {                                                       \
+        rp2_micro_impl(F, NR, NA, rows, nb, (const RepackActs *)X, a0, out);                                 \
+    }
+/* tiles: 4 rows x 1 activation row, 2 x 2, 1 x 3 and 1 x 4 (16 ymm registers: the int16 sums, 2 a pair) */
+#define RP_FNS(F) RP_FN(F, 4, 1) RP_FN(F, 2, 2) RP_FN(F, 1, 3) RP_FN(F, 1, 4)
+RP_FNS(Q4_0R)
+RP_FNS(Q4_1R)
+RP_FNS(Q8_0R)
+static MicroFn rp_pick(int fmt, int na) {
+    static const MicroFn t[3][4] = {{rp_Q4_0R_4x1, rp_Q4_0R_2x2, rp_Q4_0R_1x3, rp_Q4_0R_1x4},
+                                    {rp_Q4_1R_4x1, rp_Q4_1R_2x2, rp_Q4_1R_1x3, rp_Q4_1R_1x4},
+                                    {rp_Q8_0R_4x1, rp_Q8_0R_2x2, rp_Q8_0R_1x3, rp_Q8_0R_1x4}};
+    return t[fmt == Q4_0R ? 0 : fmt == Q4_1R ? 1 : 2][na - 1];
+}
+
+static int all_repacked(const int32_t *row_fmts, int64_t N) {
+    for (int64_t n = 0; n < N; ++n)
+        if (!is_repacked(row_fmts[n])) return 0;
+    return 1;
+}
+
+/* The decode matmul over repacked rows: the direct kernel's stripes and schedule (see there) */
+static int qlinear_repacked(const float *xf, int64_t ldf, int64_t M, int64_t K, const int64_t *row_ptrs,
+                            const int32_t *row_fmts, int64_t N, const float *bias, float *y, int64_t ldy,
+                            int accumulate) {
+    int64_t QB, SB;
+    repack_act_sizes(K / 32, &QB, &SB);
+    int owned;
+    uint8_t *buf = (uint8_t *)scratch_get(0, (size_t)(M * (2 * QB + 3 * SB * (int64_t)sizeof(float))), &owned);
+    if (buf == NULL) return -2;
+    float *dl = (float *)buf, *dl4 = dl + M * SB, *xs4 = dl4 + M * SB;
+    int8_t *qx = (int8_t *)(xs4 + M * SB), *q4 = qx + M * QB;
+#pragma omp parallel for if (M * K >= 65536)
+    for (int64_t a = 0; a < M; ++a)
+        quantize_repacked(xf + a * ldf, K, QB, SB, qx + a * QB, dl + a * SB, q4 + a * QB, dl4 + a * SB, xs4 + a * SB);
+    const RepackActs X = {QB, SB, qx, dl, dl, NULL, q4, dl4, xs4};
     const int64_t L = (N + DIRECT_STREAMS - 1) / DIRECT_STREAMS;
 #pragma omp parallel for schedule(guided) if (L > 1 && M * N * K >= 32768)
     for (int64_t t = 0; t < L; ++t)
@@ -2026,7 +2248,7 @@ int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, 
         A.xf = xf;
         A.ldf = K;
     }
-#if defined(MINISGL_AVX512)
+#if defined(MINISGL_AVX512) || defined(MINISGL_AVX2)
     if (!prefill && (uniform ? is_repacked(row_fmts[0]) : all_repacked(row_fmts, N))) {
         const int rc = qlinear_repacked(A.xf, A.ldf, M, K, row_ptrs, row_fmts, N, bias, y, ldy, accumulate);
         scratch_put(xf, xf_owned);
