@@ -233,6 +233,36 @@ static void unpack_group8(int fmt, const uint8_t *q, uint8_t *plain) {
 }
 #endif
 
+#if defined(MINISGL_AVX2) && !defined(MINISGL_AVX512)
+/* dword s of blocks 0..7 in the 32 bytes at q + s * stride (s = 0..3) -> each block's 16 bytes at
+ * out + b * ts: a 4 x 8 transpose of dwords */
+static inline void dwords_4x8(const uint8_t *q, int stride, uint8_t *out, int ts) {
+    const __m256i c0 = _mm256_loadu_si256((const __m256i *)q), c1 = _mm256_loadu_si256((const __m256i *)(q + stride));
+    const __m256i c2 = _mm256_loadu_si256((const __m256i *)(q + 2 * stride));
+    const __m256i c3 = _mm256_loadu_si256((const __m256i *)(q + 3 * stride));
+    const __m256i t0 = _mm256_unpacklo_epi32(c0, c1), t1 = _mm256_unpackhi_epi32(c0, c1);
+    const __m256i t2 = _mm256_unpacklo_epi32(c2, c3), t3 = _mm256_unpackhi_epi32(c2, c3);
+    const __m256i u[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3),
+                          _mm256_unpackhi_epi64(t1, t3)}; /* u[i]: block i, then block i + 4 */
+    for (int i = 0; i < 4; ++i) {
+        _mm_storeu_si128((__m128i *)(out + i * ts), _mm256_castsi256_si128(u[i]));
+        _mm_storeu_si128((__m128i *)(out + (i + 4) * ts), _mm256_extracti128_si256(u[i], 1));
+    }
+}
+
+/* A full sub-group's quants (at q) back into its 8 blocks at plain (their d and m already there) */
+static void unpack_group8(int fmt, const uint8_t *q, uint8_t *plain) {
+    const int ts = type_size(fmt);
+    if (fmt != Q8_0) { /* dword s * 8 + b -> bytes 4s.. of block b's nibbles */
+        dwords_4x8(q, 32, plain + (fmt == Q4_1 ? 4 : 2), ts);
+        return;
+    }
+    /* Q8_0: vector j's 16 lanes: dword j of half 0 of blocks 0..7, then of half 1 */
+    dwords_4x8(q, 64, plain + 2, ts);
+    dwords_4x8(q + 32, 64, plain + 2 + 16, ts);
+}
+#endif
+
 /* the row of K weights at `plain` (fmt's blocks) <-> the same row repacked at `packed`; unpack: the
  * other way round */
 static void repack_row(int fmt, uint8_t *plain, uint8_t *packed, int64_t K, int unpack) {
@@ -249,7 +279,7 @@ static void repack_row(int fmt, uint8_t *plain, uint8_t *packed, int64_t K, int 
             if (has_min) MOVE(base + 2 * n + 2 * b, blk + 2, 2);
         }
         const int64_t quants = base + (has_min ? 4 : 2) * n;
-#if defined(MINISGL_AVX512)
+#if defined(MINISGL_AVX512) || defined(MINISGL_AVX2)
         if (unpack && n == 8) { /* the prefill's and the lookup's way back: permutes, not 4-byte copies */
             unpack_group8(fmt, packed + quants, plain + g0 * ts);
             g0 += n;
