@@ -233,17 +233,44 @@ static void unpack_group8(int fmt, const uint8_t *q, uint8_t *plain) {
 }
 #endif
 
+#if defined(MINISGL_AVX512) || defined(MINISGL_AVX2)
+/* 4 x 4 transposes of dwords in both 128-bit halves: v[i]'s dword j -> out[j]'s dword i (per half) */
+static inline void transpose4_dwords(const __m256i v[4], __m256i out[4]) {
+    const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+    out[0] = _mm256_unpacklo_epi64(t0, t2), out[1] = _mm256_unpackhi_epi64(t0, t2);
+    out[2] = _mm256_unpacklo_epi64(t1, t3), out[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+/* each of blocks 0..7's 16 bytes at in + b * ts -> dword s of blocks 0..7 as the 32 bytes at
+ * q + s * stride (s = 0..3): a full sub-group's packing */
+static inline void pack_dwords_8x4(const uint8_t *in, int ts, uint8_t *q, int stride) {
+    __m256i v[4], c[4];
+    for (int i = 0; i < 4; ++i) /* blocks i and i + 4 */
+        v[i] = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(in + (i + 4) * ts)), _mm_loadu_si128((const __m128i *)(in + i * ts)));
+    transpose4_dwords(v, c);
+    for (int s = 0; s < 4; ++s) _mm256_storeu_si256((__m256i *)(q + s * stride), c[s]);
+}
+
+/* a full sub-group's quants into the repacked order (the file's blocks at plain, g0's first) */
+static void pack_group8(int fmt, const uint8_t *plain, uint8_t *q) {
+    const int ts = type_size(fmt);
+    if (fmt != Q8_0) {
+        pack_dwords_8x4(plain + (fmt == Q4_1 ? 4 : 2), ts, q, 32);
+        return;
+    }
+    pack_dwords_8x4(plain + 2, ts, q, 64);      /* halves 0: lanes 0-7 of the four vectors */
+    pack_dwords_8x4(plain + 18, ts, q + 32, 64); /* halves 1: lanes 8-15 */
+}
+#endif
+
 #if defined(MINISGL_AVX2) && !defined(MINISGL_AVX512)
 /* dword s of blocks 0..7 in the 32 bytes at q + s * stride (s = 0..3) -> each block's 16 bytes at
  * out + b * ts: a 4 x 8 transpose of dwords */
 static inline void dwords_4x8(const uint8_t *q, int stride, uint8_t *out, int ts) {
-    const __m256i c0 = _mm256_loadu_si256((const __m256i *)q), c1 = _mm256_loadu_si256((const __m256i *)(q + stride));
-    const __m256i c2 = _mm256_loadu_si256((const __m256i *)(q + 2 * stride));
-    const __m256i c3 = _mm256_loadu_si256((const __m256i *)(q + 3 * stride));
-    const __m256i t0 = _mm256_unpacklo_epi32(c0, c1), t1 = _mm256_unpackhi_epi32(c0, c1);
-    const __m256i t2 = _mm256_unpacklo_epi32(c2, c3), t3 = _mm256_unpackhi_epi32(c2, c3);
-    const __m256i u[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3),
-                          _mm256_unpackhi_epi64(t1, t3)}; /* u[i]: block i, then block i + 4 */
+    __m256i c[4], u[4]; /* u[i]: block i, then block i + 4 */
+    for (int s = 0; s < 4; ++s) c[s] = _mm256_loadu_si256((const __m256i *)(q + s * stride));
+    transpose4_dwords(c, u);
     for (int i = 0; i < 4; ++i) {
         _mm_storeu_si128((__m128i *)(out + i * ts), _mm256_castsi256_si128(u[i]));
         _mm_storeu_si128((__m128i *)(out + (i + 4) * ts), _mm256_extracti128_si256(u[i], 1));
@@ -282,6 +309,11 @@ static void repack_row(int fmt, uint8_t *plain, uint8_t *packed, int64_t K, int 
 #if defined(MINISGL_AVX512) || defined(MINISGL_AVX2)
         if (unpack && n == 8) { /* the prefill's and the lookup's way back: permutes, not 4-byte copies */
             unpack_group8(fmt, packed + quants, plain + g0 * ts);
+            g0 += n;
+            continue;
+        }
+        if (!unpack && n == 8) { /* packing at load: the same transposes, not 4-byte copies */
+            pack_group8(fmt, plain + g0 * ts, packed + quants);
             g0 += n;
             continue;
         }

@@ -120,7 +120,7 @@ def repack(weight: QuantizedWeight, isa: str | None = None) -> bool:
     products in one lane (cpu_quant.c, "repacked rows"): the same bytes reordered into a new buffer that
     the row table points at, and the file pages of its parts released (the reference path re-reads
     them from the file). Returns whether it did: every row must be Q4_0, Q4_1 or Q8_0 and the build
-    must have the kernel (AVX-512)."""
+    must have the kernel (AVX-512 or AVX2)."""
     if weight.packed is not None:
         return True
     lib = _lib(isa)
