@@ -1991,6 +1991,27 @@ static int all_repacked(const int32_t *row_fmts, int64_t N) {
 }
 
 /* The decode matmul over repacked rows: the direct kernel's stripes and schedule (see there) */
+/* Stripe t of one activation row's pass (M = 1): rows t, L + t, 2 L + t, 3 L + t (the four places)
+ * through one 4 x 1 tile when they are four of one format, else micro_rows; the same arithmetic per
+ * row either way (bitwise), without micro_rows' grouping and dispatch per call (at K = 576 about a
+ * third of a row's time) */
+static void rp2_stripe4(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t L, int64_t t, int64_t K,
+                        const RepackActs *X, const float *bias, float *y, int accumulate) {
+    const int64_t last = 3 * L + t;
+    const int f = row_fmts[t];
+    if (last >= N || row_fmts[L + t] != f || row_fmts[2 * L + t] != f || row_fmts[last] != f) {
+        micro_stripe(rp_pick, row_ptrs, row_fmts, N, L, t, K, X, 1, bias, y, 1, accumulate);
+        return;
+    }
+    const uint8_t *rows[4];
+    for (int r = 0; r < 4; ++r) rows[r] = (const uint8_t *)(intptr_t)row_ptrs[r * L + t];
+    float out[4][4];
+    if (f == Q4_0R) rp_Q4_0R_4x1(rows, K / 32, X, 0, out);
+    else if (f == Q4_1R) rp_Q4_1R_4x1(rows, K / 32, X, 0, out);
+    else rp_Q8_0R_4x1(rows, K / 32, X, 0, out);
+    for (int r = 0; r < 4; ++r) put(y, 1, 0, r * L + t, out[r][0], bias, accumulate);
+}
+
 static int qlinear_repacked(const float *xf, int64_t ldf, int64_t M, int64_t K, const int64_t *row_ptrs,
                             const int32_t *row_fmts, int64_t N, const float *bias, float *y, int64_t ldy,
                             int accumulate) {
@@ -2006,9 +2027,14 @@ static int qlinear_repacked(const float *xf, int64_t ldf, int64_t M, int64_t K, 
         quantize_repacked(xf + a * ldf, K, QB, SB, qx + a * QB, dl + a * SB, q4 + a * QB, dl4 + a * SB, xs4 + a * SB);
     const RepackActs X = {QB, SB, qx, dl, dl, NULL, q4, dl4, xs4};
     const int64_t L = (N + DIRECT_STREAMS - 1) / DIRECT_STREAMS;
+    if (M == 1 && DIRECT_STREAMS == 4) { /* rp2_stripe4's four places */
+#pragma omp parallel for schedule(guided) if (L > 1 && N * K >= 32768)
+        for (int64_t t = 0; t < L; ++t) rp2_stripe4(row_ptrs, row_fmts, N, L, t, K, &X, bias, y, accumulate);
+    } else {
 #pragma omp parallel for schedule(guided) if (L > 1 && M * N * K >= 32768)
-    for (int64_t t = 0; t < L; ++t)
-        micro_stripe(rp_pick, row_ptrs, row_fmts, N, L, t, K, &X, M, bias, y, ldy, accumulate);
+        for (int64_t t = 0; t < L; ++t)
+            micro_stripe(rp_pick, row_ptrs, row_fmts, N, L, t, K, &X, M, bias, y, ldy, accumulate);
+    }
     scratch_put(buf, owned);
     return 0;
 }
