@@ -870,13 +870,17 @@ static void quantize_row(const float *restrict x, int64_t K, int64_t K64, int64_
         h = _mm_max_ps(h, _mm_movehl_ps(h, h));
         h = _mm_max_ss(h, _mm_movehdup_ps(h));
         const float d = _mm_cvtss_f32(h) / 127.f, id = d != 0.f ? 1.f / d : 0.f;
-        int32_t q[16];
-        _mm256_storeu_si256((__m256i *)q, _mm256_cvtps_epi32(_mm256_mul_ps(v0, _mm256_set1_ps(id))));
-        _mm256_storeu_si256((__m256i *)(q + 8), _mm256_cvtps_epi32(_mm256_mul_ps(v1, _mm256_set1_ps(id))));
-        int sum = 0;
-        for (int j = 0; j < 16; ++j) sum += q[j], qx[16 * b + j] = (int8_t)q[j];
+        const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, _mm256_set1_ps(id)));
+        const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, _mm256_set1_ps(id)));
+        /* |q| <= 127: the packs saturate nothing; dwords q0[0..3], q1[0..3] | q0[4..7], q1[4..7] reordered */
+        const __m256i p16 = _mm256_packs_epi32(q0, q1), p8 = _mm256_packs_epi16(p16, p16);
+        const __m256i ord = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
+        _mm_storeu_si128((__m128i *)(qx + 16 * b), _mm256_castsi256_si128(ord));
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(_mm256_add_epi32(q0, q1)), _mm256_extracti128_si256(_mm256_add_epi32(q0, q1), 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
         dx[b] = d;
-        xs[b] = d * (float)sum;
+        xs[b] = d * (float)_mm_cvtsi128_si32(t);
     }
 #endif
     for (; b < K64 / 16; ++b) {
@@ -1832,16 +1836,21 @@ static void quantize_repacked(const float *restrict x, int64_t K, int64_t QB, in
     for (int64_t g0 = 0; g0 < nb;) {
         const int n = sub_group(nb, g0), per = 8 / n, copies = per < 4 ? per : 4;
         quantize_row(x + 32 * g0, 32 * n, 64 * ((n + 1) / 2), 64, q16, d16, s16); /* 2n halves */
-        for (int b = 0; b < n; ++b)
-            for (int h = 0; h < 2; ++h) {
-                const int i = 2 * b + h;
-                for (int sd = 0; sd < 4; ++sd) {
-                    const int lane = (sd % per) * 2 * n + h * n + b, k = sd * n + b; /* k: Q4 dword */
-                    memcpy(qx + qo + 64 * (sd / per) + 4 * lane, q16 + 16 * i + 4 * sd, 4);
-                    memcpy(q4 + qo + 64 * (k / 8) + 32 * h + 4 * (k % 8), q16 + 16 * i + 4 * sd, 4);
+        if (n == 8) { /* both layouts alike: half-block 2b + h's dword s -> lane h * 8 + b of vector s */
+            for (int h = 0; h < 2; ++h) pack_dwords_8x4(q16 + 16 * h, 32, qx + qo + 32 * h, 64);
+            memcpy(q4 + qo, qx + qo, 256);
+            for (int i = 0; i < 16; ++i) dl[so + 8 * (i % 2) + i / 2] = d16[i];
+        } else
+            for (int b = 0; b < n; ++b)
+                for (int h = 0; h < 2; ++h) {
+                    const int i = 2 * b + h;
+                    for (int sd = 0; sd < 4; ++sd) {
+                        const int lane = (sd % per) * 2 * n + h * n + b, k = sd * n + b; /* k: Q4 dword */
+                        memcpy(qx + qo + 64 * (sd / per) + 4 * lane, q16 + 16 * i + 4 * sd, 4);
+                        memcpy(q4 + qo + 64 * (k / 8) + 32 * h + 4 * (k % 8), q16 + 16 * i + 4 * sd, 4);
+                    }
+                    for (int c = 0; c < copies; ++c) dl[so + c * 2 * n + h * n + b] = d16[i];
                 }
-                for (int c = 0; c < copies; ++c) dl[so + c * 2 * n + h * n + b] = d16[i];
-            }
         for (int l = 0; l < 8; ++l)
             for (int h = 0; h < 2; ++h) {
                 dl4[so + 8 * h + l] = d16[2 * (l % n) + h];
