@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from accuracy import PROMPTS  # this directory's (a script's sys.path[0])
 
 from minisgl import LLM, SamplingParams
 from minisgl.benchmark.presets import preset_config, write_model_dir
@@ -183,25 +184,7 @@ def copy_weights(src: LLM, dst: LLM) -> None:
         p.copy_(theirs[name])
 
 
-# 16 questions in 4 framings: `--prompt-source chat`'s 64 prompts for a trained model.
-QUESTIONS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain gravity to a ten-year-old.",
-    "List three prime numbers and say why they are prime.",
-    "Who wrote Hamlet, and what is it about?",
-    "Write a Python function that reverses a string.",
-    "What causes the seasons on Earth?",
-    "Give me a recipe for a simple tomato soup.",
-    "Translate 'good morning, how are you?' into Spanish.",
-    "What is the difference between a virus and a bacterium?",
-    "Summarize the plot of Cinderella in two sentences.",
-    "How do I make my code run faster?",
-    "Why is the sky blue?",
-    "Tell me a short story about a robot who learns to paint.",
-    "What are the benefits of regular exercise?",
-    "Describe how a bicycle works.",
-]
+# `--prompt-source chat`'s 64 prompts for a trained model: accuracy.py's 16 questions in 4 framings
 FRAMINGS = ["{q}", "Answer briefly: {q}", "Explain step by step. {q}", "{q} Please give details."]
 
 
@@ -231,7 +214,7 @@ def make_prompts(ns: argparse.Namespace, source: str, model_dir: Path, vocab: in
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    texts = [f.format(q=q) for f in FRAMINGS for q in QUESTIONS][: ns.prompts]
+    texts = [f.format(q=q) for f in FRAMINGS for q in PROMPTS][: ns.prompts]
     chats = [[{"role": "user", "content": t}] for t in texts]
     rendered = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
     return [tok(r, add_special_tokens=False)["input_ids"] for r in rendered]

@@ -1534,6 +1534,25 @@ static void repack_act_sizes(int64_t nb, int64_t *qb, int64_t *sb) {
     *qb = q, *sb = 16 * g;
 }
 
+static int all_repacked(const int32_t *row_fmts, int64_t N) {
+    for (int64_t n = 0; n < N; ++n)
+        if (!is_repacked(row_fmts[n])) return 0;
+    return 1;
+}
+
+/* rp_A_BxC: the B x C micro-tile over rows of repacked format A (each build's rp_micro_impl), and
+ * rp_pick's table of the four tiles for 1..4 activation rows (RP_TILES, each build's) */
+#define RP_FN(F, NR, NA)                                                                                     \
+    static void rp_##F##_##NR##x##NA(const uint8_t *const *rows, int64_t nb, const void *X, int64_t a0,          \
+                                     float out[][4]) {                                                       \
+        rp_micro_impl(F, NR, NA, rows, nb, (const RepackActs *)X, a0, out);                                  \
+    }
+#define RP_PICK                                                                                              \
+    static MicroFn rp_pick(int fmt, int na) {                                                                \
+        static const MicroFn t[3][4] = {RP_TILES(Q4_0R), RP_TILES(Q4_1R), RP_TILES(Q8_0R)};                  \
+        return t[fmt == Q4_0R ? 0 : fmt == Q4_1R ? 1 : 2][na - 1];                                           \
+    }
+
 #endif
 
 #if defined(MINISGL_AVX512)
@@ -1720,21 +1739,12 @@ static inline __attribute__((always_inline)) void rp_micro_impl(const int fmt, c
     tile_sums(NR, NA, acc, out);
 }
 
-#define RP_FN(F, NR, NA)                                                                                     \
-    static void rp_##F##_##NR##x##NA(const uint8_t *const *rows, int64_t nb, const void *X, int64_t a0,          \
-                                     float out[][4]) {                                                       \
-        rp_micro_impl(F, NR, NA, rows, nb, (const RepackActs *)X, a0, out);                                  \
-    }
 #define RP_FNS(F) RP_FN(F, 4, 1) RP_FN(F, 4, 2) RP_FN(F, 2, 3) RP_FN(F, 4, 4) RP_FN(F, 8, 1)
 RP_FNS(Q4_0R)
 RP_FNS(Q4_1R)
 RP_FNS(Q8_0R)
-static MicroFn rp_pick(int fmt, int na) {
-    static const MicroFn t[3][4] = {{rp_Q4_0R_4x1, rp_Q4_0R_4x2, rp_Q4_0R_2x3, rp_Q4_0R_4x4},
-                                    {rp_Q4_1R_4x1, rp_Q4_1R_4x2, rp_Q4_1R_2x3, rp_Q4_1R_4x4},
-                                    {rp_Q8_0R_4x1, rp_Q8_0R_4x2, rp_Q8_0R_2x3, rp_Q8_0R_4x4}};
-    return t[fmt == Q4_0R ? 0 : fmt == Q4_1R ? 1 : 2][na - 1];
-}
+#define RP_TILES(F) {rp_##F##_4x1, rp_##F##_4x2, rp_##F##_2x3, rp_##F##_4x4}
+RP_PICK
 
 /* Stripe t of one activation row's pass (M = 1): rows s * Lp + 2t and + 1 of the DIRECT_STREAMS places,
  * through one 8 x 1 micro-tile where they are 8 of one format (else micro_rows, 4 at a time). Each
@@ -1767,12 +1777,6 @@ static void rp_stripe8(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t
     else if (f == Q4_1R) rp_Q4_1R_8x1(rows, K / 32, X, 0, out);
     else rp_Q8_0R_8x1(rows, K / 32, X, 0, out);
     for (int r = 0; r < 8; ++r) put(y, 1, 0, idx[r], out[r][0], bias, accumulate);
-}
-
-static int all_repacked(const int32_t *row_fmts, int64_t N) {
-    for (int64_t n = 0; n < N; ++n)
-        if (!is_repacked(row_fmts[n])) return 0;
-    return 1;
 }
 
 /* The decode matmul over repacked rows: the direct kernel's stripes and schedule (see there) */
@@ -1837,7 +1841,7 @@ static void quantize_repacked(const float *restrict x, int64_t K, int64_t QB, in
         const int n = sub_group(nb, g0), per = 8 / n, copies = per < 4 ? per : 4;
         quantize_row(x + 32 * g0, 32 * n, 64 * ((n + 1) / 2), 64, q16, d16, s16); /* 2n halves */
         if (n == 8) { /* both layouts alike: half-block 2b + h's dword s -> lane h * 8 + b of vector s */
-            for (int h = 0; h < 2; ++h) pack_dwords_8x4(q16 + 16 * h, 32, qx + qo + 32 * h, 64);
+            for (int h = 0; h < 2; ++h) pack_dwords_8x4((const uint8_t *)q16 + 16 * h, 32, (uint8_t *)qx + qo + 32 * h, 64);
             memcpy(q4 + qo, qx + qo, 256);
             for (int i = 0; i < 16; ++i) dl[so + 8 * (i % 2) + i / 2] = d16[i];
         } else
@@ -1946,7 +1950,7 @@ static inline __attribute__((always_inline)) void rp2_sub(const int fmt, const i
 #define RP_AHEAD 16 /* full sub-groups of each row asked for ahead of their use (streams stay busy) */
 
 /* rows[0..NR) (one repacked format) against activation rows a0 .. a0 + NA -> out[r][a] */
-static inline __attribute__((always_inline)) void rp2_micro_impl(const int fmt, const int NR, const int NA,
+static inline __attribute__((always_inline)) void rp_micro_impl(const int fmt, const int NR, const int NA,
                                                                   const uint8_t *const *rows, int64_t nb,
                                                                   const RepackActs *X, int64_t a0, float out[][4]) {
     const int ts = type_size(fmt);
@@ -1976,30 +1980,14 @@ static inline __attribute__((always_inline)) void rp2_micro_impl(const int fmt, 
         for (int a = 0; a < NA; ++a) out[r][a] = hsum8(acc[r][a]);
 }
 
-#define RP_FN(F, NR, NA)                                                                                     \
-    static void rp_##F##_##NR##x##NA(const uint8_t *const *rows, int64_t nb, const void *X, int64_t a0,          \
-                                     float out[][4]) {                                                       \
-        rp2_micro_impl(F, NR, NA, rows, nb, (const RepackActs *)X, a0, out);                                 \
-    }
 /* tiles: 4 rows x 1 activation row, 2 x 2, 1 x 3 and 1 x 4 (16 ymm registers: the int16 sums, 2 a pair) */
 #define RP_FNS(F) RP_FN(F, 4, 1) RP_FN(F, 2, 2) RP_FN(F, 1, 3) RP_FN(F, 1, 4)
 RP_FNS(Q4_0R)
 RP_FNS(Q4_1R)
 RP_FNS(Q8_0R)
-static MicroFn rp_pick(int fmt, int na) {
-    static const MicroFn t[3][4] = {{rp_Q4_0R_4x1, rp_Q4_0R_2x2, rp_Q4_0R_1x3, rp_Q4_0R_1x4},
-                                    {rp_Q4_1R_4x1, rp_Q4_1R_2x2, rp_Q4_1R_1x3, rp_Q4_1R_1x4},
-                                    {rp_Q8_0R_4x1, rp_Q8_0R_2x2, rp_Q8_0R_1x3, rp_Q8_0R_1x4}};
-    return t[fmt == Q4_0R ? 0 : fmt == Q4_1R ? 1 : 2][na - 1];
-}
+#define RP_TILES(F) {rp_##F##_4x1, rp_##F##_2x2, rp_##F##_1x3, rp_##F##_1x4}
+RP_PICK
 
-static int all_repacked(const int32_t *row_fmts, int64_t N) {
-    for (int64_t n = 0; n < N; ++n)
-        if (!is_repacked(row_fmts[n])) return 0;
-    return 1;
-}
-
-/* The decode matmul over repacked rows: the direct kernel's stripes and schedule (see there) */
 /* Stripe t of one activation row's pass (M = 1): rows t, L + t, 2 L + t, 3 L + t (the four places)
  * through one 4 x 1 tile when they are four of one format, else micro_rows; the same arithmetic per
  * row either way (bitwise), without micro_rows' grouping and dispatch per call (at K = 576 about a
@@ -2021,6 +2009,7 @@ static void rp2_stripe4(const int64_t *row_ptrs, const int32_t *row_fmts, int64_
     for (int r = 0; r < 4; ++r) put(y, 1, 0, r * L + t, out[r][0], bias, accumulate);
 }
 
+/* The decode matmul over repacked rows: the direct kernel's stripes and schedule (see there) */
 static int qlinear_repacked(const float *xf, int64_t ldf, int64_t M, int64_t K, const int64_t *row_ptrs,
                             const int32_t *row_fmts, int64_t N, const float *bias, float *y, int64_t ldy,
                             int accumulate) {
