@@ -1707,7 +1707,7 @@ static inline __attribute__((always_inline)) void rp_sub(const int fmt, const in
     }
 }
 
-#define RP_AHEAD 16 /* full sub-groups of each row asked for ahead of their use (streams stay busy) */
+#define RP_AHEAD 4 /* full sub-groups of each row asked for ahead of their use (streams stay busy) */
 
 /* rows[0..NR) (one repacked format) against activation rows a0 .. a0 + NA -> out[r][a] */
 static inline __attribute__((always_inline)) void rp_micro_impl(const int fmt, const int NR, const int NA,
@@ -1947,7 +1947,7 @@ static inline __attribute__((always_inline)) void rp2_sub(const int fmt, const i
     }
 }
 
-#define RP_AHEAD 16 /* full sub-groups of each row asked for ahead of their use (streams stay busy) */
+#define RP_AHEAD 16 /* full sub-groups ahead, as above (Zen 1: 4, 8 and 16 alike; the runs quoted took 16) */
 
 /* rows[0..NR) (one repacked format) against activation rows a0 .. a0 + NA -> out[r][a] */
 static inline __attribute__((always_inline)) void rp_micro_impl(const int fmt, const int NR, const int NA,
