@@ -228,13 +228,13 @@ for step in $steps; do
           --splits 1 --new --kv-dtype $2 --launches $4 2>&1 | tee -a "$OUT/fp8attn2.log"
       done ;;
     fp8wl2)  # the fp8 weights + fp8 KV throughput workload (FP8_WL_REPEATS, default 1): this tree's defaults, then main's
-      # behaviour (MINISGL_FP8_ATTN_MAXNREG=0 MINISGL_FP8_FUSED_QUANT=0) if the session is under FP8_WL_OLD_BY (330) s; each
+      # behaviour before gpu28f (MINISGL_FP8_FUSED_QUANT=0 MINISGL_FP8_ATTN_V2=0 MINISGL_FP8_FAST_ACCUM=0) if the session is under FP8_WL_OLD_BY (330) s; each
       # run ends by FP8_END (410) s
       for v in new old; do
         envs=""
         if [ $v = old ]; then
           [ $SECONDS -ge "${FP8_WL_OLD_BY:-330}" ] && { echo "== fp8kv old: skipped at ${SECONDS}s" | tee -a "$OUT/fp8wl2.log"; break; }
-          envs="MINISGL_FP8_ATTN_MAXNREG=0 MINISGL_FP8_FUSED_QUANT=0"
+          envs="MINISGL_FP8_ATTN_MAXNREG=0 MINISGL_FP8_FUSED_QUANT=0 MINISGL_FP8_ATTN_V2=0 MINISGL_FP8_FAST_ACCUM=0"
         fi
         left=$(( ${FP8_END:-410} - SECONDS )); [ $left -gt 150 ] && left=150
         echo "== fp8kv $v $envs (at ${SECONDS}s)" | tee -a "$OUT/fp8wl2.log"

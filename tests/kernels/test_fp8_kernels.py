@@ -233,6 +233,25 @@ def test_fp8_norm_and_silu_quantized_in_their_kernel_change_no_bit(
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
+@pytest.mark.parametrize("fast", [False, True])
+def test_scaled_mm_matches_the_product_of_its_fp8_operands(fast: bool) -> None:
+    """The W8A8 matmul (`backends.cuda.scaled_mm`, cuBLASLt on a GPU), with and without fast
+    accumulation (the default: `FAST_ACCUM`), against the float64 product of its fp8 operands and
+    scales over a long K (down's 14,336 at 8B; 2,048 on a CPU)."""
+    from minisgl.backends.cuda import scaled_mm
+    from minisgl.backends.fp8 import Fp8Weight
+    from minisgl.kernels.triton.fp8 import quant_rows
+
+    gen = torch.Generator().manual_seed(7)
+    m, n, k = (64, 256, 14336) if DEV == "cuda" else (8, 32, 2048)
+    q, s = quantize_fp8(torch.randn(n, k, generator=gen) * 0.02, None)
+    weight = Fp8Weight(q.to(DEV), s.to(DEV), None)
+    xq, xs = quant_rows(torch.randn(m, k, generator=gen).bfloat16().to(DEV))
+    out = scaled_mm(xq, xs, weight, None, torch.bfloat16, fast)
+    ref = (xq.double() * xs.double()) @ (weight.qweight.double() * weight.scale.double()[:, None]).T
+    assert out.shape == (m, n) and _rel(out, ref) < 1e-2
+
+
 @pytest.mark.parametrize(("m", "n", "k"), [(3, 64, 96), (70, 96, 64)])
 def test_block_matmul_matches_the_dequantized_operands(m: int, n: int, k: int) -> None:
     from minisgl.kernels.triton.fp8 import block_matmul, quant_rows
@@ -400,20 +419,25 @@ def test_decode_attention_packed_heads_over_an_fp8_cache(
 
 
 def test_packed_heads_default_takes_large_batches_over_an_fp8_pool(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The packed kernel's choice (`packed_heads`) where MINISGL_FP8_ATTN_V2=1: an fp8 pool at one split,
-    the most KV heads a program that still leave two programs a multiprocessor (8 on a CPU), else the
-    one-head kernel (always, by default)."""
-    from minisgl.kernels.triton.decode import packed, packed_heads
+    """The packed kernel's choice (`packed_heads`): by default 2 KV heads a program for an fp8 pool at
+    one split from 160 requests, else the one-head kernel; with more heads allowed, the most that still
+    leave two programs a multiprocessor (8 on a CPU); MINISGL_FP8_ATTN_V2=0: never."""
+    from minisgl.kernels.triton.decode import packed, packed_heads, packed_maxnreg
 
     cpu = torch.device("cpu")
-    assert packed_heads(256, 8, 1, True, cpu) == 0
-    monkeypatch.setattr(packed, "_MODE", "1")
-    assert packed_heads(256, 8, 1, True, cpu) == 4
-    assert packed_heads(4, 8, 1, True, cpu) == 2  # 4 x 4 programs of 2 heads = 16
-    assert packed_heads(2, 8, 1, True, cpu) == 0  # 2 x 2 x 4 heads < 16: one head a program
+    assert packed_heads(256, 8, 1, True, cpu) == 2 and packed_maxnreg(2) == 128
+    assert packed_heads(160, 8, 1, True, cpu) == 2
+    assert packed_heads(159, 8, 1, True, cpu) == 0  # fewer requests: the one-head kernel
     assert packed_heads(256, 8, 2, True, cpu) == 0  # splits: the one-head kernel (its early loads)
     assert packed_heads(256, 8, 1, False, cpu) == 0  # a 16-bit pool
     assert packed_heads(256, 1, 1, True, cpu) == 0
+    monkeypatch.setattr(packed, "_MAX_HEADS", 4)
+    assert packed_heads(256, 8, 1, True, cpu) == 4 and packed_maxnreg(4) == 96
+    monkeypatch.setattr(packed, "_MODE", "all")  # any batch and split count
+    assert packed_heads(4, 8, 1, True, cpu) == 2  # 4 x 4 programs of 2 heads = 16
+    assert packed_heads(2, 8, 1, True, cpu) == 0  # 2 x 2 x 4 heads < 16: one head a program
+    monkeypatch.setattr(packed, "_MODE", "0")
+    assert packed_heads(256, 8, 1, True, cpu) == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

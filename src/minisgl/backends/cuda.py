@@ -18,7 +18,7 @@ x not quantized); where the GEMV's input comes from minisgl's RMSNorm or SiLU x 
 gate/up, down) those write it in fp16, to which the weight widens in one instruction a pair. More rows
 quantize x per token (inside the RMSNorm or SiLU x up kernel before the projection where there is one,
 `fused_quant`; else a Triton kernel of its own) and take `torch._scaled_mm` (per-channel weight scales:
-cuBLASLt's fp8 with row and column scales) or minisgl's Triton block-scaled fp8 matmul
+cuBLASLt's fp8 with row and column scales, fast accumulation, `FAST_ACCUM`) or minisgl's Triton block-scaled fp8 matmul
 (DeepSeek-style blocks), the residual added after."""
 
 from __future__ import annotations
@@ -144,9 +144,20 @@ def bf16_row_config(x: torch.Tensor, weight: object) -> RowGemvConfig | None:
     return RowGemvConfig(2, kp, 8, 4, True) if n > k else RowGemvConfig(2, kp, 4, 4, True)
 
 
-# MINISGL_FP8_FUSED_QUANT=0: the per-token quantization of x as its own kernel after the RMSNorm and
-# SiLU x up (for A/B); by default it is fused into them where an fp8 matmul with per-channel scales follows.
-FUSED_QUANT = os.environ.get("MINISGL_FP8_FUSED_QUANT", "0") != "0"
+# The per-token quantization of x fused into the RMSNorm and SiLU x up before an fp8 matmul with
+# per-channel scales (`rmsnorm_fp8`, `silu_and_mul_fp8`), at every row count: on an H200 at 8B's shapes
+# the norm and the qkv matmul 38.5 us against 90.9 with the separate kernel at 256 rows, 176.3 against
+# 206.7 at 4,096; SiLU x up and down 61.2 against 113.7, 511.8 against 568.8 (`benchmarks/
+# bench_fused_quant.py`, eager). MINISGL_FP8_FUSED_QUANT=0: the quantization as its own kernel (A/B).
+FUSED_QUANT = os.environ.get("MINISGL_FP8_FUSED_QUANT", "1") != "0"
+# cuBLASLt's fp8 matmul without its periodic promotion of the running sum to float32 (`_scaled_mm`'s
+# use_fast_accum; CUTLASS's "FP8FastAccum" schedules). On an H200 at 8B's shapes (`bench_fused_quant.py
+# --accum`): gate/up 57.2 against 64.6 us at 256 rows, 749.2 against 839.5 at 4,096, qkv 165.1 against
+# 180.2 at 4,096; the error against the exact product of the fp8 operands 2.1e-3 (K = 4,096) and 3.3e-3
+# (K = 14,336) against 1.7e-3 (the bf16 output's rounding), where quantizing x and W to fp8 costs ~3.7%.
+# In the throughput workload decode 8.89 -> 8.38 ms a step, prefill 2.32 -> 2.16 s.
+# MINISGL_FP8_FAST_ACCUM=0: promoted (for A/B and accuracy checks).
+FAST_ACCUM = os.environ.get("MINISGL_FP8_FAST_ACCUM", "1") not in ("", "0")
 
 
 def fused_quant(x: torch.Tensor, weight: Weight) -> bool:
@@ -160,11 +171,13 @@ def fused_quant(x: torch.Tensor, weight: Weight) -> bool:
 
 
 def scaled_mm(xq: torch.Tensor, xs: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
-              out_dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
-    """fp8 x (M, K) with per-row scales xs (M, 1) @ W^T (per-channel scales) through cuBLASLt."""
+              out_dtype: torch.dtype, fast_accum: bool | None = None) -> torch.Tensor:  # fmt: skip
+    """fp8 x (M, K) with per-row scales xs (M, 1) @ W^T (per-channel scales) through cuBLASLt
+    (fast_accum: `FAST_ACCUM` unless given)."""
     return torch._scaled_mm(
-        xq, weight.qweight.t(), scale_a=xs, scale_b=weight.scale.view(1, -1), bias=bias, out_dtype=out_dtype
-    )
+        xq, weight.qweight.t(), scale_a=xs, scale_b=weight.scale.view(1, -1), bias=bias, out_dtype=out_dtype,
+        use_fast_accum=FAST_ACCUM if fast_accum is None else fast_accum,
+    )  # fmt: skip
 
 
 def fp8_matmul(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor | None:

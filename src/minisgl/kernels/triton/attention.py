@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode import PACKED_MAXNREG, decode_packed, packed_heads
+from .decode import decode_packed, packed_heads, packed_maxnreg
 from .fp8 import WIDEN, quantize_fp8, widen_fp8
 from .pdl import pdl_enter, pdl_launch, use_pdl
 
@@ -55,6 +55,8 @@ _HEADS_FIRST = os.environ.get("MINISGL_DECODE_HEADS_FIRST", "1") != "0"
 # An fp8 pool at one split: the registers a thread at most (ptxas' maxnreg; 0: the compiler's choice).
 # At 8B's shapes the kernel takes 119 registers, 4 programs (16 warps) a multiprocessor; at 80, 6
 # programs (24 warps) with no spill inside the loop (static count of Triton 3.9's code for sm_90).
+# Left off: on an H200, contexts spread, 80 gave 127.4 against 132.4 us at batch 192 but 94.8 against
+# 90.1 at 128 and 93.3 against 71.6 at 96, and the throughput workload's decode step 8.88 ms either way.
 _FP8_MAXNREG = int(os.environ.get("MINISGL_FP8_ATTN_MAXNREG", "0"))
 # > 0: the decode kernel moves its running max only when a row's grows by more than this (`_scores`).
 _LAZY = float(os.environ.get("MINISGL_DECODE_LAZY", "0"))
@@ -511,7 +513,7 @@ def decode_attention(
     launch: (BLOCK_N, num_warps, num_stages[, kv_heads[, maxnreg]]), for benchmarks; default (64 or 32
     by D, 4, 2); kv_heads 0 takes the one-head kernel, >= 1 `decode.packed`'s with that many KV heads a
     program (default: `packed_heads`); maxnreg the registers a thread at most, 0 unbounded (default:
-    for an fp8 pool at one split MINISGL_FP8_ATTN_MAXNREG, or _V2_MAXNREG for the packed kernel, else
+    for an fp8 pool at one split MINISGL_FP8_ATTN_MAXNREG, or `packed_maxnreg` for the packed kernel, else
     unbounded).
     scales: an fp8 cache's (k_scale, v_scale), each (Hkv,) float32.
     heads_first: the grid's order, for benchmarks (default MINISGL_DECODE_HEADS_FIRST, on): a
@@ -559,7 +561,7 @@ def decode_attention(
     if launch and len(launch) > 4:
         maxnreg = launch[4]
     elif quant and num_splits == 1:
-        maxnreg = PACKED_MAXNREG if heads else _FP8_MAXNREG
+        maxnreg = packed_maxnreg(heads) if heads else _FP8_MAXNREG
     else:
         maxnreg = 0
     options: dict[str, int] = dict(pdl_launch(pdl))

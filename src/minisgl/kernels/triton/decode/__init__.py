@@ -2,6 +2,6 @@
 arguments): `packed`, several KV heads' query rows in one tensor-core tile (for large batches over an
 fp8 KV pool)."""
 
-from .packed import PACKED_MAXNREG, decode_packed, packed_heads
+from .packed import decode_packed, packed_heads, packed_maxnreg
 
-__all__ = ["PACKED_MAXNREG", "decode_packed", "packed_heads"]
+__all__ = ["decode_packed", "packed_heads", "packed_maxnreg"]

@@ -31,17 +31,34 @@ import triton.language as tl
 from ..fp8 import WIDEN, quantize_fp8, widen_fp8
 from ..pdl import pdl_enter
 
-# MINISGL_FP8_ATTN_V2: 0 (default) the one-head kernel always; 1 this one for an fp8 pool at one
-# split where the batch fills the GPU (`packed_heads`); "all" at every split count too. Off by default:
-# not yet timed; by a static count of its sm_90 code (Triton 3.9, 8B's shapes, 4 heads, BLOCK_N 32,
-# 4 warps) 24.5 warp instructions a (token, KV head) against the one-head kernel's 28, at 20 warps a
-# multiprocessor (MINISGL_FP8_ATTN_V2_MAXNREG, 96) against its 24 (MINISGL_FP8_ATTN_MAXNREG, 80).
-# MINISGL_FP8_ATTN_HEADS: KV heads a program at most (default 4); MINISGL_FP8_ATTN_PER_SM: the
-# programs a multiprocessor that `packed_heads` keeps at least (default 2).
-_MODE = os.environ.get("MINISGL_FP8_ATTN_V2", "0")
-_MAX_HEADS = int(os.environ.get("MINISGL_FP8_ATTN_HEADS", "4"))
+# MINISGL_FP8_ATTN_V2: 1 (default) this kernel for an fp8 pool at one split from
+# MINISGL_FP8_ATTN_V2_MIN_BATCH (160) requests (`packed_heads`); "all" at every split count and batch
+# too; 0 the one-head kernel always. On an H200 at 8B's shapes, contexts spread and longest first
+# (`bench_decode_attention.py --context-range`), 2 heads a program (64, 4, 2, maxnreg 128) against the
+# one-head kernel: batch 256 128.1 / 136.9 us (context 1024: 196.4 / 210.4), 224 127.5 / 138.4, 192
+# 117.2 / 124.2, but 128 117.1 / 90.1 and 96 100.1 / 71.6 (too few programs a multiprocessor); 4 heads
+# (32, 4, 2, maxnreg 96) 222.1 us at batch 256, context 1024. In the throughput workload, from 160
+# requests decode took 8.82 ms a step, from 224 8.89, never 8.95 (docs/benchmarks.md, "fp8 weights and KV
+# cache"). MINISGL_FP8_ATTN_HEADS: KV heads a program at most (default 2).
+# MINISGL_FP8_ATTN_PER_SM: the programs a multiprocessor that `packed_heads` keeps at least (default 2).
+# MINISGL_FP8_ATTN_V2_MAXNREG: the registers a thread at most (default by heads, `packed_maxnreg`).
+_MODE = os.environ.get("MINISGL_FP8_ATTN_V2", "1")
+_MAX_HEADS = int(os.environ.get("MINISGL_FP8_ATTN_HEADS", "2"))
 _PER_SM = float(os.environ.get("MINISGL_FP8_ATTN_PER_SM", "2"))
-PACKED_MAXNREG = int(os.environ.get("MINISGL_FP8_ATTN_V2_MAXNREG", "96"))  # 80 spills inside its loop
+_MIN_BATCH = int(os.environ.get("MINISGL_FP8_ATTN_V2_MIN_BATCH", "160"))
+_MAXNREG = int(os.environ.get("MINISGL_FP8_ATTN_V2_MAXNREG", "0"))
+
+
+def packed_maxnreg(heads: int) -> int:
+    """ptxas' register cap for `heads` KV heads a program: 128 for 2 (its measured best), 96 for more
+    (80 spills inside the loop); MINISGL_FP8_ATTN_V2_MAXNREG overrides."""
+    return _MAXNREG or (128 if heads <= 2 else 96)
+
+
+def packed_launch(heads: int) -> tuple[int, int, int]:
+    """(BLOCK_N, warps, stages) for `heads` KV heads a program: a 64-position block for 2 heads (32 for
+    more: the (16, 64) scores and the (64, D) K and V tiles of each head live at once)."""
+    return (64, 4, 2) if heads <= 2 else (32, 4, 2)
 
 
 @functools.cache
@@ -53,10 +70,13 @@ def _num_sms(device: torch.device) -> int:
 
 def packed_heads(bsz: int, hkv: int, num_splits: int, quant: bool, device: torch.device) -> int:
     """KV heads a program for `decode_packed`, or 0 for the one-head kernel: an fp8 pool at one split
-    (MINISGL_FP8_ATTN_V2=all: any), the most heads (a power of two up to MINISGL_FP8_ATTN_HEADS) that
-    still leave MINISGL_FP8_ATTN_PER_SM (2) programs a multiprocessor, and at least 2 heads (one is
-    the one-head kernel's case)."""
-    if _MODE == "0" or not quant or (num_splits > 1 and _MODE != "all") or hkv < 2:
+    and at least MINISGL_FP8_ATTN_V2_MIN_BATCH (160) requests (MINISGL_FP8_ATTN_V2=all: any split count
+    and batch), the most heads (a power of two up to MINISGL_FP8_ATTN_HEADS) that still leave
+    MINISGL_FP8_ATTN_PER_SM (2) programs a multiprocessor, and at least 2 heads (one is the one-head
+    kernel's case)."""
+    if _MODE == "0" or not quant or hkv < 2:
+        return 0
+    if _MODE != "all" and (num_splits > 1 or bsz < _MIN_BATCH):
         return 0
     want = _PER_SM * _num_sms(device)
     heads = min(triton.next_power_of_2(hkv), max(1, _MAX_HEADS))
@@ -277,7 +297,7 @@ def decode_packed(
     hkv = k_cache.shape[1]
     group = hq // hkv
     block_d = max(16, triton.next_power_of_2(d))
-    block_n, warps, stages = (launch or ())[:3] or (32, 4, 2)
+    block_n, warps, stages = (launch or ())[:3] or packed_launch(heads)
     grid_h = triton.cdiv(hkv, heads)
     _decode_packed_kernel[(grid_h, bsz, num_splits) if heads_first else (bsz, grid_h, num_splits)](
         q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, cos, sin, scales[0], scales[1], out,
