@@ -1876,23 +1876,85 @@ static inline __attribute__((always_inline)) __m256 rp2_halves(const uint8_t *p,
     return _mm256_permutevar8x32_ps(_mm256_cvtph_ps(h), idx);
 }
 
+/* s_lo += the int16 pair sums of a 32-byte chunk's low nibbles (q) against xl, s_hi of its high ones
+ * against xh: one fixed sequence (gcc, left to itself, hoists the loads and spills the sums) */
+static inline __attribute__((always_inline)) void rp2_chunk(const uint8_t *q, __m256i xl, __m256i xh, __m256i low4,
+                                                             __m256i *s_lo, __m256i *s_hi, const int first) {
+    __m256i t0, t1;
+    if (first) { /* the sums start at the first chunk's products (as 0 + them, exactly) */
+        __asm__("vmovdqu %[q], %[t0]\n\t"
+                "vpsrlw $4, %[t0], %[sh]\n\t"
+                "vpand %[m], %[t0], %[t0]\n\t"
+                "vpand %[m], %[sh], %[sh]\n\t"
+                "vpmaddubsw %[xl], %[t0], %[sl]\n\t"
+                "vpmaddubsw %[xh], %[sh], %[sh]"
+                : [sl] "=&x"(*s_lo), [sh] "=&x"(*s_hi), [t0] "=&x"(t0)
+                : [q] "m"(*(const __m256i *)q), [xl] "x"(xl), [xh] "x"(xh), [m] "x"(low4));
+        return;
+    }
+    __asm__("vmovdqu %[q], %[t0]\n\t"
+            "vpsrlw $4, %[t0], %[t1]\n\t"
+            "vpand %[m], %[t0], %[t0]\n\t"
+            "vpand %[m], %[t1], %[t1]\n\t"
+            "vpmaddubsw %[xl], %[t0], %[t0]\n\t"
+            "vpmaddubsw %[xh], %[t1], %[t1]\n\t"
+            "vpaddw %[t0], %[sl], %[sl]\n\t"
+            "vpaddw %[t1], %[sh], %[sh]"
+            : [sl] "+x"(*s_lo), [sh] "+x"(*s_hi), [t0] "=&x"(t0), [t1] "=&x"(t1)
+            : [q] "m"(*(const __m256i *)q), [xl] "x"(xl), [xh] "x"(xh), [m] "x"(low4));
+}
+
+/* The n halves (f16 words at p) as floats in lanes 0..n-1, zeros after */
+static inline __attribute__((always_inline)) __m128 rp2_halves4(const uint8_t *p, int n) {
+    const __m128i h = n == 4 ? _mm_loadl_epi64((const __m128i *)p)
+                      : n == 2 ? _mm_cvtsi32_si128(*(const int32_t *)(const void *)p)
+                               : _mm_cvtsi32_si128(*(const uint16_t *)(const void *)p);
+    return _mm_cvtph_ps(h);
+}
+
+/* The products of a partial Q4 sub-group (n = 4, 2 or 1 blocks; int32 lane l of each half: block
+ * l % n) into tail[r][a]: each half's lanes of one block summed first (exactly, in int32: lane l and
+ * l + 4, then l ^ 2 and l ^ 1 for the smaller n), so that lanes 0..n-1 hold the blocks and the
+ * scaling runs on 4 lanes, once, instead of 8 lanes of scales permuted into place (a K = 576 row's
+ * last 2 blocks cost about as much as 8 before). Lanes past n are scaled by zero. */
+static inline __attribute__((always_inline)) void rp2_tail(const int has_min, const int n, const int NR, const int NA,
+                                                            const uint8_t *const *p, __m256i ia[][4][2],
+                                                            const float *dl4, const float *xs4, int64_t SB,
+                                                            __m128 tail[][4]) {
+    __m128 dd[4], mm[4];
+    for (int r = 0; r < NR; ++r) {
+        dd[r] = rp2_halves4(p[r], n);
+        mm[r] = has_min ? rp2_halves4(p[r] + 2 * n, n) : _mm_mul_ps(_mm_set1_ps(-8.f), dd[r]);
+    }
+    for (int a = 0; a < NA; ++a) {
+        const __m128 d0 = _mm_loadu_ps(dl4 + a * SB), d1 = _mm_loadu_ps(dl4 + a * SB + 8);
+        const __m128 sx = _mm_add_ps(_mm_loadu_ps(xs4 + a * SB), _mm_loadu_ps(xs4 + a * SB + 8));
+        for (int r = 0; r < NR; ++r) {
+            __m128i j[2];
+            for (int h = 0; h < 2; ++h) {
+                j[h] = _mm_add_epi32(_mm256_castsi256_si128(ia[r][a][h]), _mm256_extracti128_si256(ia[r][a][h], 1));
+                if (n <= 2) j[h] = _mm_add_epi32(j[h], _mm_shuffle_epi32(j[h], 0x4E));
+                if (n == 1) j[h] = _mm_add_epi32(j[h], _mm_shuffle_epi32(j[h], 0xB1));
+            }
+            const __m128 t = _mm_fmadd_ps(_mm_cvtepi32_ps(j[1]), d1, _mm_mul_ps(_mm_cvtepi32_ps(j[0]), d0));
+            tail[r][a] = _mm_fmadd_ps(t, dd[r], tail[r][a]);
+            tail[r][a] = _mm_fmadd_ps(mm[r], sx, tail[r][a]);
+        }
+    }
+}
+
 /* One sub-group of n blocks: rows at p[r] (the sub-group's first byte) against activation rows a
  * (qx / q4 + a * QB, dl / dl4 / xs4 + a * SB: the sub-group's), added into acc[r][a] */
 static inline __attribute__((always_inline)) void rp2_sub(const int fmt, const int n, const int NR, const int NA,
                                                            const uint8_t *const *p, const int8_t *qx, const int8_t *q4,
                                                            int64_t QB, const float *dl, const float *dl4,
-                                                           const float *xs4, int64_t SB, __m256 acc[][4]) {
+                                                           const float *xs4, int64_t SB, __m256 acc[][4],
+                                                           __m128 tail[][4]) {
     const int has_min = fmt == Q4_1R, q8 = fmt == Q8_0R, nz = n >= 2 ? n / 2 : 1;
     const int qoff = (has_min ? 4 : 2) * n;
     const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
     /* lane i's block i % n (both halves of a vector of 8 lanes: i and i + 8 have the same block) */
     const __m256i bi = _mm256_and_si256(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(n - 1));
-    __m256 dd[4], mm[4];
-    for (int r = 0; r < NR; ++r) {
-        dd[r] = rp2_halves(p[r], n, bi);
-        if (has_min) mm[r] = rp2_halves(p[r] + 2 * n, n, bi);
-        else if (!q8) mm[r] = _mm256_mul_ps(_mm256_set1_ps(-8.f), dd[r]);
-    }
     __m256i ia[4][4][2]; /* int32 lanes 0-7 and 8-15 of each pair */
     if (!q8) { /* the Q4 lanes: chunk c's dword l is dword 8c + l of the quants, block (8c + l) % n */
         const int chunks = n == 8 ? 4 : n == 4 ? 2 : 1;
@@ -1901,7 +1963,25 @@ static inline __attribute__((always_inline)) void rp2_sub(const int fmt, const i
             for (int a = 0; a < NA; ++a) s16[r][a][0] = s16[r][a][1] = _mm256_setzero_si256();
         /* not unrolled: unrolled, gcc hoists every load and product and spills them */
 #pragma GCC unroll 1
-        for (int c = 0; c < chunks; ++c)
+        for (int c = 0; c < chunks && NA == 1; ++c) { /* one activation row: its 64 bytes loaded once */
+            __m256i xl = _mm256_loadu_si256((const __m256i *)(q4 + 64 * c));
+            __m256i xh = _mm256_loadu_si256((const __m256i *)(q4 + 64 * c + 32));
+            __asm__("" : "+x"(xl), "+x"(xh)); /* in registers: gcc would fold a load into each row's product */
+            for (int r = 0; r < NR; ++r) {
+                const uint8_t *q = p[r] + qoff + 32 * c;
+                if (n == 1) {
+                    const __m256i raw = _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q));
+                    const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                    s16[r][0][0] = _mm256_add_epi16(s16[r][0][0], _mm256_maddubs_epi16(lo, xl));
+                    s16[r][0][1] = _mm256_add_epi16(s16[r][0][1], _mm256_maddubs_epi16(hi, xh));
+                } else if (c == 0)
+                    rp2_chunk(q, xl, xh, low4, &s16[r][0][0], &s16[r][0][1], 1);
+                else
+                    rp2_chunk(q, xl, xh, low4, &s16[r][0][0], &s16[r][0][1], 0);
+            }
+        }
+#pragma GCC unroll 1
+        for (int c = 0; c < chunks && NA > 1; ++c)
             for (int r = 0; r < NR; ++r) {
                 const uint8_t *q = p[r] + qoff + 32 * c;
                 const __m256i raw = n == 1 ? _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q)) /* lanes 4-7: x is 0 */
@@ -1934,12 +2014,23 @@ static inline __attribute__((always_inline)) void rp2_sub(const int fmt, const i
                     }
                 }
     }
+    if (!q8 && n < 8) { /* a row's last 1, 2 or 4 Q4 blocks: see rp2_tail */
+        rp2_tail(has_min, n, NR, NA, p, ia, dl4, xs4, SB, tail);
+        return;
+    }
+    __m256 dd[4], mm[4]; /* the rows' scales, read after the products (fewer registers live in their loop) */
+    for (int r = 0; r < NR; ++r) {
+        dd[r] = rp2_halves(p[r], n, bi);
+        if (has_min) mm[r] = rp2_halves(p[r] + 2 * n, n, bi);
+        else if (!q8) mm[r] = _mm256_mul_ps(_mm256_set1_ps(-8.f), dd[r]);
+    }
     const float *d = q8 ? dl : dl4;
     for (int a = 0; a < NA; ++a) {
         const __m256 d0 = _mm256_loadu_ps(d + a * SB), d1 = _mm256_loadu_ps(d + a * SB + 8);
-        for (int r = 0; r < NR; ++r) {
-            acc[r][a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r][a][0]), _mm256_mul_ps(dd[r], d0), acc[r][a]);
-            acc[r][a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r][a][1]), _mm256_mul_ps(dd[r], d1), acc[r][a]);
+        for (int r = 0; r < NR; ++r) { /* the halves' sums, each by its dx, then by the block's d */
+            const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r][a][1]), d1,
+                                             _mm256_mul_ps(_mm256_cvtepi32_ps(ia[r][a][0]), d0));
+            acc[r][a] = _mm256_fmadd_ps(t, dd[r], acc[r][a]);
         }
         if (q8) continue;
         const __m256 sx = _mm256_add_ps(_mm256_loadu_ps(xs4 + a * SB), _mm256_loadu_ps(xs4 + a * SB + 8));
@@ -1955,8 +2046,9 @@ static inline __attribute__((always_inline)) void rp_micro_impl(const int fmt, c
                                                                   const RepackActs *X, int64_t a0, float out[][4]) {
     const int ts = type_size(fmt);
     __m256 acc[4][4];
+    __m128 tail[4][4]; /* the partial sub-groups' (Q4 rows) */
     for (int r = 0; r < NR; ++r)
-        for (int a = 0; a < NA; ++a) acc[r][a] = _mm256_setzero_ps();
+        for (int a = 0; a < NA; ++a) acc[r][a] = _mm256_setzero_ps(), tail[r][a] = _mm_setzero_ps();
     const int8_t *qx = X->qx + a0 * X->QB, *q4 = X->q4 + a0 * X->QB;
     const float *dl = X->dl + a0 * X->SB, *dl4 = X->dl4 + a0 * X->SB, *xs4 = X->xs4 + a0 * X->SB;
     const uint8_t *p[4];
@@ -1966,18 +2058,18 @@ static inline __attribute__((always_inline)) void rp_micro_impl(const int fmt, c
             p[r] = rows[r] + g0 * ts;
             for (int o = 0; o < 8 * ts; o += 64) _mm_prefetch((const char *)p[r] + RP_AHEAD * 8 * ts + o, _MM_HINT_T0);
         }
-        rp2_sub(fmt, 8, NR, NA, p, qx, q4, X->QB, dl, dl4, xs4, X->SB, acc);
+        rp2_sub(fmt, 8, NR, NA, p, qx, q4, X->QB, dl, dl4, xs4, X->SB, acc, tail);
     }
     for (int n = 4; n >= 1; n /= 2)
         if (nb - g0 >= n) {
             for (int r = 0; r < NR; ++r) p[r] = rows[r] + g0 * ts;
-            if (n == 4) rp2_sub(fmt, 4, NR, NA, p, qx, q4, X->QB, dl, dl4, xs4, X->SB, acc);
-            else if (n == 2) rp2_sub(fmt, 2, NR, NA, p, qx, q4, X->QB, dl, dl4, xs4, X->SB, acc);
-            else rp2_sub(fmt, 1, NR, NA, p, qx, q4, X->QB, dl, dl4, xs4, X->SB, acc);
+            if (n == 4) rp2_sub(fmt, 4, NR, NA, p, qx, q4, X->QB, dl, dl4, xs4, X->SB, acc, tail);
+            else if (n == 2) rp2_sub(fmt, 2, NR, NA, p, qx, q4, X->QB, dl, dl4, xs4, X->SB, acc, tail);
+            else rp2_sub(fmt, 1, NR, NA, p, qx, q4, X->QB, dl, dl4, xs4, X->SB, acc, tail);
             g0 += n, qx += 64 * (n >= 2 ? n / 2 : 1), q4 += 64 * (n >= 2 ? n / 2 : 1), dl += 16, dl4 += 16, xs4 += 16;
         }
     for (int r = 0; r < NR; ++r)
-        for (int a = 0; a < NA; ++a) out[r][a] = hsum8(acc[r][a]);
+        for (int a = 0; a < NA; ++a) out[r][a] = hsum8(_mm256_add_ps(acc[r][a], _mm256_zextps128_ps256(tail[r][a])));
 }
 
 /* tiles: 4 rows x 1 activation row, 2 x 2, 1 x 3 and 1 x 4 (16 ymm registers: the int16 sums, 2 a pair) */
