@@ -26,6 +26,9 @@ REPACK_ISAS = [isa for isa in RUNNABLE_ISAS if load_quant(isa) and load_quant(is
 # K of every sub-group mix: 1, 2, 3 (2 + 1), 7 (4 + 2 + 1), 8, 18 (8 + 8 + 2: the embedded model's 576),
 # 19 and 33 blocks
 KS = [32, 64, 96, 224, 256, 576, 608, 1056]
+# builds whose prefill passes over repacked rows run the decode kernel (cpu_quant.c, RP_PREFILL: no
+# AMX there, and the generic tiles were slower); the others put the row back in order first
+PREFILL_BY_DECODE_KERNEL = {"avx2"}
 
 pytestmark = [
     pytest.mark.skipif(not quant_available("portable"), reason="no C compiler for the kernels"),
@@ -58,18 +61,36 @@ def repacked(k: int, seed: int = 0) -> tuple[QuantizedWeight, QuantizedWeight, t
 @pytest.mark.parametrize("k", KS, ids=lambda k: f"K{k}")
 def test_repacked_rows_read_back_as_the_files(k: int) -> None:
     """Every build's embedding lookup reads the repacked rows as the file's (bitwise), and the prefill
-    passes (the AMX build's decode a repacked row's full sub-groups from their lanes, the others put
-    the row back in order) give the file's results bitwise."""
+    passes (the AMX build's decode a repacked row's full sub-groups from their lanes, the AVX-512 and
+    portable ones put the row back in order) give the file's results bitwise; the AVX2 build's are its
+    decode passes (bitwise; matched to numpy below)."""
     plain, packed, ref = repacked(k, seed=k)
     ids = torch.arange(ref.shape[0])
     x = torch.randn(5, k)
     for isa in RUNNABLE_ISAS:
         torch.testing.assert_close(dequant_rows(packed, ids, isa=isa), ref, rtol=0, atol=0)
+        same = (
+            qlinear(x, packed, isa=isa)
+            if isa in PREFILL_BY_DECODE_KERNEL
+            else qlinear(x, plain, prefill=True, isa=isa)
+        )
+        torch.testing.assert_close(qlinear(x, packed, prefill=True, isa=isa), same, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("isa", sorted(PREFILL_BY_DECODE_KERNEL & set(REPACK_ISAS)))
+def test_long_prefill_passes_go_in_blocks_of_rows_that_change_nothing(isa: str) -> None:
+    """A prefill pass of more activation rows than the kernel takes at once (RP_M_BLOCK, 256) gives
+    every row what a pass of that row alone gives (bitwise), the residual added in place included."""
+    _, w, _ = repacked(96, seed=3)
+    x = torch.randn(300, 96)
+    res = torch.randn(300, w.shape[0])
+    full = qlinear(x, w, prefill=True, isa=isa)
+    added = qlinear(x, w, prefill=True, residual=res.clone(), isa=isa)
+    for row in (0, 255, 256, 299):
+        one = x[[row]].contiguous()
+        torch.testing.assert_close(full[[row]], qlinear(one, w, prefill=True, isa=isa), rtol=0, atol=0)
         torch.testing.assert_close(
-            qlinear(x, packed, prefill=True, isa=isa),
-            qlinear(x, plain, prefill=True, isa=isa),
-            rtol=0,
-            atol=0,
+            added[[row]], qlinear(one, w, residual=res[[row]].clone(), isa=isa), rtol=0, atol=0
         )
 
 
