@@ -44,12 +44,14 @@ DEFAULT_BIN = ROOT / ".llamacpp" / "llama_cpp_python-0.3.36" / "vendor" / "llama
 
 @dataclass
 class Side:
-    """One engine's best figures so far."""
+    """One engine's best figures so far (`figures`) and the latest round's (`last`)."""
 
     name: str
     figures: dict[str, float] = field(default_factory=dict)
+    last: dict[str, float] = field(default_factory=dict)
 
     def keep(self, key: str, value: float, higher_is_better: bool) -> None:
+        self.last[key] = value
         old = self.figures.get(key)
         if old is None or (value > old if higher_is_better else value < old):
             self.figures[key] = value
@@ -335,7 +337,7 @@ def run() -> int:
                     finally:
                         srv.stop()
                 print(f"  serve round {r}: " + ", ".join(
-                    f"{s.name} {k} {s.figures[k]:.2f}" for s in (ours, theirs) for k in ("http_decode_tok_s", "streams_tok_s", "rss_loaded_mib", "startup_s")
+                    f"{s.name} {k} {s.last[k]:.2f}" for s in (ours, theirs) for k in ("http_decode_tok_s", "streams_tok_s", "rss_loaded_mib", "startup_s")
                 ), flush=True)  # fmt: skip
     print()
     if ours.figures.keys() >= {k for k, *_ in ROWS} and theirs.figures.keys() >= {k for k, *_ in ROWS}:
