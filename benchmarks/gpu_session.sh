@@ -3,7 +3,7 @@
 # Run from the project root on the device machine (logs under $OUT):
 #   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [gemv] [pprof] [wprof] [bs256] [serve] [tp] [dp] [moe] [moe-tp]
 #     [fp8tests] [fp8linear] [fp8attn] [fp8bench] [fp8workload] [fp8acc] [fp8prof] [moetests] [moe1] [moeb1] [moewl]
-#     [fp8tests] [fp8linear] [fp8attn] [fp8attn2] [fp8wl2] [fp8attn2x] [fp8bench] [fp8workload] [fp8acc] [fp8trained] [fp8prof] [moetests] [moe1] [moewl]
+#     [fp8tests] [fp8linear] [fp8attn] [fp8attn2] [fp8wl2] [fp8attn2x] [fp8bench] [fp8workload] [fp8acc] [fp8trained] [fp8prof] [moetests] [moe1] [moewl] [qknorm]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -155,6 +155,21 @@ for step in $steps; do
         | grep -v "^\s*$" | tail -55 | tee "$OUT/moe_profile.log"
       [ -n "${MOE_SWEEP---sweep}" ] && timeout 120 python3 benchmarks/bench_linear.py --sweep --model-config qwen3-30b-a3b \
         --rows 1 --only qkv,o 2>&1 | tee -a "$OUT/moe_kernel.log" ;;
+    qknorm)  # Qwen3's q/k norms inside the decode kernel: its tests (compiled), the Qwen3 models against
+      # transformers, then batch 1 of Qwen3-30B-A3B shapes with the norms in rope_qkv's kernel (off) and in
+      # the decode kernel (on), alternated QKNORM_ROUNDS (1) times
+      timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py -k "decode or rope" 2>&1 \
+        | tail -4 | tee "$OUT/qknorm_tests.log"
+      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/models/test_models_gpu.py tests/models/test_moe_gpu.py \
+        tests/engine/test_cuda_graph_gpu.py -k "qwen3 or cuda_graph_gpu" 2>&1 | tail -6 | tee -a "$OUT/qknorm_tests.log"
+      for _ in $(seq "${QKNORM_ROUNDS:-1}"); do
+        for v in 0 1; do
+          echo "== MINISGL_QK_NORM_IN_ATTENTION=$v" | tee -a "$OUT/qknorm_bs1.log"
+          MINISGL_QK_NORM_IN_ATTENTION=$v timeout 200 python3 -m minisgl bench offline --device cuda --model-config qwen3-30b-a3b \
+            --batch-sizes 1 --skip-hf --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 2 --kv-cache-memory 8 \
+            --cuda-graph-max-bs 8 2>&1 | grep -E "^(---|minisgl|  prefill|  decode|  roofline)" | tee -a "$OUT/qknorm_bs1.log"
+        done
+      done ;;
     moeb1)  # issue 26 at batch 1: one token's experts as row GEMVs (kernels/triton/gemv/experts.py) and one bf16 row
       # of qkv / o in the row GEMV (MINISGL_BF16_ROW). Their tests and the MoE tests (compiled); the MoE op's
       # one-token variants with the row GEMVs' launch shapes; qkv / o before and after; then decode at batch 1

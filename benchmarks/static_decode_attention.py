@@ -42,6 +42,7 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 def _signature(kernel, consts: dict, kv: str, qd: str) -> dict[str, str]:
     types = {"Q": qd, "KCache": kv, "VCache": kv, "KNew": qd, "VNew": qd, "Cos": qd, "Sin": qd, "Out": qd}
+    types |= {"QW": qd, "KW": qd}
     types |= {"PageTable": "i32", "SeqLens": "i32", "NewSlots": "i32", "Done": "i32"}
     types |= {"KScale": "fp32", "VScale": "fp32", "Partial": "fp32", "Lse": "fp32"}
     sig = {}
@@ -51,7 +52,7 @@ def _signature(kernel, consts: dict, kv: str, qd: str) -> dict[str, str]:
         elif name in types:
             sig[name] = "*" + types[name]
         else:
-            sig[name] = "fp32" if name == "sm_scale" else "i32"
+            sig[name] = "fp32" if name in ("sm_scale", "eps") else "i32"
     return sig
 
 
@@ -65,7 +66,7 @@ def compile_one(launch: tuple[int, ...], kv: str) -> str:
         consts = dict(common, HKV=8, HEADS=heads, BLOCK_M=max(16, triton.next_power_of_2(4 * heads)))
     else:
         kernel = _decode_kernel
-        consts = dict(common, BLOCK_H=16, BLOCK_HALF=64, PEEL=False, BLOCK_G=4, LAZY=0.0)
+        consts = dict(common, BLOCK_H=16, BLOCK_HALF=64, PEEL=False, BLOCK_G=4, LAZY=0.0, QK_NORM=False)
     sig = _signature(kernel, consts, kv, "bf16")
     attrs = {
         (i,): [["tt.divisibility", 16]]

@@ -242,10 +242,12 @@ class AttentionBackendProto:
         rope: tuple[torch.Tensor, torch.Tensor],
         split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
         layer_id: int,
+        qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
     ) -> torch.Tensor:
         """qkv (T, (Hq + 2 Hkv) D), the fused projection before RoPE; rope (cos, sin), (T, 1, D/2) each;
-        `split(qkv)` -> rotated q, k, v (the ops backend's). A backend that rotates inside its own
-        kernel overrides this; the default splits, then attends."""
+        `split(qkv)` -> rotated q, k, v (the ops backend's, Qwen3's per-head norms included);
+        qk_norm: those norms (q's weight (D,), k's weight (D,), eps) or None. A backend that rotates
+        (and norms) inside its own kernel overrides this; the default splits, then attends."""
         q, k, v = split(qkv)
         return self.forward(q, k, v, layer_id)
 

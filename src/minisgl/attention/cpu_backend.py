@@ -132,10 +132,14 @@ class CpuAttentionBackend(TorchAttentionBackend):
         rope: tuple[torch.Tensor, torch.Tensor],
         split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
         layer_id: int,
+        qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
     ) -> torch.Tensor:
         m = self.meta
-        if not self.decode_kernel or m is None or self.head_dim % 2 or not kernels.fits(qkv):
-            return super().forward_rope(qkv, rope, split, layer_id)
+        if (
+            not self.decode_kernel or m is None or self.head_dim % 2 or not kernels.fits(qkv)
+            or qk_norm is not None  # the C pass rotates without norms: `split` norms first
+        ):  # fmt: skip
+            return super().forward_rope(qkv, rope, split, layer_id, qk_norm)
         t = qkv.shape[0]
         cos, sin = rope  # (T, 1, D/2) each
         q = kernels.rope_store(

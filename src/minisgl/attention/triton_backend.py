@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from minisgl.kernels.triton.attention import decode_attention, decode_splits, extend_attention, store_kv
+from minisgl.kernels.triton.decode.packed import packed_heads
 from minisgl.kvcache import KVPool
 
 from .base import AttentionBackend, AttnInput
@@ -40,6 +41,9 @@ class TritonAttentionBackend(AttentionBackend):
     # Most split-KV programs per (request, KV head) in decode; MINISGL_DECODE_MAX_SPLITS overrides it
     # (for measurements).
     max_splits = int(os.environ.get("MINISGL_DECODE_MAX_SPLITS", 16))
+    # Qwen3's per-head q/k norms inside the decode kernel (one kernel fewer a layer); 0: `rope_qkv`'s
+    # kernel first, as before (MINISGL_QK_NORM_IN_ATTENTION, for A/B runs)
+    qk_norm_in_kernel = os.environ.get("MINISGL_QK_NORM_IN_ATTENTION", "1") != "0"
 
     def __init__(
         self,
@@ -126,16 +130,26 @@ class TritonAttentionBackend(AttentionBackend):
         rope: tuple[torch.Tensor, torch.Tensor],
         split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
         layer_id: int,
+        qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
     ) -> torch.Tensor:
-        """Decode: the kernel rotates q and the new k itself, reading them from qkv (one kernel fewer
-        per layer); prefill and extend split first."""
-        if not self._decode or qkv.stride(-1) != 1:
-            return super().forward_rope(qkv, rope, split, layer_id)
+        """Decode: the kernel norms (Qwen3) and rotates q and the new k itself, reading them from qkv
+        (one kernel fewer per layer); prefill and extend split first, and so does a normed decode
+        batch that takes the packed kernel (an fp8 pool at large batches: it has no norm)."""
+        if not self._decode or qkv.stride(-1) != 1 or (qk_norm is not None and not self._norm_in_kernel(qkv)):
+            return super().forward_rope(qkv, rope, split, layer_id, qk_norm)
         t, hq, hkv, d = qkv.shape[0], self.num_q_heads, self.num_kv_heads, self.head_dim
         q = qkv[:, : hq * d].view(t, hq, d)  # strided views of the projection's rows
         k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
         v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
-        return self._decode_attention(q, k, v, layer_id, rope)
+        return self._decode_attention(q, k, v, layer_id, rope, qk_norm)
+
+    def _norm_in_kernel(self, qkv: torch.Tensor) -> bool:
+        """Whether this decode batch's q/k norms go into the one-head decode kernel."""
+        if not self.qk_norm_in_kernel:
+            return False
+        bsz = qkv.shape[0]
+        splits = decode_splits(bsz, self.num_kv_heads, self.num_sms, self.max_splits)
+        return not packed_heads(bsz, self.num_kv_heads, splits, self.pool.scales is not None, qkv.device)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         if self._decode:
@@ -164,13 +178,15 @@ class TritonAttentionBackend(AttentionBackend):
         v: torch.Tensor,
         layer_id: int,
         rope: tuple[torch.Tensor, torch.Tensor] | None,
+        qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
     ) -> torch.Tensor:
-        """One launch: store the new K/V (rotating k first with `rope`), attend over the pages."""
+        """One launch: store the new K/V (norming and rotating k first with `qk_norm` and `rope`),
+        attend over the pages."""
         bsz = q.shape[0]  # a CUDA graph's padded size while capturing
         splits = decode_splits(bsz, self.num_kv_heads, self.num_sms, self.max_splits)
         seq_lens, slots = self._dec_meta[0, :bsz], self._dec_meta[1, :bsz]
         return decode_attention(
             q, self.pool.k[layer_id], self.pool.v[layer_id], self._dec_pages, seq_lens, self.pool.page_size,
             self.scale, splits, new_kv=(k, v, slots), done=self._dec_done, rope=rope,
-            scales=self._kv_scales(layer_id),
+            scales=self._kv_scales(layer_id), qk_norm=qk_norm,
         )  # fmt: skip

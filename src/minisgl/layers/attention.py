@@ -31,7 +31,8 @@ class AttentionLayer(nn.Module):
         qkv: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+        qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
     ) -> torch.Tensor:
-        """qkv (T, (Hq + 2 Hkv) D) before RoPE -> (T, Hq, D); `split` rotates and splits it unless the
-        backend's kernel does that itself."""
-        return get_global_ctx().attn_backend.forward_rope(qkv, rope, split, self.layer_id)
+        """qkv (T, (Hq + 2 Hkv) D) before RoPE -> (T, Hq, D); `split` rotates and splits it (after
+        Qwen3's per-head norms, `qk_norm`, when given) unless the backend's kernel does that itself."""
+        return get_global_ctx().attn_backend.forward_rope(qkv, rope, split, self.layer_id, qk_norm)

@@ -102,25 +102,16 @@ class Attention(nn.Module, OpsUser):
         """h (T, hidden), the residual stream: `h += attention(norm(h))` in place. rope: (cos, sin)."""
         t, d = h.shape[0], self.head_dim
         qkv = self.qkv_proj.forward_normed(h, norm)  # (T, (Hq + 2 Hkv) D)
-        if self.qk_norm:
-            o = self.attn(*self._normed_rotated_qkv(qkv, rope))  # (T, Hq, D)
-        else:  # the attention backend may rotate q and k inside its kernel
-            cos, sin = rope
-            split = partial(
-                self.ops.rope_qkv, cos=cos, sin=sin, hq=self.num_heads, hkv=self.num_kv_heads, d=d
-            )
-            o = self.attn.forward_rope(qkv, rope, split)  # (T, Hq, D)
-        self.o_proj.forward_add_(o.reshape(t, self.num_heads * d), h)
-
-    def _normed_rotated_qkv(
-        self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Qwen3: per-head RMSNorm on q and k before RoPE -> q (T, Hq, D), k/v (T, Hkv, D), contiguous.
-        The norms go to `rope_qkv` with the rotation and the split (on CUDA one kernel does all of
-        it; torch's rotate-half and the norms were ~16 small kernels a layer)."""
+        # Qwen3: a per-head RMSNorm of q and k before RoPE. The attention backend may norm and rotate
+        # inside its own kernel (Triton's decode); else `rope_qkv` norms, rotates and splits in one
+        # (on CUDA one kernel; torch's rotate-half and the norms were ~16 small kernels a layer).
+        norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else None
         cos, sin = rope  # (T, 1, D/2) each
-        norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
-        return self.ops.rope_qkv(qkv, cos, sin, self.num_heads, self.num_kv_heads, self.head_dim, norms)
+        split = partial(
+            self.ops.rope_qkv, cos=cos, sin=sin, hq=self.num_heads, hkv=self.num_kv_heads, d=d, qk_norm=norms
+        )
+        o = self.attn.forward_rope(qkv, rope, split, norms)  # (T, Hq, D)
+        self.o_proj.forward_add_(o.reshape(t, self.num_heads * d), h)
 
 
 class MLP(nn.Module):

@@ -186,6 +186,22 @@ def _rotate(x1, x2, cos, sin, ROPE: tl.constexpr):
 
 
 @triton.jit
+def _head_rstd(x1, x2, eps, D: tl.constexpr):
+    """1 / RMS of each head given as two halves (the last axis), in float32: (BLOCK_H,) for (BLOCK_H,
+    BLOCK_HALF) halves, a scalar for (BLOCK_HALF,) ones; masked lanes loaded as 0."""
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    return tl.rsqrt((tl.sum(f1 * f1, -1) + tl.sum(f2 * f2, -1)) / D + eps)
+
+
+@triton.jit
+def _head_normed(x, rstd, W, offs, mask):
+    """Qwen3's per-head RMSNorm of one half x, rstd broadcast over it, W the half's weights: rounded as
+    `elementwise.rope_qkv` (and HF) round it, the normed x to x's dtype before the weight and after."""
+    w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
+    return (w * (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
 def _k_block(KCache, pt_row, n0, cached_end, kvh, offs_j, j_mask, stride_cs, stride_ch, D: tl.constexpr,
              PS: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     """Positions [n0, n0 + BLOCK_N) below cached_end: (pos, their mask, the mask of their pages, the
@@ -257,6 +273,8 @@ def _decode_kernel(
     NewSlots,  # HAS_NEW: (B,) int32 pool slot of the new token (< 0: write nothing)
     Cos,  # ROPE: (B, D/2) rows of stride_cs, the new token's angles; Q and KNew are not rotated yet
     Sin,
+    QW,  # QK_NORM: (D,) q's per-head RMSNorm weight, applied before the rotation (Qwen3)
+    KW,  # QK_NORM: (D,) k's
     KScale,  # QUANT: (HKV,) float32, the fp8 cache's scales
     VScale,
     Out,  # (B, HQ, D)
@@ -273,6 +291,7 @@ def _decode_kernel(
     stride_rope,
     stride_vp,  # V_T: V's stride between pages
     sm_scale,
+    eps,  # QK_NORM: the norms' epsilon
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     D: tl.constexpr,
@@ -283,6 +302,7 @@ def _decode_kernel(
     NUM_SPLITS: tl.constexpr,
     HAS_NEW: tl.constexpr,
     ROPE: tl.constexpr,
+    QK_NORM: tl.constexpr,
     QUANT: tl.constexpr,
     KV_F16: tl.constexpr,
     V_T: tl.constexpr,
@@ -352,20 +372,26 @@ def _decode_kernel(
     heads = kvh * GROUP + offs_h
     q_ptr = Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_j[None, :]
     q_mask = h_mask[:, None] & j_mask[None, :]
-    q1, q2 = _rotate(
-        tl.load(q_ptr, mask=q_mask, other=0.0),
-        tl.load(q_ptr + HALF, mask=q_mask, other=0.0),
-        cos[None, :],
-        sin[None, :],
-        ROPE,
-    )  # fmt: skip  (BLOCK_H, BLOCK_HALF) each
+    q1 = tl.load(q_ptr, mask=q_mask, other=0.0)  # (BLOCK_H, BLOCK_HALF) each
+    q2 = tl.load(q_ptr + HALF, mask=q_mask, other=0.0)
+    if QK_NORM:
+        rstd = _head_rstd(q1, q2, eps, D)[:, None]
+        q1, q2 = _head_normed(q1, rstd, QW, offs_j, j_mask), _head_normed(q2, rstd, QW + HALF, offs_j, j_mask)
+    q1, q2 = _rotate(q1, q2, cos[None, :], sin[None, :], ROPE)
     if KV_F16:
         q1, q2 = q1.to(tl.float16), q2.to(tl.float16)
 
     v_new = VNew + b.to(tl.int64) * stride_vn + kvh * D + offs_d  # (BLOCK_D,) pointers
     if HAS_NEW:
         k_new = KNew + b.to(tl.int64) * stride_kn + kvh * D + offs_j
-        kn1, kn2 = _rotate(tl.load(k_new, mask=j_mask), tl.load(k_new + HALF, mask=j_mask), cos, sin, ROPE)
+        kn1, kn2 = tl.load(k_new, mask=j_mask, other=0.0), tl.load(k_new + HALF, mask=j_mask, other=0.0)
+        if QK_NORM:
+            rstd_k = _head_rstd(kn1, kn2, eps, D)
+            kn1, kn2 = (
+                _head_normed(kn1, rstd_k, KW, offs_j, j_mask),
+                _head_normed(kn2, rstd_k, KW + HALF, offs_j, j_mask),
+            )
+        kn1, kn2 = _rotate(kn1, kn2, cos, sin, ROPE)
         if QUANT:  # as the pool will hold it
             kn1 = quantize_fp8(kn1, k_scale)
             kn2 = quantize_fp8(kn2, k_scale)
@@ -498,6 +524,7 @@ def decode_attention(
     launch: tuple[int, ...] | None = None,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     heads_first: bool | None = None,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
     """q (B, Hq, D) (unit stride in D, D even); k/v_cache (S, Hkv, D) contiguous; page_table (>= B, P)
     int32 (unit stride in P); seq_lens (B,) int32 (0: an empty row, output 0) -> (B, Hq, D) in q's dtype.
@@ -518,7 +545,10 @@ def decode_attention(
     scales: an fp8 cache's (k_scale, v_scale), each (Hkv,) float32.
     heads_first: the grid's order, for benchmarks (default MINISGL_DECODE_HEADS_FIRST, on): a
     request's KV heads are neighbouring programs, so the GPU starts them together (they read the same
-    token rows of the pool) and a batch ordered longest first starts its longest requests first."""
+    token rows of the pool) and a batch ordered longest first starts its longest requests first.
+    qk_norm: with rope, (q's weight (D,), k's weight (D,), eps): each q head and the new k heads
+    RMSNormed before the rotation (Qwen3), rounded as `elementwise.rope_qkv` rounds them; it takes the
+    one-head kernel (the packed one has no norm)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
     if hq % hkv or k_cache.shape[2] != d or d % 2 or q.stride(2) != 1 or page_table.stride(1) != 1:
@@ -540,6 +570,9 @@ def decode_attention(
             raise ValueError("decode_attention: rope needs new_kv (the new token's K to rotate)")
         k_new = v_new = q
         slots = seq_lens
+    if qk_norm is not None and rope is None:
+        raise ValueError("decode_attention: qk_norm comes with rope (the norms precede the rotation)")
+    qw, kw, eps = qk_norm if qk_norm is not None else (q, q, 0.0)
     if rope is None:
         cos = sin = q  # unused
     else:
@@ -557,7 +590,12 @@ def decode_attention(
     pdl = use_pdl(q)
     first = _HEADS_FIRST if heads_first is None else heads_first
     v_t = _v_layout(k_cache, v_cache, page_size)[0]
-    heads = launch[3] if launch and len(launch) > 3 else packed_heads(bsz, hkv, num_splits, quant, q.device)
+    if qk_norm is not None:
+        heads = 0
+    elif launch and len(launch) > 3:
+        heads = launch[3]
+    else:
+        heads = packed_heads(bsz, hkv, num_splits, quant, q.device)
     if launch and len(launch) > 4:
         maxnreg = launch[4]
     elif quant and num_splits == 1:
@@ -577,14 +615,14 @@ def decode_attention(
     block_s = triton.next_power_of_2(num_splits)
     block_g = min(triton.next_power_of_2(group), max(1, 8192 // (block_s * block_d)))  # <= 64 floats a thread
     _decode_kernel[(hkv, bsz, num_splits) if first else (bsz, hkv, num_splits)](
-        q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, cos, sin, k_scale, v_scale, out,
+        q, k_cache, v_cache, page_table, seq_lens, k_new, v_new, slots, cos, sin, qw, kw, k_scale, v_scale, out,
         partial, lse, done,
         q.stride(0), q.stride(1), k_new.stride(0), v_new.stride(0), k_cache.stride(0), k_cache.stride(1),
-        page_table.stride(0), cos.stride(0), v_cache.stride(0), sm_scale,
+        page_table.stride(0), cos.stride(0), v_cache.stride(0), sm_scale, eps,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d,
         BLOCK_HALF=max(16, triton.next_power_of_2(d // 2)), PS=page_size, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, ROPE=rope is not None, QUANT=quant,
-        KV_F16=_kv_f16(quant, q), V_T=v_t, IEEE=ieee, PDL=pdl,
+        NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, ROPE=rope is not None, QK_NORM=qk_norm is not None,
+        QUANT=quant, KV_F16=_kv_f16(quant, q), V_T=v_t, IEEE=ieee, PDL=pdl,
         PEEL=new_kv is not None and num_splits > 1 and _PREWAIT, BLOCK_G=block_g, BLOCK_S=block_s,
         HEADS_FIRST=first, LAZY=_LAZY, num_warps=warps, num_stages=stages, **options,
     )  # fmt: skip
