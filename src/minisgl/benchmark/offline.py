@@ -234,6 +234,12 @@ def _bench_one(
     output_len = output_lens[0]
     warm = [prompts[0][:8]]
     _time_minisgl(ms.llm, warm, [2])  # warm-up: first-call allocations of both engines
+    if device == "cuda" and len(prompts) > 1:
+        # Triton specializes kernels on their integer arguments (== 1, multiples of 16), so the
+        # prefill batches of a run compile variants the short warm-up above never saw: every prompt
+        # through prefill and one decode step first, untimed. (A first run of the 256-prompt workload
+        # spent about 3 s of its prefill compiling; with 8 prompts warmed up, about 2 s.)
+        _time_minisgl(ms.llm, prompts, [2] * len(prompts))
     if hf is not None:
         _time_hf(hf, warm, 2, ms.pad_id, device)
     best_m = best_h = cpu_m = cpu_h = float("inf")
