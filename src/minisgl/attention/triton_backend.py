@@ -103,23 +103,34 @@ class TritonAttentionBackend(AttentionBackend):
         starts = np.zeros(bsz + 1, dtype=np.int32)
         np.cumsum(lens, out=starts[1:])
         t = int(starts[-1])
-        # One host buffer, one copy: slots (T) | q starts (B + 1) | seq lens (B) | page table (B * P).
-        host = np.concatenate(
-            [
-                inp.out_slots.numpy().astype(np.int32),
-                starts,
-                np.asarray(inp.seq_lens, dtype=np.int32),
-                inp.page_rows.numpy().astype(np.int32, copy=False).reshape(-1),
-            ]
-        )
+        # One host buffer, one copy: slots (T) | q starts (B + 1) | seq lens (B) | page table (B, P).
+        # Triton compiles a kernel variant per pattern of its pointers' 16-byte alignment and of its
+        # integers being 1 or multiples of 16: each part starts 16 bytes aligned and the page table's
+        # rows are padded to a multiple of 16 pages (zeros, never read), so that every batch takes
+        # the same variants (else a new server compiled ~6 of the extend kernel on its first batches).
+        rows = inp.page_rows.numpy().astype(np.int32, copy=False)
+        p = -(-max(rows.shape[1], 1) // 16) * 16
+        table = np.zeros((bsz, p), dtype=np.int32)
+        table[:, : rows.shape[1]] = rows
+        parts = [
+            inp.out_slots.numpy().astype(np.int32),
+            starts,
+            np.asarray(inp.seq_lens, dtype=np.int32),
+            table,
+        ]
+        offsets = [0]
+        for part in parts:
+            offsets.append(offsets[-1] + -(-part.size // 4) * 4)  # int32s, to the next 16 bytes
+        host = np.zeros(offsets[-1], dtype=np.int32)
+        for part, o in zip(parts, offsets, strict=False):
+            host[o : o + part.size] = part.reshape(-1)
         src = torch.from_numpy(host)  # pinned, so that the copy never waits for the device
         dev = (src.pin_memory() if self.device.type == "cuda" else src).to(self.device, non_blocking=True)
-        p = inp.page_rows.shape[1]
         return _ExtendMeta(
-            out_slots=dev[:t],
-            q_starts=dev[t : t + bsz + 1],
-            seq_lens=dev[t + bsz + 1 : t + 2 * bsz + 1],
-            page_table=dev[t + 2 * bsz + 1 :].view(bsz, p),
+            out_slots=dev[offsets[0] : offsets[0] + t],
+            q_starts=dev[offsets[1] : offsets[1] + bsz + 1],
+            seq_lens=dev[offsets[2] : offsets[2] + bsz],
+            page_table=dev[offsets[3] : offsets[3] + bsz * p].view(bsz, p),
             max_extend=int(lens.max()),
         )
 
