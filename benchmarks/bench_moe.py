@@ -40,7 +40,7 @@ SWEEP_UP = [
     (16, 64, 128, 4, 3), (16, 32, 128, 4, 4), (16, 32, 256, 4, 3), (16, 16, 256, 4, 3), (16, 16, 512, 4, 2),
     (16, 32, 128, 4, 3), (16, 64, 256, 4, 3), (16, 32, 256, 8, 3), (16, 64, 128, 8, 4),
 ]  # fmt: skip
-# one token's row GEMVs (`gemv.experts`): (block_n, block_k, num_warps[, iters]) of gate/up, then of down (none
+# one token's row GEMVs (`moe.experts`): (block_n, block_k, num_warps[, iters]) of gate/up, then of down (none
 # spills in ptxas's report for sm_90, Triton 3.9: 96-207 registers a thread)
 SWEEP_ROWS_UP = [
     (4, 1024, 4), (2, 1024, 4), (2, 2048, 4), (1, 2048, 4), (4, 2048, 8), (4, 1024, 4, 2), (2, 1024, 4, 4),
@@ -222,7 +222,7 @@ def one_token(x: torch.Tensor, k: int, each: Callable, ops: object, sweep: bool)
     """One token: the op by MINISGL_MOE_B1 / MINISGL_MOE_B1_ROUTE (the grouped GEMMs; the row GEMVs
     routed by the router's last program; routed inside gate/up's programs), the row GEMVs alone, and
     with `sweep` their launch shapes (each half with the other's default)."""
-    from minisgl.kernels.triton.gemv.experts import ExpertRowConfig, experts_one_token
+    from minisgl.kernels.triton.moe.experts import ExpertRowConfig, experts_one_token
 
     def op(env: dict[str, str]) -> Callable:
         return each(lambda r, w13, w2, *_: with_env(env, lambda: ops.moe(x, r, w13, w2, k, True)))  # type: ignore[attr-defined]

@@ -170,7 +170,7 @@ for step in $steps; do
             --cuda-graph-max-bs 8 2>&1 | grep -E "^(---|minisgl|  prefill|  decode|  roofline)" | tee -a "$OUT/qknorm_bs1.log"
         done
       done ;;
-    moeb1)  # issue 26 at batch 1: one token's experts as row GEMVs (kernels/triton/gemv/experts.py) and one bf16 row
+    moeb1)  # issue 26 at batch 1: one token's experts as row GEMVs (kernels/triton/moe/experts.py) and one bf16 row
       # of qkv / o in the row GEMV (MINISGL_BF16_ROW). Their tests and the MoE tests (compiled); the MoE op's
       # one-token variants with the row GEMVs' launch shapes; qkv / o before and after; then decode at batch 1
       # with the defaults (row experts off since the 2026-12-03 run) and variants (MOEB1_VARIANTS, ';'-separated env settings; "-" = the defaults),

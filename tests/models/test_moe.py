@@ -515,11 +515,11 @@ ROW_CASES = [  # (tokens, hidden, experts, intermediate, top-k), routing, gate/u
 def test_triton_experts_one_token_match_the_reference(
     shape: tuple[int, ...], case: str, up: tuple[int, ...] | None, down: tuple[int, ...] | None
 ) -> None:
-    """One token's experts as row GEMVs (`gemv.experts`): gate/up a block of rows of one expert a
+    """One token's experts as row GEMVs (`moe.experts`): gate/up a block of rows of one expert a
     program, down all K experts' rows a program with the k-sum in its registers; blocks of rows past
     the end, K in one step or several (not a power of two), the weights renormalized or not, with and
     without the residual, against float64; on the GPU the same bits on a second call (no atomics)."""
-    from minisgl.kernels.triton.gemv.experts import ExpertRowConfig, experts_one_token
+    from minisgl.kernels.triton.moe.experts import ExpertRowConfig, experts_one_token
 
     up_cfg = ExpertRowConfig(*up) if up else None
     down_cfg = ExpertRowConfig(*down) if down else None
@@ -548,8 +548,8 @@ def test_one_token_routes_in_gate_up_as_the_router_tail(
     (integer x and router) to the lower index; the op's output (row GEMVs, routed either way) that of
     the reference on that routing and of the grouped GEMMs (MINISGL_MOE_B1=0); with the RMSNorm in
     the router's launch, the same routing and output as the grouped path's."""
-    from minisgl.kernels.triton.gemv.experts import RouterPartials, experts_one_token
-    from minisgl.kernels.triton.moe import _router_launch, route_and_align, routed_moe_from_router
+    from minisgl.kernels.triton.moe.experts import RouterPartials, experts_one_token
+    from minisgl.kernels.triton.moe.fused import _router_launch, route_and_align, routed_moe_from_router
 
     i = 16
     gen = torch.Generator().manual_seed(e * h + k)
@@ -592,7 +592,7 @@ def test_one_token_routes_in_gate_up_as_the_router_tail(
 def test_route_topk_takes_the_lower_index_on_ties(t: int, e: int, k: int) -> None:
     """The routing kernel: softmax, top-k and renormalization, exactly tied probabilities (equal
     logits, a row all equal) taken in the order of a stable descending sort (lower index first)."""
-    from minisgl.kernels.triton.moe_route import route_topk
+    from minisgl.kernels.triton.moe.route import route_topk
 
     gen = torch.Generator().manual_seed(t * e + k)
     logits = torch.randn(t, e, generator=gen)

@@ -146,13 +146,13 @@ def _reference_experts(
 def test_one_token_rows_match_the_grouped_gemms(
     layer: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One token's experts as row GEMVs (`gemv.experts`) at real layer shapes in bf16: close to the
+    """One token's experts as row GEMVs (`moe.experts`) at real layer shapes in bf16: close to the
     reference and to the grouped GEMMs, the same bits on a second call. Then the op with the RMSNorm
     in the router's launch, three ways (grouped GEMMs; row GEMVs routed by the router's last program;
     row GEMVs routed inside gate/up's programs): the same experts chosen, outputs within bf16 rounding
     of the grouped path's, and a CUDA graph's replay the eager call's bits."""
-    from minisgl.kernels.triton.gemv.experts import experts_one_token
     from minisgl.kernels.triton.moe import fused_moe, routed_moe_from_router
+    from minisgl.kernels.triton.moe.experts import experts_one_token
 
     h, e, i, k = layer
     for case in ("random", "one-hot"):

@@ -33,8 +33,7 @@ import triton
 from minisgl.kernels.triton import elementwise as tk
 from minisgl.kernels.triton import fp8 as tf8
 from minisgl.kernels.triton.gemv import GemvConfig, RowGemvConfig, gemv, gemv_fp8, gemv_fp8_rows
-from minisgl.kernels.triton.moe import ROUTE_IN_ALIGN, routed_moe, routed_moe_from_router
-from minisgl.kernels.triton.moe_route import route_topk
+from minisgl.kernels.triton.moe import ROUTE_IN_ALIGN, route_topk, routed_moe, routed_moe_from_router
 from minisgl.quant import QuantizedWeight
 
 from .fp8 import Fp8Weight, Weight

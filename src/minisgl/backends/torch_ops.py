@@ -140,7 +140,7 @@ class TorchOps:
         """x (T, H), router (E, H) -> each token's top-k experts: weights (T, K) float32 and ids
         (T, K) int64, as transformers routes: logits in x's dtype, a float32 softmax over all E,
         torch.topk (whose choice among exactly tied probabilities the CUDA backend does not copy:
-        it takes the lower expert index, `kernels.triton.moe_route`), with `renormalize` the k
+        it takes the lower expert index, `kernels.triton.moe.route`), with `renormalize` the k
         weights divided by their sum."""
         probs = torch.softmax(F.linear(x, router), dim=-1, dtype=torch.float32)  # (T, E)
         weights, ids = torch.topk(probs, top_k, dim=-1)  # (T, K) each

@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..moe_route import topk_tile
 from ..pdl import pdl_enter, pdl_launch, use_pdl
+from .route import topk_tile
 
 VEC = tl.constexpr(8)  # 16 bytes of 16-bit weights a thread loads at once
 

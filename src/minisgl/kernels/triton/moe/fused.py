@@ -6,7 +6,7 @@
    expert (`block_expert`); `total` is the padded length. Within an expert the pairs land in any
    order (atomics): rows of a tile never mix, so the results do not depend on it. For a decode
    batch (`ROUTE_IN_ALIGN` tokens at most) the same program routes first: softmax and top-k of each
-   token's router logits (`moe_route`), so routing and alignment are one launch. From the router's
+   token's router logits (`moe.route`), so routing and alignment are one launch. From the router's
    weight instead of its logits (`route_and_align`, what the CUDA backend calls at decode sizes),
    `_router_kernel` computes the logits too: its programs split the experts and H, and the last one
    to finish sums the slices, routes and aligns, so the router is one launch where it was two.
@@ -24,7 +24,7 @@ Hopper they launch with programmatic dependent launch (`pdl`), as the decode ste
 A program per pair instead of 16-row tiles at decode sizes (no sort) was tried and was slower than
 the grouped GEMMs at every size measured (docs/benchmarks.md, "Mixtures of experts"), so from two
 tokens on every size takes the grouped GEMMs. One token (batch-1 decode, `routed_moe_from_router`)
-takes two row GEMVs on the CUDA cores instead (`gemv.experts`: no padding to 16-row tiles, the k-sum
+takes two row GEMVs on the CUDA cores instead (`moe.experts`: no padding to 16-row tiles, the k-sum
 in the down kernel's registers), routed inside gate/up's programs from the router's partial logits
 (the router's launch then has no serial tail); MINISGL_MOE_B1=0 / MINISGL_MOE_B1_ROUTE=0 turn these off.
 """
@@ -37,9 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv import experts
-from .moe_route import route_topk, topk_rows, topk_tile
-from .pdl import pdl_enter, pdl_launch, use_pdl
+from ..pdl import pdl_enter, pdl_launch, use_pdl
+from . import experts
+from .route import route_topk, topk_rows, topk_tile
 
 
 @dataclass(frozen=True)
@@ -490,7 +490,7 @@ def align_pairs(
     """ids (P,) each pair's expert -> (sorted_ids (max_padded,) int32 with P as padding,
     block_expert (max_blocks,) int32, total (1,) int32), all computed on the device. route: (router
     logits (T, E), weights (P,) float32, renormalize): ids (int64) and weights are written first,
-    the tokens' top-k (`moe_route`'s rule)."""
+    the tokens' top-k (`moe.route`'s rule)."""
     p = ids.shape[0]
     bufs, consts = _align_buffers(p, num_experts, block_m, ids.device)
     logits, weights, renormalize = route if route is not None else (ids, ids, False)
@@ -516,7 +516,7 @@ def route_and_align(
     """A decode batch's router in one launch (`_router_kernel`): x (T, H) with T <= ROUTE_IN_ALIGN,
     router (E, H) in x's dtype -> (weights (T, K) float32, ids (T, K) int64, the aligned pairs as
     `align_pairs` gives them). The logits are x @ router^T rounded to x's dtype (what `linear`
-    gives), routed by `moe_route`'s rule. norm (weight (H,), eps, out (T, H) contiguous): x is the
+    gives), routed by `moe.route`'s rule. norm (weight (H,), eps, out (T, H) contiguous): x is the
     residual stream, the router reads rmsnorm(x) * weight (the RMSNorm kernel's bits), written to out."""
     weights, ids, aligned, _ = _router_launch(x, router, top_k, renormalize, block_m, norm, True)
     return weights, ids, aligned
@@ -533,7 +533,7 @@ def _router_launch(
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """`route_and_align`, and the partial logits (splits, BLOCK_T, E_ROUTE) float32. Without the
     tail, only the partial logits (and the normed x) are written: weights, ids and the aligned pairs
-    are left for the experts' kernel to fill (`gemv.experts`, one token)."""
+    are left for the experts' kernel to fill (`moe.experts`, one token)."""
     t, h = x.shape
     e = router.shape[0]
     if not 0 < t <= ROUTE_IN_ALIGN or router.shape[1] != h or x.stride(1) != 1 or router.stride(1) != 1:
@@ -579,7 +579,7 @@ def routed_moe(
     renormalize: bool,
     residual: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`fused_moe` from the router's logits (T, E): routed (`moe_route`'s rule) inside the alignment
+    """`fused_moe` from the router's logits (T, E): routed (`moe.route`'s rule) inside the alignment
     for up to ROUTE_IN_ALIGN tokens, by `route_topk` for more -> (the output, ids (T, K))."""
     t = x.shape[0]
     if t > ROUTE_IN_ALIGN or t == 0:
@@ -606,7 +606,7 @@ def routed_moe_from_router(
     in x's dtype: the logits, the routing and the alignment in one launch (`route_and_align`), then
     the two grouped GEMMs -> (the output, ids (T, K)). norm (weight (H,), eps): x is the residual
     stream and the experts' input is its RMSNorm, computed in the router's launch. One token
-    (MINISGL_MOE_B1, default on): the experts as row GEMVs (`gemv.experts`), routed inside gate/up's
+    (MINISGL_MOE_B1, default on): the experts as row GEMVs (`moe.experts`), routed inside gate/up's
     programs (MINISGL_MOE_B1_ROUTE, default on) or by the router's last program."""
     cfg = moe_config(x.shape[0] * top_k, x.dtype)
     normed = (
