@@ -47,11 +47,12 @@ _PATHS = ["kernel", "matmul", "copy", "gather", "triton"]
 
 
 def _chunk_cases() -> list:
-    """Every (chunks, path); Triton's interpreter takes 6-11 s a case on a 2-core CPU, so only the
-    first chunking runs it in `make test`, the other two under `make test-slow`."""
+    """Every (chunks, path); Triton's interpreter takes 6-11 s a case on a 2-core CPU, so on the CPU
+    its chunkings run under `make test-slow` (`make test` checks the Triton backend over cached
+    prefixes through the engine: tests/engine/test_engine_backends.py)."""
     slow = [] if torch.cuda.is_available() else [pytest.mark.slow]
     return [
-        pytest.param(c, p, id=f"chunks{i}-{p}", marks=slow if p == "triton" and i > 0 else [])
+        pytest.param(c, p, id=f"chunks{i}-{p}", marks=slow if p == "triton" else [])
         for i, c in enumerate(_CHUNKS)
         for p in _PATHS
     ]

@@ -48,11 +48,14 @@ def _dense_attention(
 
 
 DECODE_SHAPES = [(8, 2, 64, 16), (9, 3, 64, 4), (4, 4, 128, 1), (6, 1, 40, 8)]  # hq, hkv, d, page size
+_CPU_SLOW = [] if DEV == "cuda" else [pytest.mark.slow]  # 6-10 s a case in the interpreter: `make test-slow`
 DECODE_CASES = [
     *[(*shape, splits) for splits in (1, 3) for shape in DECODE_SHAPES],
-    (*DECODE_SHAPES[0], 16),  # more splits than its rows have pages
-    # the rest at 16 splits are slow under the interpreter: `make test-slow`
-    *[pytest.param(*shape, 16, marks=pytest.mark.slow) for shape in DECODE_SHAPES[1:]],
+    # 16 splits (the first: more splits than its rows have pages) on the GPU, or under `make test-slow`
+    *[
+        pytest.param(*shape, 16, marks=_CPU_SLOW if i == 0 else pytest.mark.slow)
+        for i, shape in enumerate(DECODE_SHAPES)
+    ],
 ]
 
 
@@ -133,7 +136,7 @@ def test_decode_attention_stores_and_uses_the_new_tokens(dtype: torch.dtype, spl
         (9, 3, 40, 4, False),
         (4, 1, 128, 2, False),
         (8, 2, 64, 3, True),
-        (4, 1, 128, 1, True),
+        pytest.param(4, 1, 128, 1, True, marks=_CPU_SLOW),
     ],
 )
 def test_decode_attention_rotates_q_and_the_new_k(
