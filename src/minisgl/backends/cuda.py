@@ -139,7 +139,8 @@ def bf16_row_config(x: torch.Tensor, weight: object) -> RowGemvConfig | None:
         return None
     if (override := _fp8_row_overrides().get(f"{n}x{k}b")) is not None:
         return override
-    kp = triton.next_power_of_2(k)  # qkv 6.3 us, o 6.4 us on an H200 (bench_bf16_rows.py, Qwen3-30B-A3B shapes)
+    # qkv 6.3 us, o 6.4 us on an H200 (bench_bf16_rows.py, Qwen3-30B-A3B shapes)
+    kp = triton.next_power_of_2(k)
     return RowGemvConfig(2, kp, 8, 4, True) if n > k else RowGemvConfig(2, kp, 4, 4, True)
 
 
