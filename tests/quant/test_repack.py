@@ -28,7 +28,7 @@ REPACK_ISAS = [isa for isa in RUNNABLE_ISAS if load_quant(isa) and load_quant(is
 KS = [32, 64, 96, 224, 256, 576, 608, 1056]
 # builds whose prefill passes over repacked rows run the decode kernel (cpu_quant.c, RP_PREFILL: no
 # AMX there, and the generic tiles were slower); the others put the row back in order first
-PREFILL_BY_DECODE_KERNEL = {"avx2"}
+PREFILL_BY_DECODE_KERNEL = {"avx2", "avx512"}
 
 pytestmark = [
     pytest.mark.skipif(not quant_available("portable"), reason="no C compiler for the kernels"),
@@ -61,8 +61,8 @@ def repacked(k: int, seed: int = 0) -> tuple[QuantizedWeight, QuantizedWeight, t
 @pytest.mark.parametrize("k", KS, ids=lambda k: f"K{k}")
 def test_repacked_rows_read_back_as_the_files(k: int) -> None:
     """Every build's embedding lookup reads the repacked rows as the file's (bitwise), and the prefill
-    passes (the AMX build's decode a repacked row's full sub-groups from their lanes, the AVX-512 and
-    portable ones put the row back in order) give the file's results bitwise; the AVX2 build's are its
+    passes (the AMX build's decode a repacked row's full sub-groups from their lanes, the portable one
+    puts the row back in order) give the file's results bitwise; the AVX2 and AVX-512 builds' are their
     decode passes (bitwise; matched to numpy below)."""
     plain, packed, ref = repacked(k, seed=k)
     ids = torch.arange(ref.shape[0])

@@ -24,9 +24,10 @@ Hopper they launch with programmatic dependent launch (`pdl`), as the decode ste
 A program per pair instead of 16-row tiles at decode sizes (no sort) was tried and was slower than
 the grouped GEMMs at every size measured (docs/benchmarks.md, "Mixtures of experts"), so from two
 tokens on every size takes the grouped GEMMs. One token (batch-1 decode, `routed_moe_from_router`)
-takes two row GEMVs on the CUDA cores instead (`moe.experts`: no padding to 16-row tiles, the k-sum
-in the down kernel's registers), routed inside gate/up's programs from the router's partial logits
-(the router's launch then has no serial tail); MINISGL_MOE_B1=0 / MINISGL_MOE_B1_ROUTE=0 turn these off.
+can take two row GEMVs on the CUDA cores instead (`moe.experts`: no padding to 16-row tiles, the k-sum
+in the down kernel's registers), routed inside gate/up's programs from the router's partial logits:
+MINISGL_MOE_B1=1 (opt-in; on an H200 they lost to the grouped GEMMs, 3.46 against 3.09 ms a step),
+MINISGL_MOE_B1_ROUTE=0 to route them in the router's last program instead.
 """
 
 from __future__ import annotations
@@ -605,8 +606,8 @@ def routed_moe_from_router(
     """`routed_moe` for a decode batch (1 to ROUTE_IN_ALIGN tokens) from the router's weight (E, H)
     in x's dtype: the logits, the routing and the alignment in one launch (`route_and_align`), then
     the two grouped GEMMs -> (the output, ids (T, K)). norm (weight (H,), eps): x is the residual
-    stream and the experts' input is its RMSNorm, computed in the router's launch. One token
-    (MINISGL_MOE_B1, default on): the experts as row GEMVs (`moe.experts`), routed inside gate/up's
+    stream and the experts' input is its RMSNorm, computed in the router's launch. One token with
+    MINISGL_MOE_B1=1 (default off): the experts as row GEMVs (`moe.experts`), routed inside gate/up's
     programs (MINISGL_MOE_B1_ROUTE, default on) or by the router's last program."""
     cfg = moe_config(x.shape[0] * top_k, x.dtype)
     normed = (
