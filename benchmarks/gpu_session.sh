@@ -5,6 +5,8 @@
 #     [fp8tests] [fp8linear] [fp8attn] [fp8bench] [fp8workload] [fp8acc] [fp8prof] [moetests] [moe1] [moeb1] [moewl]
 #     [fp8tests] [fp8linear] [fp8attn] [fp8attn2] [fp8wl2] [fp8attn2x] [fp8bench] [fp8workload] [fp8acc] [fp8trained] [fp8prof] [moetests] [moe1] [moewl] [qknorm]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
+# The structured-output tests need llguidance, which ../shared/device/stage.sh does not stage:
+#   .venv/bin/pip download llguidance --python-version 3.12 --only-binary :all: --no-deps -d .whl
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
@@ -141,7 +143,8 @@ for step in $steps; do
         --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 1 --kv-cache-memory 16 2>&1 \
         | grep -v "it/s\]" | tail -16 | tee -a "$OUT/moe_bench.log" ;;
     moetests)  # the MoE GPU tests, the Triton kernels' tests (compiled), the dense models against transformers
-      timeout 360 python3 -m pytest -q -s -p no:cacheprovider ${MOE_TESTS:-tests/models/test_moe_gpu.py tests/kernels/test_triton_kernels.py \
+      # (about 8 minutes on a fresh machine: 360 s cut it short twice on 2026-12-04)
+      timeout 560 python3 -m pytest -q -s -p no:cacheprovider ${MOE_TESTS:-tests/models/test_moe_gpu.py tests/kernels/test_triton_kernels.py \
         tests/models/test_models_gpu.py tests/models/test_moe.py} -k "${MOE_K:-not llm_tp2 and not gguf and not two_ranks and not cpu_kernel}" 2>&1 \
         | tee "$OUT/moe_tests.log" | tail -40 ;;
     moe1)  # issue 26 at batch 1 (Qwen3-30B-A3B shapes): the MoE op against the path it replaced and the
