@@ -143,7 +143,7 @@ for step in $steps; do
         --min-input-len 256 --max-input-len 256 --output-len 256 --repeats 1 --kv-cache-memory 16 2>&1 \
         | grep -v "it/s\]" | tail -16 | tee -a "$OUT/moe_bench.log" ;;
     moetests)  # the MoE GPU tests, the Triton kernels' tests (compiled), the dense models against transformers
-      # (about 8 minutes on a fresh machine: 360 s cut it short twice on 2026-12-04)
+      # (360 s cut it short on a fresh machine on 2026-12-04, after about 130 results)
       timeout 560 python3 -m pytest -q -s -p no:cacheprovider ${MOE_TESTS:-tests/models/test_moe_gpu.py tests/kernels/test_triton_kernels.py \
         tests/models/test_models_gpu.py tests/models/test_moe.py} -k "${MOE_K:-not llm_tp2 and not gguf and not two_ranks and not cpu_kernel}" 2>&1 \
         | tee "$OUT/moe_tests.log" | tail -40 ;;
