@@ -3,7 +3,7 @@
 # Run from the project root on the device machine (logs under $OUT):
 #   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [gemv] [pprof] [wprof] [bs256] [serve] [tp] [dp] [moe] [moe-tp]
 #     [fp8tests] [fp8linear] [fp8attn] [fp8bench] [fp8workload] [fp8acc] [fp8prof] [moetests] [moe1] [moeb1] [moewl]
-#     [fp8tests] [fp8linear] [fp8attn] [fp8attn2] [fp8wl2] [fp8attn2x] [fp8bench] [fp8workload] [fp8acc] [fp8trained] [fp8prof] [moetests] [moe1] [moewl] [qknorm]
+#     [fp8tests] [fp8linear] [fp8attn] [fp8attn2] [fp8wl2] [fp8attn2x] [fp8bench] [fp8workload] [fp8acc] [fp8trained] [fp8prof] [moetests] [moe1] [moewl] [qknorm] [wltrace] [skinny]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 # The structured-output tests need llguidance, which ../shared/device/stage.sh does not stage:
 #   .venv/bin/pip download llguidance --python-version 3.12 --only-binary :all: --no-deps -d .whl
@@ -277,6 +277,17 @@ for step in $steps; do
           --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats ${FP8_WL_REPEATS:-2} $flags 2>&1 \
           | grep -E "^(---|model|minisgl|  prefill|  decode|  roofline)" | tee -a "$OUT/fp8workload.log"
       done ;;
+    skinny)  # the fp8 decode-batch matmul: its tests, then its launch shapes swept against cuBLASLt (SKINNY_ROWS)
+      timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fp8_kernels.py -k "skinny or scaled_mm or norm_and_silu" 2>&1 \
+        | tail -5 | tee "$OUT/skinny.log"
+      timeout "${SKINNY_TIMEOUT:-400}" python3 benchmarks/bench_fp8_skinny.py --rows "${SKINNY_ROWS:-32,64,128,192,256}" \
+        ${SKINNY_ARGS:---sweep} --json "$OUT/skinny_best.json" 2>&1 | grep -v "^\s*$" | tee -a "$OUT/skinny.log" ;;
+    wltrace)  # the throughput workload step by step (TRACE_FLAGS, e.g. "--quantization fp8 --kv-cache-dtype fp8_e4m3"), then its kernels with PDL off
+      timeout "${TRACE_TIMEOUT:-240}" python3 benchmarks/trace_workload.py --model-config llama3-8b ${TRACE_FLAGS:-} 2>&1 \
+        | grep -v "^[0-9:]* I \[" | tail -30 | tee -a "$OUT/wltrace.log"
+      MINISGL_PDL=0 timeout "${TRACE_TIMEOUT:-240}" python3 benchmarks/trace_workload.py --model-config llama3-8b ${TRACE_FLAGS:-} \
+        --no-warmup --repeats 0 --kernel-windows "${TRACE_WINDOWS:-256,128,32}" 2>&1 | grep -v "^[0-9:]* I \[" | tail -200 \
+        | tee -a "$OUT/wltrace.log" ;;
     fp8acc)  # fp8 (weights + KV) and float32 (the control) against bf16 by teacher forcing, 8B shapes, 64 prompts
       timeout 200 python3 benchmarks/bench_fp8_accuracy.py --model-config llama3-8b --compare ${FP8_ACC_COMPARE:-fp8,fp32} \
         --weight-scales ${FP8_ACC_SCALES:-1,0.5} 2>&1 | grep -v "^[0-9:]* I \[" | grep -v "^\[transformers\]" | tee -a "$OUT/fp8acc.log" ;;

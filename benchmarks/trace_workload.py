@@ -16,7 +16,7 @@ kernels of `--window-steps` decode steps are profiled when the batch first has a
 (and of 2 prefill steps): run it with MINISGL_PDL=0 so that a kernel's time excludes PDL's wait.
 
     python benchmarks/trace_workload.py --model-config llama3-8b [--variants order=uid order=longest]
-        [--repeats 2] [--kernel-windows 192,96] [--out DIR]
+        [--repeats 2] [--kernel-windows 192,96] [--out DIR] [--quantization fp8 --kv-cache-dtype fp8_e4m3]
 """
 
 from __future__ import annotations
@@ -194,12 +194,20 @@ def main() -> None:
     ap.add_argument("--window-steps", type=int, default=4)
     ap.add_argument("--no-warmup", action="store_true", help="no first run (kernel windows only)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--quantization", default=None, help="e.g. fp8 (as `minisgl bench offline`)")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="auto or fp8_e4m3")
     ns = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         from minisgl.benchmark.presets import preset_config, write_model_dir
 
         model_dir = write_model_dir(preset_config(ns.model_config), Path(tmp) / "m")
-        llm = LLM(str(model_dir), device="cuda", dummy_weights=True)
+        llm = LLM(
+            str(model_dir),
+            device="cuda",
+            dummy_weights=True,
+            quantization=ns.quantization,
+            kv_cache_dtype=ns.kv_cache_dtype,
+        )
         bw = copy_bandwidth("cuda")
         engine = llm.engine
         weights = WeightCounts.of(engine.model)

@@ -252,6 +252,97 @@ def test_scaled_mm_matches_the_product_of_its_fp8_operands(fast: bool) -> None:
     assert out.shape == (m, n) and _rel(out, ref) < 1e-2
 
 
+def _skinny_case(m: int, n: int, k: int, seed: int):
+    """fp8 x (M, K) with per-row scales, an fp8 weight (N, K) per channel, the float64 product."""
+    from minisgl.kernels.triton.fp8 import quant_rows
+
+    gen = torch.Generator().manual_seed(seed)
+    q, s = quantize_fp8(torch.randn(n, k, generator=gen) * k**-0.5, None)
+    xq, xs = quant_rows(torch.randn(m, k, generator=gen).bfloat16().to(DEV))
+    ref = (xq.double() * xs.double()) @ (q.double() * s.double()[:, None]).T.to(DEV)
+    return xq, xs, q.to(DEV), s.to(DEV), ref
+
+
+@pytest.mark.parametrize("swap", [False, True])
+@pytest.mark.parametrize("split", [1, 2, 4])
+@pytest.mark.parametrize(("m", "residual"), [(5, False), (40, True), (70, False)])
+def test_skinny_fp8_matmul_matches_the_product_of_its_fp8_operands(
+    swap: bool, split: int, m: int, residual: bool
+) -> None:
+    """The decode-batch fp8 matmul (`fp8_skinny`) in both dot orders, with split-K summed by the last
+    program of each tile, rows past the end of x, a bias, and the residual add in place: against the
+    float64 product of its fp8 operands; the split counters are left at zero and a second call gives
+    the same bits."""
+    from minisgl.kernels.triton.counters import zeroed_counters
+    from minisgl.kernels.triton.fp8_skinny import SkinnyConfig, skinny_fp8_matmul
+
+    n, k = (96, 256) if DEV == "cpu" else (384, 2048)
+    cfg = SkinnyConfig(16 if DEV == "cpu" else 64, 32 if swap or DEV == "cuda" else 16,
+                       32 if DEV == "cpu" else 128, split, 4, 3, swap)  # fmt: skip
+    xq, xs, q, s, ref = _skinny_case(m, n, k, m + split)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(1)).to(DEV)
+    out_dtype = torch.float32 if DEV == "cpu" else torch.bfloat16
+    res = (
+        torch.randn(m, n, generator=torch.Generator().manual_seed(2)).to(DEV, out_dtype) if residual else None
+    )
+    base = None if res is None else res.double().clone()
+    out = skinny_fp8_matmul(xq, xs, q, s, None if residual else bias, out_dtype, cfg, res)
+    want = ref + (base if residual else bias.double())
+    assert out.shape == (m, n) and (out is res if residual else True)
+    assert _rel(out, want) < (1e-6 if DEV == "cpu" else 1e-2)
+    assert not zeroed_counters(256, xq.device, "fp8_skinny").any()
+    again = skinny_fp8_matmul(xq, xs, q, s, bias, out_dtype, cfg)
+    if not residual:
+        assert torch.equal(again, out)
+
+
+def test_skinny_fp8_matmul_refuses_shapes_it_cannot_take() -> None:
+    from minisgl.kernels.triton.fp8_skinny import SkinnyConfig, skinny_fp8_matmul
+
+    xq, xs, q, s, _ = _skinny_case(8, 48, 64, 0)
+    with pytest.raises(ValueError, match="skinny_fp8_matmul"):  # 48 rows of W: not whole 32-row tiles
+        skinny_fp8_matmul(xq, xs, q, s, None, torch.float32, SkinnyConfig(16, 32, 32, 1))
+    with pytest.raises(ValueError, match="skinny_fp8_matmul"):  # K = 64 in 3 splits of 32 columns
+        skinny_fp8_matmul(xq, xs, q, s, None, torch.float32, SkinnyConfig(16, 16, 32, 3))
+
+
+def test_cuda_ops_take_the_skinny_fp8_matmul_between_the_gemv_and_prefill_sizes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`skinny_config`: more rows than the GEMV's 16 up to SKINNY_MAX_ROWS, shapes it fits, not with
+    MINISGL_FP8_SKINNY=0. Through the CUDA ops, o (residual added in place) and down (after SiLU x up)
+    equal cuBLASLt's matmul followed by the add (on a CPU: torch's `_scaled_mm`)."""
+    import minisgl.backends.cuda as cuda_ops
+    from minisgl.backends.fp8 import Fp8Weight
+
+    assert cuda_ops.skinny_config(16, 4096, 4096) is None and cuda_ops.skinny_config(257, 4096, 4096) is None
+    for m in (17, 64, 128, 256):
+        for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
+            assert cuda_ops.skinny_config(m, n, k) is not None
+    assert cuda_ops.skinny_config(40, 4096 + 16, 4096) is None  # N not whole tiles: cuBLASLt
+    gen = torch.Generator().manual_seed(3)
+    m, hidden, inter = 40, 256, 256
+    weights = {}
+    for name, (n, k) in {"o": (hidden, hidden), "down": (hidden, inter)}.items():
+        q, s = quantize_fp8(torch.randn(n, k, generator=gen) * k**-0.5, None)
+        weights[name] = Fp8Weight(q.to(DEV), s.to(DEV), None)
+    x = torch.randn(m, hidden, generator=gen).bfloat16().to(DEV)
+    gu = torch.randn(m, 2 * inter, generator=gen).bfloat16().to(DEV)
+    res0 = torch.randn(m, hidden, generator=gen).bfloat16().to(DEV)
+    outs = []
+    for on in (True, False):
+        monkeypatch.setattr(cuda_ops, "SKINNY", on)
+        assert (cuda_ops.skinny_config(m, hidden, hidden) is not None) is on
+        assert (cuda_ops.skinny_config(m, hidden, inter) is not None) is on
+        ops = cuda_ops.CudaOps()
+        r_o, r_down = res0.clone(), res0.clone()
+        assert ops.linear_add_(x, weights["o"], None, r_o) is r_o
+        assert ops.linear_add_(gu, weights["down"], None, r_down, gated=True) is r_down
+        outs.append((r_o, r_down))
+    for new, old in zip(outs[0], outs[1], strict=True):
+        assert _rel(new - res0, old - res0) < 2e-2  # each rounded to bf16 once, from float32 sums
+
+
 @pytest.mark.parametrize(("m", "n", "k"), [(3, 64, 96), (70, 96, 64)])
 def test_block_matmul_matches_the_dequantized_operands(m: int, n: int, k: int) -> None:
     from minisgl.kernels.triton.fp8 import block_matmul, quant_rows

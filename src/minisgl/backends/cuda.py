@@ -32,6 +32,7 @@ import triton
 
 from minisgl.kernels.triton import elementwise as tk
 from minisgl.kernels.triton import fp8 as tf8
+from minisgl.kernels.triton.fp8_skinny import SkinnyConfig, skinny_fp8_matmul
 from minisgl.kernels.triton.gemv import GemvConfig, RowGemvConfig, gemv, gemv_fp8, gemv_fp8_rows
 from minisgl.kernels.triton.moe import ROUTE_IN_ALIGN, route_topk, routed_moe, routed_moe_from_router
 from minisgl.quant import QuantizedWeight
@@ -180,9 +181,40 @@ def scaled_mm(xq: torch.Tensor, xs: torch.Tensor, weight: Fp8Weight, bias: torch
     )  # fmt: skip
 
 
-def fp8_matmul(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor | None:
+# fp8 W8A8 matmuls of decode batches (more rows than the GEMV takes, up to SKINNY_MAX_ROWS) in
+# minisgl's Triton kernel (`kernels.triton.fp8_skinny`) instead of cuBLASLt, whose 128 x 128 tiles
+# leave SMs idle on o and down. MINISGL_FP8_SKINNY=0: cuBLASLt at every size (A/B).
+SKINNY = os.environ.get("MINISGL_FP8_SKINNY", "1") not in ("", "0")
+SKINNY_MAX_ROWS = 256
+
+
+def skinny_config(m: int, n: int, k: int) -> SkinnyConfig | None:
+    """The skinny fp8 matmul's launch shape for an (m, k) @ (n, k)^T, or None where cuBLASLt takes it."""
+    if not SKINNY or not GEMV_MAX_ROWS < m <= SKINNY_MAX_ROWS:
+        return None
+    bm = 64 if m <= 64 else 128
+    split = 1 if n >= 16384 else (4 if k >= 8192 else 2)
+    cfg = SkinnyConfig(bm, 64, 128, split, 4 if bm == 64 else 8, 4, False)
+    return cfg if cfg.fits(m, n, k) else None
+
+
+def fp8_mm(xq: torch.Tensor, xs: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
+           out_dtype: torch.dtype, residual: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """`scaled_mm` (+ `residual` in place) through the skinny kernel where `skinny_config` gives a shape."""
+    n, k = weight.shape
+    cfg = skinny_config(xq.shape[0], n, k)
+    fits = residual is None or (residual.shape == (xq.shape[0], n) and residual.is_contiguous())
+    if cfg is not None and fits and xq.stride(1) == 1 and weight.scale.is_contiguous():
+        return skinny_fp8_matmul(xq, xs, weight.qweight, weight.scale, bias, out_dtype, cfg, residual)
+    y = scaled_mm(xq, xs, weight, bias, out_dtype)
+    return y if residual is None else residual.add_(y)
+
+
+def fp8_matmul(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
+               residual: torch.Tensor | None = None) -> torch.Tensor | None:  # fmt: skip
     """x (M, K) @ W^T (+ bias) -> (M, N) in x's dtype with x quantized per token (per group of the
-    block's columns for block scales); None where neither fp8 matmul takes it (then: the reference)."""
+    block's columns for block scales), added into `residual` in place when given; None where neither
+    fp8 matmul takes it (then: the reference)."""
     n, k = weight.shape
     if x.dtype != torch.bfloat16 or x.dim() != 2 or n % 16 or k % 16:
         return None
@@ -190,9 +222,10 @@ def fp8_matmul(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) ->
         return None  # the fp8 tensor-core dot takes 32 columns at least
     if weight.block is None:
         xq, xs = tf8.quant_rows(x)  # (M, K) fp8, (M, 1)
-        return scaled_mm(xq, xs, weight, bias, x.dtype)
+        return fp8_mm(xq, xs, weight, bias, x.dtype, residual)
     xq, xs = tf8.quant_rows(x, weight.block[1])  # (M, K) fp8, (M, K / bk)
-    return tf8.block_matmul(xq, xs, weight.qweight, weight.scale, weight.block, bias, x.dtype)
+    y = tf8.block_matmul(xq, xs, weight.qweight, weight.scale, weight.block, bias, x.dtype)
+    return y if residual is None else residual.add_(y)
 
 
 class CudaOps(TorchOps):
@@ -211,7 +244,14 @@ class CudaOps(TorchOps):
         if config is not None and (residual is None or residual.is_contiguous()):
             y = gemv_fp8(x2, weight.qweight, weight.scale, weight.block, bias, residual, config)
             return y if residual is not None else y.view(*x.shape[:-1], -1)
-        mm = fp8_matmul(x2, weight, bias)
+        res2 = (
+            residual.view(-1, residual.shape[-1])
+            if residual is not None and residual.is_contiguous()
+            else None
+        )
+        mm = fp8_matmul(x2, weight, bias, res2)
+        if mm is not None and res2 is not None:
+            return residual
         y = super().linear(x2, weight, bias) if mm is None else mm  # None: the reference, dequantized
         y = y.view(*x.shape[:-1], -1)
         return y if residual is None else residual.add_(y)
@@ -237,7 +277,7 @@ class CudaOps(TorchOps):
             return gemv_fp8_rows(x, weight, None, bias, None, (norm_weight, eps), config=row)
         if fused_quant(x, weight) and norm_weight.shape == x.shape[1:]:
             assert isinstance(weight, Fp8Weight)
-            return scaled_mm(*tk.rmsnorm_fp8(x, norm_weight, eps), weight, bias, x.dtype)
+            return fp8_mm(*tk.rmsnorm_fp8(x, norm_weight, eps), weight, bias, x.dtype)
         config = self._fp16_gemv(x, weight)
         if config is None:
             return super().norm_linear(x, norm_weight, eps, weight, bias)
@@ -275,7 +315,7 @@ class CudaOps(TorchOps):
                 return gemv_fp8(h, weight.qweight, weight.scale, weight.block, bias, residual, config)
         if gated and fused_quant(x, weight):
             assert isinstance(weight, Fp8Weight)
-            return residual.add_(scaled_mm(*tk.silu_and_mul_fp8(x), weight, bias, x.dtype))
+            return fp8_mm(*tk.silu_and_mul_fp8(x), weight, bias, x.dtype, residual)
         if gated:
             x = self.silu_and_mul(x)
         if isinstance(weight, Fp8Weight):

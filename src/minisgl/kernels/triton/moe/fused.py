@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..counters import zeroed_counters
 from ..pdl import pdl_enter, pdl_launch, use_pdl
 from . import experts
 from .route import route_topk, topk_rows, topk_tile
@@ -445,22 +446,6 @@ def _down_kernel(
     tl.atomic_xchg(counters, 0, mask=last)  # left at zero for the next call
 
 
-_COUNTERS: dict[tuple[str, torch.device], list[torch.Tensor]] = {}  # every buffer made (the last the largest)
-
-
-def _zeroed_counters(numel: int, device: torch.device, user: str = "down") -> torch.Tensor:
-    """int32 zeros a kernel (`user`) leaves zeroed: a buffer per kernel and device, grown as needed.
-    Outgrown buffers are kept: CUDA graphs captured with them still use them. One made during a
-    capture is that graph's own (its replays zero it first) and is not kept here."""
-    kept = _COUNTERS.setdefault((user, device), [])
-    if kept and kept[-1].numel() >= numel:
-        return kept[-1][:numel]
-    zeros = torch.zeros(max(numel, 1 << 14), dtype=torch.int32, device=device)
-    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
-        kept.append(zeros)
-    return zeros[:numel]
-
-
 ROUTE_IN_ALIGN = 16  # at most this many tokens are routed inside the alignment's one program
 
 
@@ -555,7 +540,7 @@ def _router_launch(
     pdl = use_pdl(x)
     norm_w, eps, xn = norm if norm is not None else (x, 0.0, x)
     _router_kernel[(triton.cdiv(e, block_e), splits)](
-        x, router, norm_w, xn, partial, _zeroed_counters(1, dev, "router"), ids, weights, *bufs, t, e, h,
+        x, router, norm_w, xn, partial, zeroed_counters(1, dev, "router"), ids, weights, *bufs, t, e, h,
         x.stride(0), router.stride(0), k_split, bufs[0].shape[0], bufs[1].shape[0], eps, BLOCK_T=block_t,
         BLOCK_E=block_e, BLOCK_K=block_k, E_ROUTE=e_route, TOP_K=top_k, K_PAD=max(2, triton.next_power_of_2(top_k)),
         RENORMALIZE=renormalize, IEEE=x.dtype == torch.float32, NORM=norm is not None,
@@ -680,7 +665,7 @@ def fused_moe(
     out = x.new_empty(t, h) if residual is None else residual
     col_blocks = triton.cdiv(h, dcfg.block_n)
     _down_kernel[(blocks, col_blocks)](
-        act, w2, part, out, out, _zeroed_counters(t * col_blocks, x.device), weights.reshape(-1).float().contiguous(),
+        act, w2, part, out, out, zeroed_counters(t * col_blocks, x.device, "down"), weights.reshape(-1).float().contiguous(),
         sorted_ids, block_expert, total, p, h, inter, act.stride(0), w2.stride(0), w2.stride(1),
         TOP_K=top_k, RENORMALIZE=renormalize, ADD_RES=residual is not None,
         BLOCK_M=dcfg.block_m, BLOCK_N=dcfg.block_n, BLOCK_K=dcfg.block_k, IEEE=ieee, PDL=pdl,

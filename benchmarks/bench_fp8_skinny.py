@@ -1,0 +1,120 @@
+"""The fp8 W8A8 matmul of decode batches (`kernels/triton/fp8_skinny.py`) against cuBLASLt's
+(`backends.cuda.scaled_mm`, i.e. `torch._scaled_mm`) for a model's projections (Llama-3.1-8B's by
+default), each replayed from a CUDA graph over copies of the weight that stream past the L2, as in a
+decode step. o and down add into the residual as a layer calls them (cuBLASLt: the matmul, then the
+add). `--sweep`: every launch shape of the skinny kernel at each row count (the best marked, the
+ones that do not fit skipped); without it, the shape `backends.cuda.skinny_config` picks. Prints
+microseconds a call and the weight's bytes per second; `--json PATH` writes the best shapes.
+
+    python benchmarks/bench_fp8_skinny.py [--rows 32,64,128,192,256] [--sweep] [--json best.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+from collections.abc import Callable
+
+import torch
+from bench_linear import L2_DEFEAT_BYTES, shapes
+from triton.testing import do_bench_cudagraph
+
+from minisgl.backends.cuda import scaled_mm, skinny_config
+from minisgl.backends.fp8 import Fp8Weight, quantize_fp8
+from minisgl.kernels.triton.fp8 import quant_rows
+from minisgl.kernels.triton.fp8_skinny import SkinnyConfig, skinny_fp8_matmul
+
+
+def candidates(m: int, n: int, k: int) -> list[SkinnyConfig]:
+    """The sweep's launch shapes for (m, n, k): narrow and wide W tiles, K steps of 128 and 256,
+    split-K where N alone gives few programs; x's rows as the tile's wide side or (swap) its narrow one."""
+    splits = [1] if n >= 16384 else [1, 2, 4]
+    out = []
+    bms = [64] if m <= 64 else [64, 128]
+    for bm, bn, bk, sk in itertools.product(bms, [32, 64, 128], [128, 256], splits):
+        out.append(SkinnyConfig(bm, bn, bk, sk, 4 if bm * bn <= 64 * 64 else 8, 4, False))
+    swap_bms = sorted({min(128, max(16, 1 << (m - 1).bit_length())), 64} if m > 32 else {32})
+    for bm, bn, bk, sk in itertools.product(swap_bms, [64, 128], [128, 256], splits):
+        out.append(SkinnyConfig(bm, bn, bk, sk, 4 if bn == 64 else 8, 4, True))
+    return [c for c in out if c.fits(m, n, k)]
+
+
+def _each(fn: Callable[[Fp8Weight], object], ws: list[Fp8Weight]) -> None:
+    for w in ws:
+        fn(w)
+
+
+def timed(fn: Callable[[Fp8Weight], object], ws: list[Fp8Weight]) -> float:
+    """Median microseconds of one call over the weight copies (from HBM, not the L2)."""
+    return do_bench_cudagraph(functools.partial(_each, fn, ws), rep=20, return_mode="median") * 1e3 / len(ws)
+
+
+def _cublas(xq: torch.Tensor, xs: torch.Tensor, res: torch.Tensor | None, w: Fp8Weight) -> torch.Tensor:
+    y = scaled_mm(xq, xs, w, None, torch.bfloat16)
+    return y if res is None else res.add_(y)
+
+
+def _skinny(xq: torch.Tensor, xs: torch.Tensor, res: torch.Tensor | None, cfg: SkinnyConfig,
+            w: Fp8Weight) -> torch.Tensor:  # fmt: skip
+    return skinny_fp8_matmul(xq, xs, w.qweight, w.scale, None, torch.bfloat16, cfg, res)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model-config", default="llama3-8b")
+    ap.add_argument("--rows", default="32,64,128,192,256")
+    ap.add_argument("--only", default="", help="projections, e.g. o,down")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--top", type=int, default=3, help="with --sweep: shapes printed per row count")
+    ap.add_argument("--json", default=None)
+    ns = ap.parse_args()
+    rows = [int(r) for r in ns.rows.split(",")]
+    only = [s for s in ns.only.split(",") if s]
+    best: dict[str, list] = {}
+    print(f"{torch.cuda.get_device_name()}, {ns.model_config}: us a call (weight GB/s)")
+    for name, (n, k) in shapes(ns.model_config).items():
+        if name == "lm_head" or (only and name not in only):
+            continue
+        copies = min(64, -(-L2_DEFEAT_BYTES // (n * k)))
+        gen = torch.Generator().manual_seed(n + k)
+        q, s = quantize_fp8(torch.randn(n, k, generator=gen) * k**-0.5, None)
+        ws = [Fp8Weight(q.cuda(), s.cuda(), None) for _ in range(copies)]
+        for m in rows:
+            xq, xs = quant_rows(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+            res = torch.zeros(m, n, device="cuda", dtype=torch.bfloat16) if name in ("o", "down") else None
+            ref = scaled_mm(xq, xs, ws[0], None, torch.bfloat16).float()
+            base = timed(functools.partial(_cublas, xq, xs, res), ws)
+            cfgs = candidates(m, n, k) if ns.sweep else [c for c in [skinny_config(m, n, k)] if c is not None]
+            results = []
+            for cfg in cfgs:
+                try:
+                    out = _skinny(xq, xs, None, cfg, ws[0]).float()
+                    err = float((out - ref).norm() / ref.norm())
+                    results.append((timed(functools.partial(_skinny, xq, xs, res, cfg), ws), err, cfg))
+                except Exception as e:  # a shape the GPU cannot hold (shared memory): skipped
+                    print(f"  skipped {cfg}: {type(e).__name__}")
+            results.sort(key=lambda r: r[0])
+            gbps = n * k / 1e3
+            line = f"{name:8s} ({n}x{k}) rows {m:4d}: cuBLASLt {base:7.1f} us ({gbps / base:5.0f} GB/s)"
+            if results:
+                t, err, cfg = results[0]
+                line += (
+                    f"  skinny {t:7.1f} us ({gbps / t:5.0f} GB/s, {base / t:.2f}x, err vs cuBLASLt {err:.1e})"
+                )
+                best.setdefault(f"{n}x{k}", []).append([m, *_fields(cfg), round(t, 2), round(base, 2)])
+            print(line, flush=True)
+            for t, _err, cfg in results[: ns.top] if ns.sweep else []:
+                print(f"    {t:7.1f} us  {cfg}")
+    if ns.json:
+        with open(ns.json, "w") as f:
+            json.dump(best, f, indent=1)
+
+
+def _fields(c: SkinnyConfig) -> list:
+    return [c.block_m, c.block_n, c.block_k, c.split_k, c.num_warps, c.num_stages, int(c.swap)]
+
+
+if __name__ == "__main__":
+    main()
