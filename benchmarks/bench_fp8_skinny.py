@@ -4,9 +4,11 @@ default), each replayed from a CUDA graph over copies of the weight that stream 
 decode step. o and down add into the residual as a layer calls them (cuBLASLt: the matmul, then the
 add). `--sweep`: every launch shape of the skinny kernel at each row count (the best marked, the
 ones that do not fit skipped); without it, the shape `backends.cuda.skinny_config` picks. Prints
-microseconds a call and the weight's bytes per second; `--json PATH` writes the best shapes.
+microseconds a call and the weight's bytes per second; `--json PATH` writes the best shapes. `--bf16`:
+the same kernel unscaled on bf16 weights (`skinny_matmul`) swept against cuBLAS.
 
     python benchmarks/bench_fp8_skinny.py [--rows 32,64,128,192,256] [--sweep] [--json best.json]
+    python benchmarks/bench_fp8_skinny.py --bf16 [--rows 64,128,192,256]   # the unscaled kernel, swept
 """
 
 from __future__ import annotations
@@ -24,19 +26,21 @@ from triton.testing import do_bench_cudagraph
 from minisgl.backends.cuda import scaled_mm, skinny_config
 from minisgl.backends.fp8 import Fp8Weight, quantize_fp8
 from minisgl.kernels.triton.fp8 import quant_rows
-from minisgl.kernels.triton.fp8_skinny import SkinnyConfig, skinny_fp8_matmul
+from minisgl.kernels.triton.fp8_skinny import SkinnyConfig, skinny_fp8_matmul, skinny_matmul
 
 
-def candidates(m: int, n: int, k: int) -> list[SkinnyConfig]:
-    """The sweep's launch shapes for (m, n, k): narrow and wide W tiles, K steps of 128 and 256,
-    split-K where N alone gives few programs; x's rows as the tile's wide side or (swap) its narrow one."""
-    splits = [1] if n >= 16384 else [1, 2, 4]
+def candidates(m: int, n: int, k: int, bf16: bool) -> list[SkinnyConfig]:
+    """The sweep's launch shapes for (m, n, k): narrow and wide W tiles, K steps of 128 and 256 (64 and
+    128 in bf16), split-K where N alone gives few programs (fp8: it never won on an H200, so bf16 tries
+    2 only); x's rows as the tile's wide side or (swap) its narrow one."""
+    splits = [1] if n >= 16384 else ([1, 2] if bf16 else [1, 2, 4])
+    bks = [64, 128] if bf16 else [128, 256]
     out = []
     bms = [64] if m <= 64 else [64, 128]
-    for bm, bn, bk, sk in itertools.product(bms, [32, 64, 128], [128, 256], splits):
+    for bm, bn, bk, sk in itertools.product(bms, [32, 64, 128], bks, splits):
         out.append(SkinnyConfig(bm, bn, bk, sk, 4 if bm * bn <= 64 * 64 else 8, 4, False))
     swap_bms = sorted({min(128, max(16, 1 << (m - 1).bit_length())), 64} if m > 32 else {32})
-    for bm, bn, bk, sk in itertools.product(swap_bms, [64, 128], [128, 256], splits):
+    for bm, bn, bk, sk in itertools.product(swap_bms, [64, 128], bks, splits):
         out.append(SkinnyConfig(bm, bn, bk, sk, 4 if bn == 64 else 8, 4, True))
     return [c for c in out if c.fits(m, n, k)]
 
@@ -61,6 +65,45 @@ def _skinny(xq: torch.Tensor, xs: torch.Tensor, res: torch.Tensor | None, cfg: S
     return skinny_fp8_matmul(xq, xs, w.qweight, w.scale, None, torch.bfloat16, cfg, res)
 
 
+def _cublas16(x: torch.Tensor, res: torch.Tensor | None, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(x, w) if res is None else res.addmm_(x, w.t())
+
+
+def _skinny16(x: torch.Tensor, res: torch.Tensor | None, cfg: SkinnyConfig, w: torch.Tensor) -> torch.Tensor:
+    return skinny_matmul(x, w, None, cfg, res)
+
+
+def bf16(ns: argparse.Namespace, rows: list[int], only: list[str]) -> None:
+    """`--bf16`: the unscaled kernel against cuBLAS (F.linear; o and down `addmm_` into the residual)."""
+    print(f"{torch.cuda.get_device_name()}, {ns.model_config}, bf16: us a call (weight GB/s)")
+    for name, (n, k) in shapes(ns.model_config).items():
+        if name == "lm_head" or (only and name not in only):
+            continue
+        copies = min(64, -(-L2_DEFEAT_BYTES // (2 * n * k)))
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(copies)]
+        for m in rows:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            res = torch.zeros(m, n, device="cuda", dtype=torch.bfloat16) if name in ("o", "down") else None
+            ref = torch.nn.functional.linear(x, ws[0]).float()
+            base = timed(functools.partial(_cublas16, x, res), ws)
+            results = []
+            for cfg in candidates(m, n, k, True):
+                try:
+                    err = float((skinny_matmul(x, ws[0], None, cfg).float() - ref).norm() / ref.norm())
+                    results.append((timed(functools.partial(_skinny16, x, res, cfg), ws), err, cfg))
+                except Exception as e:  # a shape the GPU cannot hold (shared memory): skipped
+                    print(f"  skipped {cfg}: {type(e).__name__}")
+            results.sort(key=lambda r: r[0])
+            gbps = 2 * n * k / 1e3
+            line = f"{name:8s} ({n}x{k}) rows {m:4d}: cuBLAS {base:7.1f} us ({gbps / base:5.0f} GB/s)"
+            if results:
+                t, err, _ = results[0]
+                line += f"  skinny {t:7.1f} us ({gbps / t:5.0f} GB/s, {base / t:.2f}x, err {err:.1e})"
+            print(line, flush=True)
+            for t, _err, cfg in results[: ns.top]:
+                print(f"    {t:7.1f} us  {cfg}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-config", default="llama3-8b")
@@ -69,9 +112,12 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--top", type=int, default=3, help="with --sweep: shapes printed per row count")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--bf16", action="store_true", help="sweep the unscaled kernel on bf16 weights instead")
     ns = ap.parse_args()
     rows = [int(r) for r in ns.rows.split(",")]
     only = [s for s in ns.only.split(",") if s]
+    if ns.bf16:
+        return bf16(ns, rows, only)
     best: dict[str, list] = {}
     print(f"{torch.cuda.get_device_name()}, {ns.model_config}: us a call (weight GB/s)")
     for name, (n, k) in shapes(ns.model_config).items():
@@ -86,7 +132,11 @@ def main() -> None:
             res = torch.zeros(m, n, device="cuda", dtype=torch.bfloat16) if name in ("o", "down") else None
             ref = scaled_mm(xq, xs, ws[0], None, torch.bfloat16).float()
             base = timed(functools.partial(_cublas, xq, xs, res), ws)
-            cfgs = candidates(m, n, k) if ns.sweep else [c for c in [skinny_config(m, n, k)] if c is not None]
+            cfgs = (
+                candidates(m, n, k, False)
+                if ns.sweep
+                else [c for c in [skinny_config(m, n, k)] if c is not None]
+            )
             results = []
             for cfg in cfgs:
                 try:

@@ -3,7 +3,7 @@
 # Run from the project root on the device machine (logs under $OUT):
 #   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [gemv] [pprof] [wprof] [bs256] [serve] [tp] [dp] [moe] [moe-tp]
 #     [fp8tests] [fp8linear] [fp8attn] [fp8bench] [fp8workload] [fp8acc] [fp8prof] [moetests] [moe1] [moeb1] [moewl]
-#     [fp8tests] [fp8linear] [fp8attn] [fp8attn2] [fp8wl2] [fp8attn2x] [fp8bench] [fp8workload] [fp8acc] [fp8trained] [fp8prof] [moetests] [moe1] [moewl] [qknorm] [wltrace] [skinny]
+#     [fp8tests] [fp8linear] [fp8attn] [fp8attn2] [fp8wl2] [fp8attn2x] [fp8bench] [fp8workload] [fp8acc] [fp8trained] [fp8prof] [moetests] [moe1] [moewl] [qknorm] [wltrace] [skinny] [skinnywl]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 # The structured-output tests need llguidance, which ../shared/device/stage.sh does not stage:
 #   .venv/bin/pip download llguidance --python-version 3.12 --only-binary :all: --no-deps -d .whl
@@ -282,6 +282,14 @@ for step in $steps; do
         | tail -5 | tee "$OUT/skinny.log"
       timeout "${SKINNY_TIMEOUT:-400}" python3 benchmarks/bench_fp8_skinny.py --rows "${SKINNY_ROWS:-32,64,128,192,256}" \
         ${SKINNY_ARGS:---sweep} --json "$OUT/skinny_best.json" 2>&1 | grep -v "^\s*$" | tee -a "$OUT/skinny.log" ;;
+    skinnywl)  # the fp8 (weights + KV) throughput workload with the skinny matmul on / off / on (SKINNY_WL: the order)
+      for v in ${SKINNY_WL:-1 0 1}; do
+        echo "== MINISGL_FP8_SKINNY=$v" | tee -a "$OUT/skinnywl.log"
+        MINISGL_FP8_SKINNY=$v timeout 200 python3 -m minisgl bench offline --device cuda --model-config llama3-8b --num-prompts 256 \
+          --skip-hf --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 1 \
+          --quantization fp8 --kv-cache-dtype fp8_e4m3 ${SKINNY_WL_ARGS:-} 2>&1 | grep -E "^(---|model|minisgl|  prefill|  decode|  roofline)" \
+          | tee -a "$OUT/skinnywl.log"
+      done ;;
     wltrace)  # the throughput workload step by step (TRACE_FLAGS, e.g. "--quantization fp8 --kv-cache-dtype fp8_e4m3"), then its kernels with PDL off
       timeout "${TRACE_TIMEOUT:-240}" python3 benchmarks/trace_workload.py --model-config llama3-8b ${TRACE_FLAGS:-} 2>&1 \
         | grep -v "^[0-9:]* I \[" | tail -30 | tee -a "$OUT/wltrace.log"

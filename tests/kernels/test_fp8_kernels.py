@@ -290,19 +290,41 @@ def test_skinny_fp8_matmul_matches_the_product_of_its_fp8_operands(
     want = ref + (base if residual else bias.double())
     assert out.shape == (m, n) and (out is res if residual else True)
     assert _rel(out, want) < (1e-6 if DEV == "cpu" else 1e-2)
-    assert not zeroed_counters(256, xq.device, "fp8_skinny").any()
+    assert not zeroed_counters(256, xq.device, "skinny").any()
     again = skinny_fp8_matmul(xq, xs, q, s, bias, out_dtype, cfg)
     if not residual:
         assert torch.equal(again, out)
+
+
+@pytest.mark.parametrize("swap", [False, True])
+@pytest.mark.parametrize("m", [5, 40])
+def test_skinny_matmul_of_16bit_operands_matches_the_product(swap: bool, m: int) -> None:
+    """`skinny_matmul`: the same kernel unscaled for bf16 x and W (float32 in the interpreter), with
+    the residual added in place."""
+    from minisgl.kernels.triton.fp8_skinny import SkinnyConfig, skinny_matmul
+
+    dtype = torch.float32 if DEV == "cpu" else torch.bfloat16
+    n, k = (64, 128) if DEV == "cpu" else (256, 1024)
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=gen).to(DEV, dtype)
+    w = (torch.randn(n, k, generator=gen) * k**-0.5).to(DEV, dtype)
+    res = torch.randn(m, n, generator=gen).to(DEV, dtype)
+    want = res.double() + x.double() @ w.double().T
+    cfg = SkinnyConfig(16 if DEV == "cpu" else 64, 32 if swap or DEV == "cuda" else 16, 32 if DEV == "cpu" else 64,
+                       1, 4, 3, swap)  # fmt: skip
+    assert skinny_matmul(x, w, None, cfg, res) is res
+    assert _rel(res, want) < (1e-6 if DEV == "cpu" else 1e-2)
+    with pytest.raises(ValueError, match="skinny_matmul"):
+        skinny_matmul(x, w.half() if dtype == torch.bfloat16 else w.double(), None, cfg)
 
 
 def test_skinny_fp8_matmul_refuses_shapes_it_cannot_take() -> None:
     from minisgl.kernels.triton.fp8_skinny import SkinnyConfig, skinny_fp8_matmul
 
     xq, xs, q, s, _ = _skinny_case(8, 48, 64, 0)
-    with pytest.raises(ValueError, match="skinny_fp8_matmul"):  # 48 rows of W: not whole 32-row tiles
+    with pytest.raises(ValueError, match="skinny matmul"):  # 48 rows of W: not whole 32-row tiles
         skinny_fp8_matmul(xq, xs, q, s, None, torch.float32, SkinnyConfig(16, 32, 32, 1))
-    with pytest.raises(ValueError, match="skinny_fp8_matmul"):  # K = 64 in 3 splits of 32 columns
+    with pytest.raises(ValueError, match="skinny matmul"):  # K = 64 in 3 splits of 32 columns
         skinny_fp8_matmul(xq, xs, q, s, None, torch.float32, SkinnyConfig(16, 16, 32, 3))
 
 
@@ -316,9 +338,10 @@ def test_cuda_ops_take_the_skinny_fp8_matmul_between_the_gemv_and_prefill_sizes(
     from minisgl.backends.fp8 import Fp8Weight
 
     assert cuda_ops.skinny_config(16, 4096, 4096) is None and cuda_ops.skinny_config(257, 4096, 4096) is None
-    for m in (17, 64, 128, 256):
-        for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
-            assert cuda_ops.skinny_config(m, n, k) is not None
+    for m in (17, 64, 128, 256):  # o and down at every size; qkv to 128 rows, gate/up to 64 (the sweep's)
+        for n, k in ((4096, 4096), (4096, 14336), (6144, 4096), (28672, 4096)):
+            want = m <= {6144: 128, 28672: 64}.get(n, 256)
+            assert (cuda_ops.skinny_config(m, n, k) is not None) is want
     assert cuda_ops.skinny_config(40, 4096 + 16, 4096) is None  # N not whole tiles: cuBLASLt
     gen = torch.Generator().manual_seed(3)
     m, hidden, inter = 40, 256, 256

@@ -182,19 +182,41 @@ def scaled_mm(xq: torch.Tensor, xs: torch.Tensor, weight: Fp8Weight, bias: torch
 
 
 # fp8 W8A8 matmuls of decode batches (more rows than the GEMV takes, up to SKINNY_MAX_ROWS) in
-# minisgl's Triton kernel (`kernels.triton.fp8_skinny`) instead of cuBLASLt, whose 128 x 128 tiles
-# leave SMs idle on o and down. MINISGL_FP8_SKINNY=0: cuBLASLt at every size (A/B).
+# minisgl's Triton kernel (`kernels.triton.fp8_skinny`) where it beat cuBLASLt, whose 128 x 128 tiles
+# leave most SMs idle on o and down. H200, 8B shapes, CUDA graphs, weights from HBM (`benchmarks/
+# bench_fp8_skinny.py --sweep`; o and down with the residual add), cuBLASLt / skinny in us at 32, 128
+# and 256 rows: o 14.8 / 7.6, 15.2 / 8.4, 15.6 / 11.1; down 38.0 / 21.2, 38.5 / 25.0, 40.2 / 33.1;
+# qkv 13.4 / 8.8, 13.9 / 11.1, then cuBLASLt from 129 rows (14.2 / 15.3 at 256); gate/up 35.5 / 31.8
+# at 32, cuBLASLt from 65 rows (37.3 / 40.2 at 128). Split-K never won. MINISGL_FP8_SKINNY=0:
+# cuBLASLt at every size (A/B).
 SKINNY = os.environ.get("MINISGL_FP8_SKINNY", "1") not in ("", "0")
 SKINNY_MAX_ROWS = 256
 
 
 def skinny_config(m: int, n: int, k: int) -> SkinnyConfig | None:
-    """The skinny fp8 matmul's launch shape for an (m, k) @ (n, k)^T, or None where cuBLASLt takes it."""
+    """The skinny fp8 matmul's launch shape for an (m, k) @ (n, k)^T, or None where cuBLASLt takes it:
+    x's rows on the tensor core's narrow side (swap), 64 rows of W and 256 columns a program step,
+    the sweep's best by row count and projection kind (wide gate/up, qkv, and N <= K: o, down)."""
     if not SKINNY or not GEMV_MAX_ROWS < m <= SKINNY_MAX_ROWS:
         return None
-    bm = 64 if m <= 64 else 128
-    split = 1 if n >= 16384 else (4 if k >= 8192 else 2)
-    cfg = SkinnyConfig(bm, 64, 128, split, 4 if bm == 64 else 8, 4, False)
+    if n >= 4 * k:  # gate/up
+        if m > 64:
+            return None
+        cfg = (
+            SkinnyConfig(32, 64, 256, 1, 4, 4, True) if m <= 32 else SkinnyConfig(64, 128, 256, 1, 8, 4, True)
+        )
+    elif n > k:  # qkv
+        if m > 128:
+            return None
+        cfg = SkinnyConfig(32 if m <= 32 else (64 if m <= 64 else 128), 64, 256, 1, 4, 4, True)
+    elif m <= 32:  # o, down
+        cfg = SkinnyConfig(32, 64, 256, 1, 4, 4, True)
+    elif m <= 64:
+        cfg = SkinnyConfig(64, 32, 256, 1, 4, 4, False)
+    else:
+        cfg = SkinnyConfig(64 if m <= 128 else 128, 64, 256, 1, 4, 4, True)
+    if not cfg.fits(m, n, k):
+        cfg = SkinnyConfig(cfg.block_m, cfg.block_n, 128, 1, cfg.num_warps, cfg.num_stages, cfg.swap)
     return cfg if cfg.fits(m, n, k) else None
 
 

@@ -1,6 +1,7 @@
 """The W8A8 matmul of a decode batch (tens to a few hundred rows) on the fp8 tensor cores:
 y = (xq * xs) @ (wq * ws)^T, x quantized per row (scales (M, 1)), W per output channel (scales (N,)),
 rounded once to y's dtype, optionally added into the residual (`y` is then the residual, in place).
+`skinny_matmul` is the same kernel for 16-bit x and W, unscaled.
 
 At these sizes the matmul streams its weight, and the question is how many SMs stream it. cuBLASLt
 (`torch._scaled_mm`) tiles them 128 x 128 whatever the rows: o and down of an 8B model (N = 4,096)
@@ -47,11 +48,13 @@ class SkinnyConfig:
 
 @triton.jit
 def _finish(acc, XS, WS, Bias, Y, offs_m, offs_n, m, stride_xs, stride_ym,
-            HAS_BIAS: tl.constexpr, ADD_RES: tl.constexpr):  # fmt: skip
-    """acc (BLOCK_M, BLOCK_N) float32 -> y = acc * xs * ws (+ bias), rounded once (+ the residual)."""
-    xs = tl.load(XS + (offs_m % m).to(tl.int64) * stride_xs)  # (BLOCK_M,)
-    ws = tl.load(WS + offs_n)  # (BLOCK_N,)
-    y = acc * xs[:, None] * ws[None, :]
+            SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, ADD_RES: tl.constexpr):  # fmt: skip
+    """acc (BLOCK_M, BLOCK_N) float32 -> y = acc (* xs * ws) (+ bias), rounded once (+ the residual)."""
+    y = acc
+    if SCALED:
+        xs = tl.load(XS + (offs_m % m).to(tl.int64) * stride_xs)  # (BLOCK_M,)
+        ws = tl.load(WS + offs_n)  # (BLOCK_N,)
+        y = y * xs[:, None] * ws[None, :]
     if HAS_BIAS:
         y += tl.load(Bias + offs_n).to(tl.float32)[None, :]
     y_ptrs = Y + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
@@ -60,10 +63,10 @@ def _finish(acc, XS, WS, Bias, Y, offs_m, offs_n, m, stride_xs, stride_ym,
 
 @triton.jit
 def _skinny_kernel(
-    X,  # (M, K) fp8, unit stride in K
-    XS,  # (M, 1) float32
-    W,  # (N, K) fp8, unit stride in K
-    WS,  # (N,) float32
+    X,  # (M, K) fp8 (or 16-bit, unscaled), unit stride in K
+    XS,  # SCALED: (M, 1) float32
+    W,  # (N, K) in X's dtype, unit stride in K
+    WS,  # SCALED: (N,) float32
     Bias,  # (N,) or unused
     Y,  # (M, N) output, or the residual updated in place (ADD_RES)
     Part,  # SPLIT_K > 1: float32 (SPLIT_K, tiles, BLOCK_M, BLOCK_N) scratch
@@ -74,6 +77,7 @@ def _skinny_kernel(
     stride_xs,
     stride_wn,
     stride_ym,
+    SCALED: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ADD_RES: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -111,7 +115,7 @@ def _skinny_kernel(
     if SWAP:
         acc = tl.trans(acc_t)
     if SPLIT_K == 1:
-        _finish(acc, XS, WS, Bias, Y, offs_m, offs_n, m, stride_xs, stride_ym, HAS_BIAS, ADD_RES)
+        _finish(acc, XS, WS, Bias, Y, offs_m, offs_n, m, stride_xs, stride_ym, SCALED, HAS_BIAS, ADD_RES)
     else:
         tiles = tl.num_programs(0) * tl.num_programs(1)
         tile = pid_n * tl.num_programs(0) + pid_m
@@ -126,7 +130,7 @@ def _skinny_kernel(
             for s in tl.static_range(SPLIT_K):  # in split order, whichever finished last
                 total += tl.load(Part + (s * tiles + tile).to(tl.int64) * (BLOCK_M * BLOCK_N) + cell,
                                  cache_modifier=".cg")  # fmt: skip
-            _finish(total, XS, WS, Bias, Y, offs_m, offs_n, m, stride_xs, stride_ym, HAS_BIAS, ADD_RES)
+            _finish(total, XS, WS, Bias, Y, offs_m, offs_n, m, stride_xs, stride_ym, SCALED, HAS_BIAS, ADD_RES)
 
 
 def skinny_fp8_matmul(
@@ -142,37 +146,57 @@ def skinny_fp8_matmul(
     """xq (M, K) fp8 with per-row scales xs (M, 1) @ wq (N, K)^T fp8 with per-row scales ws (N,)
     (+ bias) -> (M, N) in out_dtype; with `residual` (M, N) contiguous, added into it in place and
     returned. `config.fits(M, N, K)` must hold."""
-    m, k = xq.shape
-    n = wq.shape[0]
-    if (
-        not config.fits(m, n, k)
-        or wq.shape[1] != k
-        or xq.stride(1) != 1
-        or wq.stride(1) != 1
-        or xs.shape != (m, 1)
-        or ws.shape != (n,)
-    ):
-        raise ValueError(
-            f"skinny_fp8_matmul: x {tuple(xq.shape)} / {tuple(xs.shape)}, w {tuple(wq.shape)} / "
-            f"{tuple(ws.shape)} in {config}"
-        )
+    m, n = xq.shape[0], wq.shape[0]
+    if xs.shape != (m, 1) or ws.shape != (n,):
+        raise ValueError(f"skinny_fp8_matmul: scales {tuple(xs.shape)} / {tuple(ws.shape)} for ({m}, {n})")
+    return _launch(xq, xs, wq, ws, bias, out_dtype, config, residual)
+
+
+def skinny_matmul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: SkinnyConfig,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The same kernel unscaled, for 16-bit x (M, K) and weight (N, K) of one dtype: x @ W^T (+ bias)
+    -> (M, N) in x's dtype, or added into `residual` in place."""
+    if weight.dtype != x.dtype:
+        raise ValueError(f"skinny_matmul: x {x.dtype} against weight {weight.dtype}")
+    return _launch(x, None, weight, None, bias, x.dtype, config, residual)
+
+
+def _launch(
+    x: torch.Tensor,
+    xs: torch.Tensor | None,
+    w: torch.Tensor,
+    ws: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    config: SkinnyConfig,
+    residual: torch.Tensor | None,
+) -> torch.Tensor:
+    m, k = x.shape
+    n = w.shape[0]
+    if x.dim() != 2 or not config.fits(m, n, k) or w.shape[1] != k or x.stride(1) != 1 or w.stride(1) != 1:
+        raise ValueError(f"skinny matmul: x {tuple(x.shape)}, w {tuple(w.shape)} in {config}")
     if residual is not None and (residual.shape != (m, n) or not residual.is_contiguous()):
-        raise ValueError(f"skinny_fp8_matmul: residual {tuple(residual.shape)} for an output ({m}, {n})")
-    out = torch.empty(m, n, dtype=out_dtype, device=xq.device) if residual is None else residual
+        raise ValueError(f"skinny matmul: residual {tuple(residual.shape)} for an output ({m}, {n})")
+    out = torch.empty(m, n, dtype=out_dtype, device=x.device) if residual is None else residual
     grid = (triton.cdiv(m, config.block_m), n // config.block_n, config.split_k)
     tiles = grid[0] * grid[1]
     if config.split_k > 1:
         part = torch.empty(config.split_k * tiles * config.block_m * config.block_n, dtype=torch.float32,
-                           device=xq.device)  # fmt: skip
-        count = zeroed_counters(tiles, xq.device, "fp8_skinny")
+                           device=x.device)  # fmt: skip
+        count = zeroed_counters(tiles, x.device, "skinny")
     else:
-        part = count = xs
-    pdl = use_pdl(xq)
+        part = count = out
+    pdl = use_pdl(x)
     _skinny_kernel[grid](
-        xq, xs, wq, ws, ws if bias is None else bias, out, part, count, m, k,
-        xq.stride(0), xs.stride(0), wq.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, ADD_RES=residual is not None, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, SPLIT_K=config.split_k, SWAP=config.swap, PDL=pdl,
+        x, w if xs is None else xs, w, w if ws is None else ws, w if bias is None else bias, out, part, count,
+        m, k, x.stride(0), 0 if xs is None else xs.stride(0), w.stride(0), out.stride(0),
+        SCALED=xs is not None, HAS_BIAS=bias is not None, ADD_RES=residual is not None, BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k, SWAP=config.swap, PDL=pdl,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(pdl),
     )  # fmt: skip
     return out
