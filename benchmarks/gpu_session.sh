@@ -3,7 +3,7 @@
 # Run from the project root on the device machine (logs under $OUT):
 #   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [gemv] [pprof] [wprof] [bs256] [serve] [tp] [dp] [moe] [moe-tp]
 #     [fp8tests] [fp8linear] [fp8attn] [fp8bench] [fp8workload] [fp8acc] [fp8prof] [moetests] [moe1] [moeb1] [moewl]
-#     [fp8tests] [fp8linear] [fp8attn] [fp8attn2] [fp8wl2] [fp8attn2x] [fp8bench] [fp8workload] [fp8acc] [fp8trained] [fp8prof] [moetests] [moe1] [moewl] [qknorm] [wltrace] [skinny] [skinnywl]
+#     [fp8tests] [fp8linear] [fp8attn] [fp8attn2] [fp8wl2] [fp8attn2x] [fp8bench] [fp8workload] [fp8acc] [fp8trained] [fp8prof] [moetests] [moe1] [moewl] [qknorm] [wltrace] [skinny] [skinnywl] [skinny16] [extend]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 # The structured-output tests need llguidance, which ../shared/device/stage.sh does not stage:
 #   .venv/bin/pip download llguidance --python-version 3.12 --only-binary :all: --no-deps -d .whl
@@ -290,6 +290,11 @@ for step in $steps; do
           --quantization fp8 --kv-cache-dtype fp8_e4m3 ${SKINNY_WL_ARGS:-} 2>&1 | grep -E "^(---|model|minisgl|  prefill|  decode|  roofline)" \
           | tee -a "$OUT/skinnywl.log"
       done ;;
+    skinny16)  # the unscaled skinny kernel on bf16 weights swept against cuBLAS (SKINNY_ROWS)
+      timeout "${SKINNY_TIMEOUT:-400}" python3 benchmarks/bench_fp8_skinny.py --bf16 --rows "${SKINNY_ROWS:-64,128,192,256}" 2>&1 \
+        | grep -v "^\s*$" | tee -a "$OUT/skinny16.log" ;;
+    extend)  # the prefill attention kernel by launch shape, bf16 and fp8 pools
+      timeout 200 python3 benchmarks/bench_extend_attention.py ${EXTEND_ARGS:-} 2>&1 | tee -a "$OUT/extend.log" ;;
     wltrace)  # the throughput workload step by step (TRACE_FLAGS, e.g. "--quantization fp8 --kv-cache-dtype fp8_e4m3"), then its kernels with PDL off
       timeout "${TRACE_TIMEOUT:-240}" python3 benchmarks/trace_workload.py --model-config llama3-8b ${TRACE_FLAGS:-} 2>&1 \
         | grep -v "^[0-9:]* I \[" | tail -30 | tee -a "$OUT/wltrace.log"

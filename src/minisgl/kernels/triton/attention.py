@@ -737,10 +737,12 @@ def extend_attention(
     page_size: int,
     sm_scale: float,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    launch: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """q (T, Hq, D) of every request's new tokens (rows q_starts[b]..q_starts[b+1]); their K/V
     already stored in the pool; page_table (B, P) int32; seq_lens (B,) int32 -> (T, Hq, D), causal.
-    scales: an fp8 cache's (k_scale, v_scale), each (Hkv,) float32."""
+    scales: an fp8 cache's (k_scale, v_scale), each (Hkv,) float32. launch: (BLOCK_M, BLOCK_N, warps,
+    stages) instead of `extend_launch`'s (benchmarks)."""
     t, hq, d = q.shape
     hkv = k_cache.shape[1]
     if hq % hkv or k_cache.shape[2] != d or q.stride(2) != 1 or page_table.stride(1) != 1:
@@ -750,10 +752,7 @@ def extend_attention(
     if t == 0:
         return out
     block_d = max(16, triton.next_power_of_2(d))
-    block_m = 64 if block_d <= 128 else 32
-    block_n = 64 if block_d <= 64 else 32
-    if q.dtype == torch.float32:
-        block_m, block_n = 32, 32  # full-precision dots need more registers
+    block_m, block_n, warps, stages = launch or extend_launch(block_d, q.dtype)
     grid = (triton.cdiv(max_extend, block_m), hq, bsz)
     k_scale, v_scale, quant = _scale_args(k_cache, scales)
     _extend_kernel[grid](
@@ -762,6 +761,13 @@ def extend_attention(
         page_table.stride(0), v_cache.stride(0), sm_scale,
         GROUP=hq // hkv, D=d, BLOCK_D=block_d, PS=page_size, BLOCK_M=block_m, BLOCK_N=block_n,
         QUANT=quant, KV_F16=_kv_f16(quant, q), V_T=_v_layout(k_cache, v_cache, page_size)[0],
-        IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2,
+        IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
+
+
+def extend_launch(block_d: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """The extend kernel's (BLOCK_M, BLOCK_N, warps, stages) for a head size padded to block_d."""
+    if dtype == torch.float32:
+        return 32, 32, 4, 2  # full-precision dots need more registers
+    return (64 if block_d <= 128 else 32), (64 if block_d <= 64 else 32), 4, 2
