@@ -17,9 +17,11 @@ fp8 weights (`Fp8Weight`): one row with per-channel scales in the CUDA-core row 
 x not quantized); where the GEMV's input comes from minisgl's RMSNorm or SiLU x up kernel (qkv,
 gate/up, down) those write it in fp16, to which the weight widens in one instruction a pair. More rows
 quantize x per token (inside the RMSNorm or SiLU x up kernel before the projection where there is one,
-`fused_quant`; else a Triton kernel of its own) and take `torch._scaled_mm` (per-channel weight scales:
-cuBLASLt's fp8 with row and column scales, fast accumulation, `FAST_ACCUM`) or minisgl's Triton block-scaled fp8 matmul
-(DeepSeek-style blocks), the residual added after."""
+`fused_quant`; else a Triton kernel of its own) and take, per-channel scales, minisgl's Triton fp8
+matmul for decode batches (`skinny_config`: up to 256 rows where it beat cuBLASLt, the residual add in
+its epilogue) or `torch._scaled_mm` (cuBLASLt's fp8 with row and column scales, fast accumulation,
+`FAST_ACCUM`), the residual added after; block scales minisgl's Triton block-scaled fp8 matmul
+(DeepSeek-style blocks)."""
 
 from __future__ import annotations
 
