@@ -7,7 +7,7 @@ ones that do not fit skipped); without it, the shape `backends.cuda.skinny_confi
 microseconds a call and the weight's bytes per second; `--json PATH` writes the best shapes. `--bf16`:
 the same kernel unscaled on bf16 weights (`skinny_matmul`) swept against cuBLAS.
 
-    python benchmarks/bench_fp8_skinny.py [--rows 32,64,128,192,256] [--sweep] [--json best.json]
+    python benchmarks/bench_fp8_skinny.py [--rows 32,64,128,192,256] [--sweep | --sweep-big] [--json best.json]
     python benchmarks/bench_fp8_skinny.py --bf16 [--rows 64,128,192,256]   # the unscaled kernel, swept
 """
 
@@ -42,6 +42,16 @@ def candidates(m: int, n: int, k: int, bf16: bool) -> list[SkinnyConfig]:
     swap_bms = sorted({min(128, max(16, 1 << (m - 1).bit_length())), 64} if m > 32 else {32})
     for bm, bn, bk, sk in itertools.product(swap_bms, [64, 128], bks, splits):
         out.append(SkinnyConfig(bm, bn, bk, sk, 4 if bn == 64 else 8, 4, True))
+    return [c for c in out if c.fits(m, n, k)]
+
+
+def big_candidates(m: int, n: int, k: int) -> list[SkinnyConfig]:
+    """`--sweep-big`: every batch row in one 256-row tile (swap: the tensor core's N = 256), W tiles of
+    64 or 128 rows, shallower pipelines (a stage holds 256 rows of x)."""
+    out = [
+        SkinnyConfig(256, bn, bk, 1, 4 if bn == 64 else 8, stages, True)
+        for bn, bk, stages in itertools.product([64, 128], [64, 128], [2, 3])
+    ]
     return [c for c in out if c.fits(m, n, k)]
 
 
@@ -110,6 +120,7 @@ def main() -> None:
     ap.add_argument("--rows", default="32,64,128,192,256")
     ap.add_argument("--only", default="", help="projections, e.g. o,down")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-big", action="store_true", help="the chosen shape and 256-row tiles only")
     ap.add_argument("--top", type=int, default=3, help="with --sweep: shapes printed per row count")
     ap.add_argument("--json", default=None)
     ap.add_argument("--bf16", action="store_true", help="sweep the unscaled kernel on bf16 weights instead")
@@ -155,7 +166,7 @@ def main() -> None:
                 )
                 best.setdefault(f"{n}x{k}", []).append([m, *_fields(cfg), round(t, 2), round(base, 2)])
             print(line, flush=True)
-            for t, _err, cfg in results[: ns.top] if ns.sweep else []:
+            for t, _err, cfg in results[: ns.top] if ns.sweep or ns.sweep_big else []:
                 print(f"    {t:7.1f} us  {cfg}")
     if ns.json:
         with open(ns.json, "w") as f:

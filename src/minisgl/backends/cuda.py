@@ -274,7 +274,7 @@ class CudaOps(TorchOps):
             else None
         )
         mm = fp8_matmul(x2, weight, bias, res2)
-        if mm is not None and res2 is not None:
+        if mm is not None and residual is not None and res2 is not None:
             return residual
         y = super().linear(x2, weight, bias) if mm is None else mm  # None: the reference, dequantized
         y = y.view(*x.shape[:-1], -1)
