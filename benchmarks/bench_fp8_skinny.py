@@ -148,6 +148,8 @@ def main() -> None:
                 if ns.sweep
                 else [c for c in [skinny_config(m, n, k)] if c is not None]
             )
+            if ns.sweep_big:
+                cfgs += big_candidates(m, n, k)
             results = []
             for cfg in cfgs:
                 try:
