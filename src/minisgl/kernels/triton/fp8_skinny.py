@@ -130,7 +130,9 @@ def _skinny_kernel(
             for s in tl.static_range(SPLIT_K):  # in split order, whichever finished last
                 total += tl.load(Part + (s * tiles + tile).to(tl.int64) * (BLOCK_M * BLOCK_N) + cell,
                                  cache_modifier=".cg")  # fmt: skip
-            _finish(total, XS, WS, Bias, Y, offs_m, offs_n, m, stride_xs, stride_ym, SCALED, HAS_BIAS, ADD_RES)
+            _finish(
+                total, XS, WS, Bias, Y, offs_m, offs_n, m, stride_xs, stride_ym, SCALED, HAS_BIAS, ADD_RES
+            )
 
 
 def skinny_fp8_matmul(
