@@ -58,7 +58,12 @@ def accum(rows: list[int], h: int, i: int) -> None:
             for fast in (False, True):
                 out = scaled_mm(xq, xs, w, None, torch.bfloat16, fast)
                 err = float((out.double() - ref).norm() / ref.norm())
-                us = do_bench_cudagraph(functools.partial(scaled_mm, xq, xs, w, None, torch.bfloat16, fast), rep=30) * 1e3
+                us = (
+                    do_bench_cudagraph(
+                        functools.partial(scaled_mm, xq, xs, w, None, torch.bfloat16, fast), rep=30
+                    )
+                    * 1e3
+                )
                 cells.append(f"{'fast' if fast else 'promoted'} {us:6.1f} us (err {err:.2e})")
             print(f"{name} {n}x{k}, {t} rows: {', '.join(cells)}", flush=True)
 
