@@ -1709,6 +1709,13 @@ static inline __attribute__((always_inline)) void rp_sub(const int fmt, const in
 
 #define RP_AHEAD 4 /* full sub-groups of each row asked for ahead of their use (streams stay busy) */
 #if defined(MINISGL_AMX)
+#define RP_IN_ROW 0 /* the prefetches may run past a row's end into the rows after it */
+#else /* only within the row: at K = 576 (2 full sub-groups a row) they ran past it into rows read much
+       * later; on a 2-core Zen 4, one row through the Q8_0 LM head (49152 x 576, streaming) 0.82x the
+       * time, with the 4-row tiles below 0.54x (bench_qlinear_shapes.py's weights, variants in turn) */
+#define RP_IN_ROW 1
+#endif
+#if defined(MINISGL_AMX)
 #define RP_PREFILL 0 /* prefill passes take the AMX tiles */
 #else /* no AMX: prefill passes run this decode kernel, RP_M_BLOCK rows at a time (a 2-core Zen 4, one
        * 128-token prompt through LLM: 180-242 ms by the generic tiles, 150-155 ms by this kernel) */
@@ -1729,9 +1736,11 @@ static inline __attribute__((always_inline)) void rp_micro_impl(const int fmt, c
     const uint8_t *p[8];
     int64_t g0 = 0;
     for (; g0 + 8 <= nb; g0 += 8, qx += 64 * 4, dl += 16, xs += 16) {
+        const int ahead = !RP_IN_ROW || g0 + (RP_AHEAD + 1) * 8 <= nb;
         for (int r = 0; r < NR; ++r) {
             p[r] = rows[r] + g0 * ts;
-            for (int o = 0; o < 8 * ts; o += 64) _mm_prefetch((const char *)p[r] + RP_AHEAD * 8 * ts + o, _MM_HINT_T0);
+            if (ahead)
+                for (int o = 0; o < 8 * ts; o += 64) _mm_prefetch((const char *)p[r] + RP_AHEAD * 8 * ts + o, _MM_HINT_T0);
         }
         rp_sub(fmt, 8, NR, NA, p, qx, X->QB, dl, xs, X->SB, acc);
     }
@@ -1759,7 +1768,12 @@ RP_PICK
  * bitwise the same; 8 rows a call halve the driver's and the lane sums' work per row (the o and qkv
  * shapes in cache: 0.75-0.8x the time). */
 #ifndef RP_ROWS8
+#if defined(MINISGL_AMX)
 #define RP_ROWS8 1
+#else /* a 2-core Zen 4, one row streaming (variants in turn, in-row prefetches): the 4-row tiles of
+       * micro_stripe 0.66x the 8-row ones' time on the Q8_0 LM head, 0.77-0.85x on the Q4_1 projections */
+#define RP_ROWS8 0
+#endif
 #endif
 static void rp_stripe8(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t Lp, int64_t t,
                        int64_t K, const RepackActs *X, const float *bias, float *y, int accumulate) {
