@@ -1709,16 +1709,15 @@ static inline __attribute__((always_inline)) void rp_sub(const int fmt, const in
 
 #define RP_AHEAD 4 /* full sub-groups of each row asked for ahead of their use (streams stay busy) */
 #if defined(MINISGL_AMX)
-#define RP_IN_ROW 0 /* the prefetches may run past a row's end into the rows after it */
-#else /* only within the row: at K = 576 (2 full sub-groups a row) they ran past it into rows read much
-       * later; on a 2-core Zen 4, one row through the Q8_0 LM head (49152 x 576, streaming) 0.82x the
-       * time, with the 4-row tiles below 0.54x (bench_qlinear_shapes.py's weights, variants in turn) */
-#define RP_IN_ROW 1
-#endif
-#if defined(MINISGL_AMX)
+#define RP_IN_ROW 0  /* the prefetches may run past a row's end into the rows after it */
 #define RP_PREFILL 0 /* prefill passes take the AMX tiles */
-#else /* no AMX: prefill passes run this decode kernel, RP_M_BLOCK rows at a time (a 2-core Zen 4, one
-       * 128-token prompt through LLM: 180-242 ms by the generic tiles, 150-155 ms by this kernel) */
+#else
+/* Prefetches only within the row: at K = 576 (2 full sub-groups a row) they ran past it into rows read
+ * much later; on a 2-core Zen 4, one row through the Q8_0 LM head (49152 x 576, streaming) 0.82x the
+ * time, with the 4-row tiles below 0.54x (bench_qlinear_shapes.py's weights, variants in turn). */
+#define RP_IN_ROW 1
+/* Prefill passes run this decode kernel, RP_M_BLOCK rows at a time (a 2-core Zen 4, one 128-token
+ * prompt through LLM: 180-242 ms by the generic tiles, 150-155 ms by this kernel). */
 #define RP_PREFILL 1
 #endif
 #define RP_M_BLOCK 256
