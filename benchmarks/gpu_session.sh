@@ -310,6 +310,52 @@ for step in $steps; do
       timeout 300 python3 benchmarks/bench_fp8_accuracy.py --model /tmp/smollm2.gguf --prompt-source chat,random \
         --compare ${FP8_ACC_COMPARE:-fp8,fp8w,kv,fp32} 2>&1 | grep -v "^[0-9:]* I \[" | grep -v "^\[transformers\]" \
         | grep -v "Loading weights" | tee -a "$OUT/fp8trained.log" ;;
+    ncuattn)  # Nsight Compute on the decode attention kernel (8B heads, batch 256, context 1024, one split): fp8 pool
+      # packed and one-head, bf16 pool (NCU_ATTN: "kv launch kernel-regex;..."); the Triton cache's files of the kernels kept
+      IFS=';' read -ra cfgs <<< "${NCU_ATTN:-fp8 64:4:2:2:128 _decode_packed;fp8 64:4:2:0:0 _decode_kernel;bf16 64:4:2:0:0 _decode_kernel}"
+      for cfg in "${cfgs[@]}"; do
+        set -- $cfg
+        echo "== KV $1, launch $2, kernel $3" | tee -a "$OUT/ncuattn.log"
+        timeout 180 ncu --clock-control none -k "regex:$3" -c 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+          --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+          --section InstructionStats --section SourceCounters python3 benchmarks/bench_decode_attention.py --batch 256 \
+          --context ${NCU_CONTEXT:-1024} --splits 1 --new --kv-dtype $1 --launches $2 2>&1 | grep -v "^==PROF==" >> "$OUT/ncuattn.log"
+      done
+      mkdir -p "$OUT/triton_cache"
+      find ~/.triton/cache -name "_decode*" \( -name "*.ttgir" -o -name "*.ptx" \) -exec cp {} "$OUT/triton_cache/" \; 2>/dev/null
+      for f in $(find ~/.triton/cache -name "_decode*.cubin"); do cuobjdump -sass "$f" > "$OUT/triton_cache/$(basename "$f").sass"; done ;;
+    vpages)  # V by page read in page rows (kernels/triton/kv_pages.py): the attention kernels' tests compiled, then decode
+      # attention over an fp8 pool and the extend kernel, .ab/src (the tree before, carried) and this tree in turn
+      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fp8_kernels.py tests/kernels/test_triton_kernels.py \
+        -k "attention or packed" 2>&1 | tail -3 | tee -a "$OUT/vpages.log"
+      for v in old new; do
+        pp=$PYTHONPATH
+        [ $v = old ] && pp=/tmp/site:$PWD/.ab/src
+        echo "== $v" | tee -a "$OUT/vpages.log"
+        for args in "--batch 256 --context 1024 --splits 1 --launches 64:4:2:2:128,64:4:2:0:0" \
+          "--batch 256 --context-range 151:1074 --order desc --splits 1" "--batch 128 --context-range 300:1300 --order desc" \
+          "--batch 48 --context-range 900:1900 --order desc"; do
+          PYTHONPATH=$pp timeout 100 python3 benchmarks/bench_decode_attention.py --new --kv-dtype fp8 $args 2>&1 | tee -a "$OUT/vpages.log"
+        done
+        PYTHONPATH=$pp timeout 100 python3 benchmarks/bench_extend_attention.py --kv-dtype fp8 2>&1 | tail -4 | tee -a "$OUT/vpages.log"
+      done ;;
+    vpages2)  # the one-head decode kernel over an fp8 pool reading V in page rows (MINISGL_FP8_V_PAGES): its tests compiled,
+      # decode attention by batch with it off / on, then the fp8 (weights + KV) workload on / off (VP_WL: the order)
+      timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fp8_kernels.py -k "attention or packed" 2>&1 \
+        | tail -3 | tee -a "$OUT/vpages2.log"
+      for bs in ${VP_BATCHES:-16 32 64 96 128}; do
+        for v in 0 1; do
+          echo "== batch $bs MINISGL_FP8_V_PAGES=$v" | tee -a "$OUT/vpages2.log"
+          MINISGL_FP8_V_PAGES=$v timeout 100 python3 benchmarks/bench_decode_attention.py --new --kv-dtype fp8 --batch $bs \
+            --context-range 300:1300 --order desc --splits 1,2,4 --launches 64:4:2,32:2:4 2>&1 | grep "launch" | tee -a "$OUT/vpages2.log"
+        done
+      done
+      for v in ${VP_WL:-1 0}; do
+        echo "== workload MINISGL_FP8_V_PAGES=$v" | tee -a "$OUT/vpages2.log"
+        MINISGL_FP8_V_PAGES=$v timeout 200 python3 -m minisgl bench offline --device cuda --model-config llama3-8b --num-prompts 256 \
+          --skip-hf --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 1 \
+          --quantization fp8 --kv-cache-dtype fp8_e4m3 2>&1 | grep -E "^(minisgl|  prefill|  decode|  roofline)" | tee -a "$OUT/vpages2.log"
+      done ;;
     fp8prof)  # where an fp8 decode step's time goes (8B shapes): kernels of the graph replay
       IFS=';' read -ra cfgs <<< "${FP8_PROF:-1 --quantization fp8;256 --quantization fp8 --kv-cache-dtype fp8_e4m3}"
       for cfg in "${cfgs[@]}"; do

@@ -407,15 +407,27 @@ def _fp8_cache(slots: int, hkv: int, d: int, gen: torch.Generator):
     return q, scale, q.float() * scale[None, :, None]
 
 
+@pytest.mark.parametrize("v_pages", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("hq", "hkv", "d", "ps", "splits"), [(8, 2, 64, 16, 1), (9, 3, 64, 4, 3), (4, 1, 128, 1, 2)]
 )
 def test_decode_attention_reads_an_fp8_cache(
-    dtype: torch.dtype, hq: int, hkv: int, d: int, ps: int, splits: int
+    dtype: torch.dtype,
+    hq: int,
+    hkv: int,
+    d: int,
+    ps: int,
+    splits: int,
+    v_pages: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The one-head kernel over an fp8 pool, V read as a (positions, channels) tile or in page rows
+    (`fp8_v_pages`, which large batches take; forced here for these few requests)."""
+    from minisgl.kernels.triton import attention
     from minisgl.kernels.triton.attention import decode_attention
 
+    monkeypatch.setattr(attention, "fp8_v_pages", lambda bsz, splits: v_pages)
     gen = torch.Generator().manual_seed(hq + d + splits)
     lens = [1, 37, 0, 70]
     max_pages = -(-max(lens) // ps)
@@ -482,6 +494,7 @@ def test_decode_attention_stores_the_new_token_in_fp8_and_attends_over_it_as_sto
     [
         (16, 4, 32, 16, 1, (16, 4, 2, 4, 0)),
         (9, 3, 64, 4, 2, (16, 4, 2, 2, 0)),
+        (8, 2, 64, 32, 1, (16, 4, 2, 2, 0)),  # pages longer than a block: V read by position
         (
             8,
             2,

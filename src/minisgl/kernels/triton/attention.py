@@ -45,6 +45,8 @@ import triton.language as tl
 
 from .decode import decode_packed, packed_heads, packed_maxnreg
 from .fp8 import WIDEN, quantize_fp8, widen_fp8
+from .kv_pages import v_at as _v_at
+from .kv_pages import v_pages as _v_pages
 from .pdl import pdl_enter, pdl_launch, use_pdl
 
 _FP8_DOT_BF16 = os.environ.get("MINISGL_FP8_ATTN_DOT") == "bf16"
@@ -60,16 +62,21 @@ _HEADS_FIRST = os.environ.get("MINISGL_DECODE_HEADS_FIRST", "1") != "0"
 _FP8_MAXNREG = int(os.environ.get("MINISGL_FP8_ATTN_MAXNREG", "0"))
 # > 0: the decode kernel moves its running max only when a row's grows by more than this (`_scores`).
 _LAZY = float(os.environ.get("MINISGL_DECODE_LAZY", "0"))
+# The one-head decode kernel over an fp8 pool (V by page transposed), where `fp8_v_pages` says: 1
+# (default) V read in page rows (`kv_pages.v_pages`) with the launch FP8_V_PAGES_LAUNCH; 0 always a
+# (positions, channels) tile with (64, 4, 2), as before (A/B).
+_FP8_V_PAGES = os.environ.get("MINISGL_FP8_V_PAGES", "1") != "0"
+FP8_V_PAGES_LAUNCH = (32, 2, 4)
 
 
-@triton.jit
-def _v_at(VCache, page, off, head, d, stride_cs, stride_ch, stride_vp, D: tl.constexpr, PS: tl.constexpr,
-          V_T: tl.constexpr):  # fmt: skip
-    """Pointers to V of slot page * PS + off, head, channel d, in either layout (slot-major, or by
-    page transposed)."""
-    if V_T:
-        return VCache + page * stride_vp + head * (D * PS) + d * PS + off
-    return VCache + (page * PS + off) * stride_cs + head * stride_ch + d
+def fp8_v_pages(bsz: int, num_splits: int) -> bool:
+    """Whether the one-head kernel reads an fp8 pool's V in page rows: at two splits from 48 requests,
+    at one from 128. H200, 8B heads, contexts 300-1300 longest first (`bench_decode_attention.py`),
+    (32, 2, 4) in page rows against (64, 4, 2) as a tile: two splits, batch 32 38.8 / 34.0 us, 48
+    62.6 / 71.7, 64 48.7 / 51.8; one split, batch 96 79.6 / 71.2, 128 82.1 / 90.6 (and 82.0 / 90.2 in
+    another call). At (64, 4, 2) the page rows lost (128: 95.5 / 90.6), as they did in the packed and
+    the extend kernels (204.9 / 196.3 us at batch 256, 187.1 / 171.5 us), which keep the tile."""
+    return _FP8_V_PAGES and ((num_splits == 2 and bsz >= 48) or (num_splits == 1 and bsz >= 128))
 
 
 @triton.jit
@@ -220,9 +227,13 @@ def _k_block(KCache, pt_row, n0, cached_end, kvh, offs_j, j_mask, stride_cs, str
 
 
 @triton.jit
-def _v_block(VCache, pos, n_mask, page_mask, page, kvh, offs_d, d_mask, stride_cs, stride_ch, stride_vp,
-             D: tl.constexpr, PS: tl.constexpr, V_T: tl.constexpr):  # fmt: skip
-    """V (BLOCK_N, BLOCK_D) of `_k_block`'s positions, as stored."""
+def _v_block(VCache, pt_row, n0, end, pos, n_mask, page_mask, page, kvh, offs_d, d_mask, stride_cs, stride_ch,
+             stride_vp, D: tl.constexpr, BLOCK_D: tl.constexpr, PS: tl.constexpr, BLOCK_N: tl.constexpr,
+             V_T: tl.constexpr, V_PAGES: tl.constexpr):  # fmt: skip
+    """V (BLOCK_N, BLOCK_D) of `_k_block`'s positions [n0, n0 + BLOCK_N) below `end`, as stored; V_PAGES
+    (with V_T): read in page rows (`kv_pages.v_pages`)."""
+    if V_T and V_PAGES and BLOCK_N % PS == 0:
+        return _v_pages(VCache, pt_row, n0, end, kvh, D, stride_vp, D, BLOCK_D, PS, BLOCK_N)
     v_ptr = _v_at(VCache, page[:, None], (pos % PS)[:, None], kvh, offs_d[None, :], stride_cs, stride_ch,
                   stride_vp, D, PS, V_T)  # fmt: skip
     v_mask = (page_mask if V_T else n_mask)[:, None] & d_mask[None, :]
@@ -313,6 +324,7 @@ def _decode_kernel(
     BLOCK_S: tl.constexpr,  # NUM_SPLITS padded to a power of two
     HEADS_FIRST: tl.constexpr,  # grid (Hkv, B, splits): a request's heads launch one after the other
     LAZY: tl.constexpr = 0.0,  # > 0: `_scores`' lazy rescaling
+    V_PAGES: tl.constexpr = False,  # with V_T: V read in page rows (`_v_block`)
 ):
     if HEADS_FIRST:
         kvh = tl.program_id(0)
@@ -346,8 +358,8 @@ def _decode_kernel(
     if PEEL:
         pos0, n_mask0, page_mask0, page0, k01, k02 = _k_block(KCache, pt_row, start, cached_end, kvh, offs_j, j_mask,
                                                               stride_cs, stride_ch, D, PS, BLOCK_N)  # fmt: skip
-        v0 = _v_block(VCache, pos0, n_mask0, page_mask0, page0, kvh, offs_d, d_mask, stride_cs, stride_ch,
-                      stride_vp, D, PS, V_T)  # fmt: skip
+        v0 = _v_block(VCache, pt_row, start, cached_end, pos0, n_mask0, page_mask0, page0, kvh, offs_d, d_mask,
+                      stride_cs, stride_ch, stride_vp, D, BLOCK_D, PS, BLOCK_N, V_T, V_PAGES)  # fmt: skip
     pdl_enter(PDL and PEEL)
     # An fp8 cache: scores and outputs in the cache's units, scaled once; the dots in fp16 (KV_F16)
     # or, for bf16 q, in `widen_fp8`'s units (the tiles 2^-112 times their values: `unit` puts it back).
@@ -423,8 +435,9 @@ def _decode_kernel(
         pos, n_mask, page_mask, page, k1, k2 = _k_block(KCache, pt_row, n0, cached_end, kvh, offs_j, j_mask,
                                                         stride_cs, stride_ch, D, PS, BLOCK_N)  # fmt: skip
         m_i, l_i, p, alpha, grow = _scores(q1, q2, k1, k2, n_mask, m_i, l_i, s_scale, wide, IEEE, LAZY)
-        v = _widen(_v_block(VCache, pos, n_mask, page_mask, page, kvh, offs_d, d_mask, stride_cs, stride_ch,
-                            stride_vp, D, PS, V_T), q1.dtype, wide)  # fmt: skip
+        v = _widen(_v_block(VCache, pt_row, n0, cached_end, pos, n_mask, page_mask, page, kvh, offs_d, d_mask,
+                            stride_cs, stride_ch, stride_vp, D, BLOCK_D, PS, BLOCK_N, V_T, V_PAGES), q1.dtype,
+                   wide)  # fmt: skip
         acc = _rescale(acc, alpha, grow, LAZY) + _dot(p.to(v.dtype), v, IEEE)
     if HAS_NEW:
         if (start <= seq_len - 1) & (seq_len - 1 < end):
@@ -559,7 +572,11 @@ def decode_attention(
     if bsz == 0:
         return out
     block_d = max(16, triton.next_power_of_2(d))  # tl.dot needs dimensions >= 16
-    block_n, warps, stages = (launch or ())[:3] or (64 if block_d <= 128 else 32, 4, 2)
+    k_scale, v_scale, quant = _scale_args(k_cache, scales)
+    v_t = _v_layout(k_cache, v_cache, page_size)[0]
+    v_pages = v_t and fp8_v_pages(bsz, num_splits)
+    default = FP8_V_PAGES_LAUNCH if v_pages else (64 if block_d <= 128 else 32, 4, 2)
+    block_n, warps, stages = (launch or ())[:3] or default
     ieee = q.dtype == torch.float32
     if new_kv is not None:
         k_new, v_new, slots = new_kv
@@ -586,10 +603,8 @@ def decode_attention(
         lse = torch.empty(bsz, hq, num_splits, dtype=torch.float32, device=q.device)
         if done is None:
             done = torch.zeros(bsz * hkv, dtype=torch.int32, device=q.device)
-    k_scale, v_scale, quant = _scale_args(k_cache, scales)
     pdl = use_pdl(q)
     first = _HEADS_FIRST if heads_first is None else heads_first
-    v_t = _v_layout(k_cache, v_cache, page_size)[0]
     if qk_norm is not None:
         heads = 0
     elif launch and len(launch) > 3:
@@ -624,7 +639,7 @@ def decode_attention(
         NUM_SPLITS=num_splits, HAS_NEW=new_kv is not None, ROPE=rope is not None, QK_NORM=qk_norm is not None,
         QUANT=quant, KV_F16=_kv_f16(quant, q), V_T=v_t, IEEE=ieee, PDL=pdl,
         PEEL=new_kv is not None and num_splits > 1 and _PREWAIT, BLOCK_G=block_g, BLOCK_S=block_s,
-        HEADS_FIRST=first, LAZY=_LAZY, num_warps=warps, num_stages=stages, **options,
+        HEADS_FIRST=first, LAZY=_LAZY, V_PAGES=v_pages, num_warps=warps, num_stages=stages, **options,
     )  # fmt: skip
     return out
 
@@ -712,10 +727,8 @@ def _extend_kernel(
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v_ptr = _v_at(VCache, page[:, None], (pos % PS)[:, None], kvh, offs_d[None, :], stride_cs, stride_ch,
-                      stride_vp, D, PS, V_T)  # fmt: skip
-        v_mask = (page_mask if V_T else n_mask)[:, None] & d_mask[None, :]
-        v = _widen(tl.load(v_ptr, mask=v_mask, other=0.0), q.dtype, wide)
+        v = _widen(_v_block(VCache, pt_row, n0, kv_end, pos, n_mask, page_mask, page, kvh, offs_d, d_mask, stride_cs,
+                            stride_ch, stride_vp, D, BLOCK_D, PS, BLOCK_N, V_T, False), q.dtype, wide)  # fmt: skip
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
         m_i = m_new
     out = acc * (v_scale / tl.where(l_i > 0, l_i, 1.0))[:, None]

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from ..fp8 import WIDEN, quantize_fp8, widen_fp8
+from ..kv_pages import v_at as _v_at
 from ..pdl import pdl_enter
 
 # MINISGL_FP8_ATTN_V2: 1 (default) this kernel for an fp8 pool at one split from
@@ -97,15 +98,6 @@ def _dot(a, b, IEEE: tl.constexpr):
     if IEEE:
         return tl.dot(a, b, input_precision="ieee")
     return tl.dot(a, b)
-
-
-@triton.jit
-def _v_at(VCache, page, off, head, d, stride_cs, stride_ch, stride_vp, D: tl.constexpr, PS: tl.constexpr,
-          V_T: tl.constexpr):  # fmt: skip
-    """As `attention._v_at`: V of slot page * PS + off, slot-major or by page transposed."""
-    if V_T:
-        return VCache + page * stride_vp + head * (D * PS) + d * PS + off
-    return VCache + (page * PS + off) * stride_cs + head * stride_ch + d
 
 
 @triton.jit
