@@ -233,7 +233,7 @@ def _v_block(VCache, pt_row, n0, end, pos, n_mask, page_mask, page, kvh, offs_d,
     """V (BLOCK_N, BLOCK_D) of `_k_block`'s positions [n0, n0 + BLOCK_N) below `end`, as stored; V_PAGES
     (with V_T): read in page rows (`kv_pages.v_pages`)."""
     if V_T and V_PAGES and BLOCK_N % PS == 0:
-        return _v_pages(VCache, pt_row, n0, end, kvh, D, stride_vp, D, BLOCK_D, PS, BLOCK_N)
+        return _v_pages(VCache, pt_row, n0, end, kvh, stride_vp, D, BLOCK_D, PS, BLOCK_N)
     v_ptr = _v_at(VCache, page[:, None], (pos % PS)[:, None], kvh, offs_d[None, :], stride_cs, stride_ch,
                   stride_vp, D, PS, V_T)  # fmt: skip
     v_mask = (page_mask if V_T else n_mask)[:, None] & d_mask[None, :]

@@ -19,14 +19,13 @@ def v_at(VCache, page, off, head, d, stride_cs, stride_ch, stride_vp, D: tl.cons
 
 
 @triton.jit
-def v_pages(VCache, pt_row, n0, end, head, d_lim, stride_vp, D: tl.constexpr, BLOCK_D: tl.constexpr,
-             PS: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+def v_pages(VCache, pt_row, n0, end, head, stride_vp, D: tl.constexpr, BLOCK_D: tl.constexpr, PS: tl.constexpr,
+            BLOCK_N: tl.constexpr):  # fmt: skip
     """V (BLOCK_N, BLOCK_D) of positions [n0, n0 + BLOCK_N) (n0 and BLOCK_N multiples of PS) from a pool
-    by page transposed, whole pages that start below `end`, channels below d_lim (D, or 0 for none).
-    Loaded as (channels, pages, PS), so that neighbouring lanes read one page's neighbouring channels
-    (a quarter-warp 128 contiguous bytes of an fp8 pool): a (BLOCK_N, BLOCK_D) pointer tile puts its
-    lanes along the positions first, 16 bytes from each of four pages a quarter-warp, and the L2 then
-    served every V sector twice (ncu at batch 256: 33% of the sectors excess, L2 hit rate 37%)."""
+    by page transposed, whole pages that start below `end`. Loaded as a (channels, pages, PS) tile,
+    so that a warp's lanes read one page's neighbouring channels (512 contiguous bytes of an fp8 pool)
+    where a (BLOCK_N, BLOCK_D) tile puts them along the positions first (16 bytes from each of four
+    pages a quarter-warp). Which is faster depends on the launch: `attention.fp8_v_pages`."""
     NP: tl.constexpr = BLOCK_N // PS
     first = n0 + tl.arange(0, NP) * PS  # (NP,) each page's first position
     page_ok = first < end
@@ -35,5 +34,5 @@ def v_pages(VCache, pt_row, n0, end, head, d_lim, stride_vp, D: tl.constexpr, BL
     offs_o = tl.arange(0, PS)
     in_page = offs_d[:, None, None] * PS + offs_o[None, None, :]  # (BLOCK_D, 1, PS)
     ptr = VCache + head * (D * PS) + pages[None, :, None] * stride_vp + in_page  # (BLOCK_D, NP, PS)
-    v = tl.load(ptr, mask=(offs_d < d_lim)[:, None, None] & page_ok[None, :, None], other=0.0)
+    v = tl.load(ptr, mask=(offs_d < D)[:, None, None] & page_ok[None, :, None], other=0.0)
     return tl.reshape(tl.permute(v, (1, 2, 0)), (BLOCK_N, BLOCK_D))
