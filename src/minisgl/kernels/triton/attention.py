@@ -73,9 +73,10 @@ def fp8_v_pages(bsz: int, num_splits: int) -> bool:
     """Whether the one-head kernel reads an fp8 pool's V in page rows: at two splits from 48 requests,
     at one from 128. H200, 8B heads, contexts 300-1300 longest first (`bench_decode_attention.py`),
     (32, 2, 4) in page rows against (64, 4, 2) as a tile: two splits, batch 32 38.8 / 34.0 us, 48
-    62.6 / 71.7, 64 48.7 / 51.8; one split, batch 96 79.6 / 71.2, 128 82.1 / 90.6 (and 82.0 / 90.2 in
-    another call). At (64, 4, 2) the page rows lost (128: 95.5 / 90.6), as they did in the packed and
-    the extend kernels (204.9 / 196.3 us at batch 256, 187.1 / 171.5 us), which keep the tile."""
+    44.7 / 43.2 (contexts 900-1900: 62.6 / 71.7), 64 48.7 / 51.8; one split, batch 96 79.6 / 71.2, 128
+    82.1 / 90.6 (81.9 / 90.2 and 82.0 / 90.2 in two other calls). At (64, 4, 2) the page rows lost
+    (128: 95.5 / 90.6), as they did in the packed and the extend kernels (204.9 / 196.3 us at batch
+    256, 187.1 / 171.5 us), which keep the tile."""
     return _FP8_V_PAGES and ((num_splits == 2 and bsz >= 48) or (num_splits == 1 and bsz >= 128))
 
 
