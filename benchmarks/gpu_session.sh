@@ -3,7 +3,7 @@
 # Run from the project root on the device machine (logs under $OUT):
 #   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [gemv] [pprof] [wprof] [bs256] [serve] [tp] [dp] [moe] [moe-tp]
 #     [fp8tests] [fp8linear] [fp8attn] [fp8bench] [fp8workload] [fp8acc] [fp8prof] [moetests] [moe1] [moeb1] [moewl]
-#     [fp8tests] [fp8linear] [fp8attn] [fp8attn2] [fp8wl2] [fp8attn2x] [fp8bench] [fp8workload] [fp8acc] [fp8trained] [fp8prof] [moetests] [moe1] [moewl] [qknorm] [wltrace] [skinny] [skinnywl] [skinny16] [extend]
+#     [fp8tests] [fp8linear] [fp8attn] [fp8attn2] [fp8wl2] [fp8attn2x] [fp8bench] [fp8workload] [fp8acc] [fp8trained] [fp8prof] [moetests] [moe1] [moewl] [qknorm] [wltrace] [skinny] [skinnywl] [skinny16] [extend] [ncuattn] [vpages] [vpages2]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 # The structured-output tests need llguidance, which ../shared/device/stage.sh does not stage:
 #   .venv/bin/pip download llguidance --python-version 3.12 --only-binary :all: --no-deps -d .whl
