@@ -1710,12 +1710,21 @@ static inline __attribute__((always_inline)) void rp_sub(const int fmt, const in
 #define RP_AHEAD 4 /* full sub-groups of each row asked for ahead of their use (streams stay busy) */
 #if defined(MINISGL_AMX)
 #define RP_IN_ROW 0  /* the prefetches may run past a row's end into the rows after it */
+#define RP_Q4_AHEAD RP_AHEAD
 #define RP_PREFILL 0 /* prefill passes take the AMX tiles */
 #else
-/* Prefetches only within the row: at K = 576 (2 full sub-groups a row) they ran past it into rows read
+/* Q8_0 rows prefetch only within the row: at K = 576 (2 full sub-groups a row) they ran past it into rows read
  * much later; on a 2-core Zen 4, one row through the Q8_0 LM head (49152 x 576, streaming) 0.82x the
  * time, with the 4-row tiles below 0.54x (bench_qlinear_shapes.py's weights, variants in turn). */
 #define RP_IN_ROW 1
+/* Q4_0/Q4_1 rows against one activation row ask 2 sub-groups ahead and past their row's end (Q8_0
+ * rows, the LM head, and tiles of several activation rows keep within the row; a prefill pass of 512
+ * tokens took 1.03-1.06x the time with every Q4 tile past its rows): with the 4-row tiles a place's
+ * next row is the stripe this thread reads next. A
+ * 2-core Zen 4, one row streaming through copies of each weight in recorded replays, three rounds,
+ * time against within-row prefetches: down (576 x 1536) 0.82-0.92, gate/up 0.96-0.97, o 0.97-0.99,
+ * qkv 0.99-1.02, the LM head 1.00; all rows past their end (Q8_0 too) made the LM head 1.10. */
+#define RP_Q4_AHEAD 2
 /* Prefill passes run this decode kernel, RP_M_BLOCK rows at a time (a 2-core Zen 4, one 128-token
  * prompt through LLM: 180-242 ms by the generic tiles, 150-155 ms by this kernel). */
 #define RP_PREFILL 1
@@ -1735,11 +1744,12 @@ static inline __attribute__((always_inline)) void rp_micro_impl(const int fmt, c
     const uint8_t *p[8];
     int64_t g0 = 0;
     for (; g0 + 8 <= nb; g0 += 8, qx += 64 * 4, dl += 16, xs += 16) {
-        const int ahead = !RP_IN_ROW || g0 + (RP_AHEAD + 1) * 8 <= nb;
+        const int within = q8 || NA > 1; /* past the row's end: Q4 rows against one activation row */
+        const int ra = within ? RP_AHEAD : RP_Q4_AHEAD, ahead = !(RP_IN_ROW && within) || g0 + (ra + 1) * 8 <= nb;
         for (int r = 0; r < NR; ++r) {
             p[r] = rows[r] + g0 * ts;
             if (ahead)
-                for (int o = 0; o < 8 * ts; o += 64) _mm_prefetch((const char *)p[r] + RP_AHEAD * 8 * ts + o, _MM_HINT_T0);
+                for (int o = 0; o < 8 * ts; o += 64) _mm_prefetch((const char *)p[r] + ra * 8 * ts + o, _MM_HINT_T0);
         }
         rp_sub(fmt, 8, NR, NA, p, qx, X->QB, dl, xs, X->SB, acc);
     }
