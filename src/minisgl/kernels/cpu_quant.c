@@ -1713,17 +1713,17 @@ static inline __attribute__((always_inline)) void rp_sub(const int fmt, const in
 #define RP_Q4_AHEAD RP_AHEAD
 #define RP_PREFILL 0 /* prefill passes take the AMX tiles */
 #else
-/* Q8_0 rows prefetch only within the row: at K = 576 (2 full sub-groups a row) they ran past it into rows read
- * much later; on a 2-core Zen 4, one row through the Q8_0 LM head (49152 x 576, streaming) 0.82x the
- * time, with the 4-row tiles below 0.54x (bench_qlinear_shapes.py's weights, variants in turn). */
+/* Q8_0 rows (and tiles of several activation rows) prefetch only within the row: at K = 576 (2 full
+ * sub-groups a row) they ran past it into rows read much later; on a 2-core Zen 4, one row through the
+ * Q8_0 LM head (49152 x 576, streaming) 0.82x the time, with the 4-row tiles below 0.54x
+ * (bench_qlinear_shapes.py's weights, variants in turn). */
 #define RP_IN_ROW 1
-/* Q4_0/Q4_1 rows against one activation row ask 2 sub-groups ahead and past their row's end (Q8_0
- * rows, the LM head, and tiles of several activation rows keep within the row; a prefill pass of 512
- * tokens took 1.03-1.06x the time with every Q4 tile past its rows): with the 4-row tiles a place's
- * next row is the stripe this thread reads next. A
- * 2-core Zen 4, one row streaming through copies of each weight in recorded replays, three rounds,
- * time against within-row prefetches: down (576 x 1536) 0.82-0.92, gate/up 0.96-0.97, o 0.97-0.99,
- * qkv 0.99-1.02, the LM head 1.00; all rows past their end (Q8_0 too) made the LM head 1.10. */
+/* Q4_0/Q4_1 rows against one activation row ask RP_Q4_AHEAD sub-groups ahead and past their row's
+ * end: with the 4-row tiles a place's next row is the stripe this thread reads next. The same Zen 4,
+ * one row streaming through copies of each weight in recorded replays, three rounds, time against 4
+ * ahead within the row: down (576 x 1536) 0.82-0.92, gate/up 0.96-0.97, o 0.97-0.99, qkv 0.99-1.02,
+ * the LM head 1.00 (1 or 3 ahead: down 1.04x 2's). Past the row's end for Q8_0 rows too, the LM head
+ * took 1.10x; for the prefill tiles too, a 512-token prefill 1.02-1.06x. */
 #define RP_Q4_AHEAD 2
 /* Prefill passes run this decode kernel, RP_M_BLOCK rows at a time (a 2-core Zen 4, one 128-token
  * prompt through LLM: 180-242 ms by the generic tiles, 150-155 ms by this kernel). */
