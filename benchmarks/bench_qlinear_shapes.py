@@ -7,7 +7,7 @@ and the rows repacked for the decode kernel (`quant.repack`, what the CPU backen
 set by call set, and prints the ratio.
 
     python benchmarks/bench_qlinear_shapes.py [--gguf FILE] [--rows 1] [--threads 1] [--isa avx512] [--copies 1]
-        [--layout file|repacked|both]
+        [--layout file|repacked|both] [--prefill]
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ def main() -> None:
     ap.add_argument("--isa", default=None, help="a build of cpu_quant.c (default: the best this CPU runs)")
     ap.add_argument("--copies", type=int, default=1, help="copies of each weight, used in turn")
     ap.add_argument("--layout", choices=["file", "repacked", "both"], default="file")
+    ap.add_argument(
+        "--prefill", action="store_true", help="as a prefill pass (the amx/avx512bf16 builds' bf16 path)"
+    )
     ns = ap.parse_args()
     torch.set_num_threads(ns.threads)  # the kernels share torch's OpenMP runtime
     from minisgl.kernels import quant
@@ -71,12 +74,13 @@ def main() -> None:
             for lay, copies in sets.items():
                 t = time.perf_counter()
                 for c in copies:
-                    quant.qlinear(x, c, isa=ns.isa)
+                    quant.qlinear(x, c, isa=ns.isa, prefill=ns.prefill)
                 best[lay] = min(best[lay], (time.perf_counter() - t) / len(copies))
         fmts = sorted({int(f) for f in w.row_fmts.tolist()})
         line = f"{key:14s} ({n:6d}, {k:5d}) ggml types {fmts}: {nbytes / 1e6:6.2f} MB"
         for lay in layouts:
             line += f", {lay} {best[lay] * 1e6:9.1f} us {nbytes / best[lay] / 1e9:5.1f} GB/s"
+            line += f" {ns.rows * n * k / best[lay] / 1e9:5.1f} GMAC/s"
         if len(layouts) == 2:
             line += f", repacked/file {best['repacked'] / best['file']:.3f}"
         print(line)

@@ -109,23 +109,32 @@ def test_rows_are_batch_invariant(isa: str, prefill: bool) -> None:
             torch.testing.assert_close(got, full[rows], rtol=0, atol=0)
 
 
-@pytest.mark.skipif("amx" not in RUNNABLE_ISAS, reason="no AMX-BF16 here")
+BF16_ISAS = [isa for isa in ("amx", "avx512bf16") if isa in RUNNABLE_ISAS]
+
+
+@pytest.mark.skipif(not BF16_ISAS, reason="no AVX-512 BF16 or AMX-BF16 here")
+@pytest.mark.parametrize("isa", BF16_ISAS or ["none"])
 @pytest.mark.parametrize("fmt", BLOCK_FORMATS, ids=lambda f: f.name)
-def test_amx_prefill_matches_numpy_in_bfloat16(fmt: GGMLType) -> None:
-    """The AMX tiles: weights and activations rounded to bfloat16, float32 sums; the norm, SiLU x up,
-    bias and residual as in the other path."""
+def test_bf16_prefill_matches_numpy_in_bfloat16(fmt: GGMLType, isa: str) -> None:
+    """The prefill passes of the amx (AMX tiles) and avx512bf16 (vdpbf16ps) builds: weights and
+    activations rounded to bfloat16, float32 sums; the norm, SiLU x up, bias and residual as in the
+    other path; row counts that are no multiple of the tiles."""
     w, ref = weight_of(fmt, 70, 512, seed=int(fmt))
     torch.manual_seed(1)
     x, bias, res = torch.randn(45, 512), torch.randn(70), torch.randn(45, 70)
     bf = lambda t: t.to(torch.bfloat16).double()  # noqa: E731
     want = (bf(x) @ bf(ref).T + bias.double()).float()
-    got = qlinear(x, w, bias, prefill=True, isa="amx")
+    got = qlinear(x, w, bias, prefill=True, isa=isa)
     torch.testing.assert_close(got, want, atol=1e-5 * want.abs().max(), rtol=0)
     assert (got - (x.double() @ ref.double().T + bias.double())).abs().max() < 2e-2 * want.abs().max()
     gu = torch.randn(45, 1024)
     act = F.silu(gu[:, :512]) * gu[:, 512:]
     want = res.double() + bf(act) @ bf(ref).T
-    got = qlinear(gu, w, silu_mul=True, residual=res.clone(), prefill=True, isa="amx")
+    got = qlinear(gu, w, silu_mul=True, residual=res.clone(), prefill=True, isa=isa)
+    torch.testing.assert_close(got, want.float(), atol=1e-4 * want.abs().max(), rtol=0)
+    normed = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)) * (1 + 0.1 * torch.arange(512) / 512)
+    want = bf(normed) @ bf(ref).T
+    got = qlinear(x, w, norm=(1 + 0.1 * torch.arange(512) / 512, 1e-6), prefill=True, isa=isa)
     torch.testing.assert_close(got, want.float(), atol=1e-4 * want.abs().max(), rtol=0)
 
 

@@ -18,7 +18,8 @@ third) copy of the weight in RAM.
 Weights kept in a checkpoint's format (`QuantizedWeight`: GGUF blocks, 16-bit floats) go to the
 quantized kernels (`kernels.quant`) in every pass, one copy in RAM: the projection with the RMSNorm
 before it or the SiLU x up and residual add around it in one call, the embedding lookup, the LM head.
-Their results are batch-invariant too, and the same in prefill and decode.
+Their results are batch-invariant too; prefill passes of the amx and avx512bf16 builds take
+bfloat16 products (`kernels.quant`), decode passes and the LM head the integer kernels.
 """
 
 from __future__ import annotations
@@ -172,6 +173,11 @@ class CpuOps(TorchOps):
         if pack is None:  # a stale entry (a freed weight's id reused) is caught by PackedWeight's key
             pack = self._packs[id(weight)] = PackedWeight()
         return packed_linear(x, weight, bias, pack, self.decode)
+
+    def lm_head(self, h: torch.Tensor, weight: Weight) -> torch.Tensor:
+        if isinstance(weight, QuantizedWeight) and _rows_fit(h):  # the decode kernel in every pass: a
+            return quant.qlinear(h, weight)  # prefill's few rows need not decode the whole table to bf16
+        return self.linear(h, weight, None)
 
     def norm_linear(
         self,

@@ -36,6 +36,12 @@ class TorchOps:
             weight = weight.dequantize(x.dtype)
         return F.linear(x, weight, bias)
 
+    def lm_head(self, h: torch.Tensor, weight: Weight) -> torch.Tensor:
+        """The LM head's projection, h (B, hidden) @ weight (vocab rows, hidden)^T: its rows are one a
+        sequence in every pass, a decode pass's shape even in a prefill (a backend may take its decode
+        kernel for it)."""
+        return self.linear(h, weight, None)
+
     def embedding(self, ids: torch.Tensor, weight: Weight) -> torch.Tensor:
         """ids (T,) -> rows of the (vocab, hidden) table, (T, hidden)."""
         if isinstance(weight, QuantizedWeight):

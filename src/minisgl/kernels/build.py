@@ -9,8 +9,9 @@ why once in the log, and every caller keeps its plain-torch path. `MINISGL_CPU_K
 kernels off.
 
 `cpu_quant.c` is built for one instruction set, chosen once per process (`quant_isa()`): `amx`
-(`avx512` plus AMX-BF16 tiles for prefill passes, where Linux grants the tile state), `avx512` (AVX-512
-F/BW/VL/DQ with VNNI), `avx2` (AVX2, FMA, F16C) or `portable`, the best this CPU runs unless
+(`avx512` plus AMX-BF16 tiles for prefill passes, where Linux grants the tile state), `avx512bf16`
+(`avx512` plus bfloat16 dot products for prefill passes, e.g. AMD Zen 4), `avx512` (AVX-512 F/BW/VL/DQ
+with VNNI), `avx2` (AVX2, FMA, F16C) or `portable`, the best this CPU runs unless
 `MINISGL_CPU_ISA` names one; the tests build every one the CPU runs (`load_quant(isa)`).
 """
 
@@ -50,6 +51,11 @@ ISAS: dict[str, tuple[list[str], set[str]]] = {
         + ["-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mavx2", "-mfma", "-mf16c"],
         {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"}
         | {"avx2", "fma", "f16c"},
+    ),
+    "avx512bf16": (  # avx512 plus bfloat16 dot products (vdpbf16ps) for prefill passes, no AMX
+        ["-DMINISGL_AVX512", "-DMINISGL_BF16", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+        + ["-mavx512vnni", "-mavx512bf16", "-mavx2", "-mfma", "-mf16c"],
+        {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "avx2", "fma", "f16c"},
     ),
     "avx512": (
         ["-DMINISGL_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni"]

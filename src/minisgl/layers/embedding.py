@@ -73,7 +73,7 @@ class LMHead(nn.Module, OpsUser):
 
     def forward(self, h: torch.Tensor, upcast: bool = True) -> torch.Tensor:
         """(B, hidden) -> (B, vocab) float32 logits (upcast=False: in the linear's output dtype)."""
-        logits = all_gather_last_dim(self.ops.linear(h, self.w, None), self.tp)  # (B, N * rows)
+        logits = all_gather_last_dim(self.ops.lm_head(h, self.w), self.tp)  # (B, N * rows)
         if logits.shape[-1] != self.vocab_size:
             logits = logits[:, : self.vocab_size]
         return logits.float() if upcast else logits.contiguous()
