@@ -27,7 +27,7 @@ REPACK_ISAS = [isa for isa in RUNNABLE_ISAS if load_quant(isa) and load_quant(is
 # 19 and 33 blocks
 KS = [32, 64, 96, 224, 256, 576, 608, 1056]
 # builds whose prefill passes over repacked rows run the decode kernel (cpu_quant.c, RP_PREFILL: no
-# AMX there, and the generic tiles were slower); the others put the row back in order first
+# bf16 products there, and the generic tiles were slower); the others decode the rows to bf16 first
 PREFILL_BY_DECODE_KERNEL = {"avx2", "avx512"}
 
 pytestmark = [
@@ -136,7 +136,7 @@ def test_repacked_rows_are_batch_invariant(isa: str) -> None:
 def test_one_row_stripes_of_eight(isa: str, fmt: GGMLType, n: int) -> None:
     """One activation row takes 8 rows of one format per micro-tile (two adjacent rows in each of the
     four places; a short last stripe and a format change fall back to 4 at a time): against numpy, and
-    bitwise each row's result in a batch of 16 (the 4 x 4 tiles) and through the 4 x 1 tiles (a weight
+    bitwise each row's result in a batch of 16 (the 4 x 4 tiles, Q8_0's 2 x 4) and through the 4 x 1 tiles (a weight
     whose format changes every row)."""
     k = 576
     data = torch.from_numpy(random_blocks(fmt, n, k, seed=n))
