@@ -2271,11 +2271,46 @@ static inline void bf16_block(__m512i lo, __m512i hi, int L, float d, float b, u
     _mm512_storeu_si512((void *)out, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
 }
 
+/* A partial sub-group of a repacked row (n = 4, 2 or 1 blocks at g; the layout: "repacked rows"
+ * above) -> its 32 n bf16 weights: each block's dwords gathered back from their lanes, then w = d u +
+ * b as bf16_block computes it (the way round through repack_row and decode_row took 15% of a K = 576
+ * row's decoding for 2 blocks of 18) */
+static void bf16_partial(int base, int n, const uint8_t *g, uint16_t *out) {
+    const int has_min = base == Q4_1, q8 = base == Q8_0, per = 8 / n;
+    const uint8_t *q = g + (has_min ? 4 : 2) * n;
+    for (int b = 0; b < n; ++b) {
+        uint16_t h;
+        memcpy(&h, g + 2 * b, 2);
+        const float d = half_to_float(h);
+        float bias = (q8 ? -128.f : -8.f) * d;
+        if (has_min) memcpy(&h, g + 2 * n + 2 * b, 2), bias = half_to_float(h);
+        uint32_t w[8];
+        __m128i lo, hi;
+        if (!q8) { /* dword sd * n + b: bytes 4 sd.. of the block's nibbles */
+            for (int sd = 0; sd < 4; ++sd) memcpy(&w[sd], q + 4 * (sd * n + b), 4);
+            const __m128i v = _mm_loadu_si128((const __m128i *)w), low4 = _mm_set1_epi8(0x0F);
+            lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
+        } else { /* bytes 16 h + 4 sd.. of block b: lane i = (sd % per) 2n + h n + b of vector sd / per */
+            for (int t = 0; t < 8; ++t) {
+                const int hh = t / 4, sd = t % 4, i = (sd % per) * 2 * n + hh * n + b;
+                memcpy(&w[t], q + 4 * (16 * (sd / per) + i), 4);
+            }
+            const __m128i flip = _mm_set1_epi8((char)0x80);
+            lo = _mm_xor_si128(_mm_loadu_si128((const __m128i *)w), flip);
+            hi = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(w + 4)), flip);
+        }
+        const __m512 dv = _mm512_set1_ps(d), bv = _mm512_set1_ps(bias);
+        const __m512 w0 = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), bv);
+        const __m512 w1 = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), bv);
+        _mm512_storeu_si512((void *)(out + 32 * b), (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+    }
+}
+
 /* A repacked row (Q4_0R, Q4_1R, Q8_0R) -> K bf16 weights, the values bf16_row gives for the row
  * put back in order and decoded (w = d u + bias per block, the same operations), its full sub-groups
  * straight from their lanes: one pass instead of three (unpack, decode, convert), the AMX prefill of
- * gate/up at 256 rows 0.9x the time. Sub-groups under 8 blocks go the long way. */
-static void bf16_row_repacked(int fmt, const uint8_t *p, int64_t K, Decoded *dec, uint16_t *out) {
+ * gate/up at 256 rows 0.9x the time. Sub-groups under 8 blocks: bf16_partial. */
+static void bf16_row_repacked(int fmt, const uint8_t *p, int64_t K, uint16_t *out) {
     const int base = base_fmt(fmt), ts = type_size(base), has_min = base == Q4_1, q8 = base == Q8_0;
     const int64_t nb = K / 32;
     int64_t g0 = 0;
@@ -2307,13 +2342,11 @@ static void bf16_row_repacked(int fmt, const uint8_t *p, int64_t K, Decoded *dec
             }
         }
     }
-    if (g0 < nb) { /* the last sub-groups (K = 576: 2 blocks) put back in order, then decoded */
-        uint8_t tail[8 * 34];
-        const int64_t kt = (nb - g0) * 32;
-        repack_row(base, tail, (uint8_t *)(intptr_t)(p + g0 * ts), kt, 1);
-        decode_row(base, tail, kt, dec, 0);
-        bf16_row(dec, kt, out + 32 * g0);
-    }
+    for (int n = 4; n >= 1; n /= 2) /* the last sub-groups (K = 576: 2 blocks) straight from their lanes */
+        if (nb - g0 >= n) {
+            bf16_partial(base, n, p + g0 * ts, out + 32 * g0);
+            g0 += n;
+        }
 }
 
 /* Rows n0 .. n0 + count of the weight -> bf16, row i at wbf + i * K (rows past N and float rows: zeros) */
@@ -2322,7 +2355,7 @@ static void bf16_rows(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t 
     for (int i = 0; i < count; ++i) {
         const int64_t n = n0 + i;
         if (n < N && is_repacked(row_fmts[n]))
-            bf16_row_repacked(row_fmts[n], (const uint8_t *)(intptr_t)row_ptrs[n], K, dec, wbf + i * K);
+            bf16_row_repacked(row_fmts[n], (const uint8_t *)(intptr_t)row_ptrs[n], K, wbf + i * K);
         else if (n < N && decode_row(row_fmts[n], (const uint8_t *)(intptr_t)row_ptrs[n], K, dec, 0))
             bf16_row(dec, K, wbf + i * K);
         else
@@ -2477,7 +2510,10 @@ static int qlinear_amx(const float *xf, int64_t ldf, int64_t M, int64_t K, const
  * pair, no other work in the loop (the integer kernel spends as many float operations scaling its
  * sums per block as it does products). Each output is one lane's sum over the pairs in order, the
  * same sequence whatever M, the micro-tile or the thread (batch-invariant). */
-#define BF_MR 12 /* activation rows of a micro-tile: 24 accumulators and 2 weight vectors of 32 */
+/* activation rows of a micro-tile: 24 accumulators and 2 weight vectors of 32 (a 2-core Zen 4, the
+ * embedded model's projections at 140 rows: 8 or 14 rows the same time within the noise, ~180 GMAC/s
+ * on both cores, 80% of vdpbf16ps's peak) */
+#define BF_MR 12
 
 /* Activations f32 (M rows, stride ld) -> bf16 pairs in micro-tile order, zeros in rows M .. Mp: the
  * pair p of row m is dword (m / BF_MR * P + p) * BF_MR + m % BF_MR, so that a micro-tile reads its
