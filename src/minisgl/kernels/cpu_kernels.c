@@ -339,9 +339,11 @@ INLINE void weighted_sum64x16(const float *p, const void *v, int64_t v0, const i
  * scores64x16 / weighted_sum64x16 above, in the same order, so the results are bitwise theirs. */
 #define GROUP_MAX 3
 /* below this many (query head, position) pairs a decode attention call runs on one thread: the
- * fork and join cost more than the work (~8 ns a pair) */
+ * fork and join cost more than the work (~8 ns a pair). 512: a fork and join takes ~0.7 us on a
+ * 2-core Zen 4; the embedded model's 9 heads at batch 1 and ~130-230 positions (under 2,048, the
+ * earlier threshold) went from one thread to two: 287-302 -> 208-273 us a step in three pairs */
 #ifndef ATTN_PARALLEL_WORK
-#define ATTN_PARALLEL_WORK 2048
+#define ATTN_PARALLEL_WORK 512
 #endif
 INLINE void scores64x16_group(const float *q, int64_t qs, const int G, const void *k, int64_t k0, const int64_t *offs,
                               int64_t L, float *s, int64_t ss, int first, int half) {
