@@ -23,7 +23,7 @@ steps=${*:-tests profile bench}
 for step in $steps; do
   case $step in
     tests)
-      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py tests/attention/test_attention.py \
+      timeout 420 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py tests/attention/test_attention.py \
         tests/engine/test_engine_backends.py tests/engine/test_engine.py tests/engine/test_cuda_graph_gpu.py tests/engine/test_engine_gpu.py \
         tests/models/test_models_gpu.py tests/scheduler/test_overlap.py tests/engine/test_features_gpu.py 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
     profile)
