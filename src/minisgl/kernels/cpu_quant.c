@@ -2349,6 +2349,20 @@ static void bf16_row_repacked(int fmt, const uint8_t *p, int64_t K, uint16_t *ou
         }
 }
 
+/* A thread's scratch for decoding rows of K to bf16: a Decoded row (its own bytes zeroed: decoding
+ * never writes past K) at the start, then `extra` bytes from *off; NULL without memory */
+static uint8_t *bf16_scratch(int64_t K, size_t extra, Decoded *dec, size_t *off) {
+    const int64_t K64 = round_up(K, 64), C16 = round_up(K64 / 16, 16);
+    *off = (size_t)round_up(K64 + 8 * C16, 64);
+    uint8_t *scratch = (uint8_t *)aligned_alloc(64, *off + extra);
+    if (scratch == NULL) return NULL;
+    memset(scratch, 0, *off);
+    dec->u = scratch;
+    dec->sc = (float *)(scratch + K64);
+    dec->bi = dec->sc + C16;
+    return scratch;
+}
+
 /* Rows n0 .. n0 + count of the weight -> bf16, row i at wbf + i * K (rows past N and float rows: zeros) */
 static void bf16_rows(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t n0, int count, int64_t K,
                       Decoded *dec, uint16_t *wbf) {
@@ -2470,24 +2484,19 @@ static void amx_tile_pair(const int64_t *row_ptrs, const int32_t *row_fmts, int6
 static int qlinear_amx(const float *xf, int64_t ldf, int64_t M, int64_t K, const int64_t *row_ptrs,
                        const int32_t *row_fmts, int64_t N, const float *bias, float *y, int64_t ldy, int accumulate) {
     const int64_t Mp = round_up(M, 32);
-    uint32_t *acts = (uint32_t *)aligned_alloc(64, sizeof(uint16_t) * (size_t)(Mp * K));
+    uint16_t *acts = (uint16_t *)aligned_alloc(64, sizeof(uint16_t) * (size_t)(Mp * K));
     if (acts == NULL) return -2;
     amx_pack_acts(xf, ldf, M, Mp, K, acts);
-    const int64_t pairs = (N + 31) / 32, K64 = round_up(K, 64), C16 = round_up(K64 / 16, 16);
+    const int64_t pairs = (N + 31) / 32;
     int failed = 0;
 #pragma omp parallel if (pairs > 1 && M * N * K >= 32768) reduction(| : failed)
     {
-        const size_t dec_bytes = (size_t)round_up(K64 + 8 * C16, 64), w_bytes = sizeof(uint16_t) * (size_t)(32 * K);
-        uint8_t *scratch = (uint8_t *)aligned_alloc(64, dec_bytes + w_bytes + 64 * 16 * 16);
-        if (scratch == NULL) failed = 1;
+        const size_t w_bytes = sizeof(uint16_t) * (size_t)(32 * K);
         Decoded dec;
-        if (scratch != NULL) {
-            memset(scratch, 0, dec_bytes);
-            dec.u = scratch;
-            dec.sc = (float *)(scratch + K64);
-            dec.bi = dec.sc + C16;
-            amx_configure();
-        }
+        size_t dec_bytes;
+        uint8_t *scratch = bf16_scratch(K, w_bytes + 64 * 16 * 16, &dec, &dec_bytes);
+        if (scratch == NULL) failed = 1;
+        else amx_configure();
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < pairs; ++p)
             if (scratch != NULL)
@@ -2605,20 +2614,14 @@ static int qlinear_bf16(const float *xf, int64_t ldf, int64_t M, int64_t K, cons
     uint32_t *acts = (uint32_t *)aligned_alloc(64, sizeof(uint16_t) * (size_t)(Mp * K));
     if (acts == NULL) return -2;
     bf16_acts(xf, ldf, M, Mp, K, acts);
-    const int64_t K64 = round_up(K, 64), C16 = round_up(K64 / 16, 16);
     int failed = 0;
 #pragma omp parallel if (panels > 1 && M * N * K >= 32768) reduction(| : failed)
     {
-        const size_t dec_bytes = (size_t)round_up(K64 + 8 * C16, 64), w_bytes = sizeof(uint16_t) * (size_t)(32 * K);
-        uint8_t *scratch = (uint8_t *)aligned_alloc(64, dec_bytes + 2 * w_bytes);
-        if (scratch == NULL) failed = 1;
+        const size_t w_bytes = sizeof(uint16_t) * (size_t)(32 * K);
         Decoded dec;
-        if (scratch != NULL) {
-            memset(scratch, 0, dec_bytes);
-            dec.u = scratch;
-            dec.sc = (float *)(scratch + K64);
-            dec.bi = dec.sc + C16;
-        }
+        size_t dec_bytes;
+        uint8_t *scratch = bf16_scratch(K, 2 * w_bytes, &dec, &dec_bytes);
+        if (scratch == NULL) failed = 1;
         uint16_t *wbf = (uint16_t *)(scratch + dec_bytes);
         uint32_t *panel = (uint32_t *)(scratch + dec_bytes + w_bytes);
 #pragma omp for schedule(static)
