@@ -311,3 +311,20 @@ def test_decode_reads_nothing_past_the_last_row() -> None:
         timeout=300,
     )
     assert proc.returncode == 0, f"died at {proc.stdout.splitlines()[-1:]}: {proc.stderr[-2000:]}"
+
+
+def test_cpu_lm_head_takes_the_decode_kernel_in_prefill_passes() -> None:
+    """The LM head's rows (one a sequence) go through the decode kernel in a prefill pass too: bitwise
+    what a decode pass gives, so a bf16 build's prefill never decodes the whole vocabulary table."""
+    from minisgl.backends.cpu import CpuOps
+
+    w, ref = weight_of(GGMLType.Q8_0, 40, 512, seed=3)
+    h = torch.randn(3, 512)
+    ops = CpuOps()
+    ops.prepare(is_decode=False)
+    prefill_head = ops.lm_head(h, w)
+    torch.testing.assert_close(prefill_head, qlinear(h, w), rtol=0, atol=0)
+    ops.prepare(is_decode=True)
+    torch.testing.assert_close(ops.lm_head(h, w), prefill_head, rtol=0, atol=0)
+    want = (q8_activations(h) @ ref.double().T).float()
+    torch.testing.assert_close(prefill_head, want, atol=2e-5 * want.abs().max(), rtol=0)
