@@ -2258,22 +2258,28 @@ static void bf16_row(const Decoded *r, int64_t K, uint16_t *out) {
     }
 }
 
-/* Block L's 32 weights of 4 blocks' unsigned values (lo: the first 16 of each block in 128-bit lane L,
- * hi: the second 16) as bf16, w = d u + b (bf16_row's operations) */
-static inline void bf16_block(__m512i lo, __m512i hi, int L, float d, float b, uint16_t *out) {
-    const __m128i l = L == 0 ? _mm512_extracti32x4_epi32(lo, 0) : L == 1 ? _mm512_extracti32x4_epi32(lo, 1)
-                    : L == 2 ? _mm512_extracti32x4_epi32(lo, 2) : _mm512_extracti32x4_epi32(lo, 3);
-    const __m128i h = L == 0 ? _mm512_extracti32x4_epi32(hi, 0) : L == 1 ? _mm512_extracti32x4_epi32(hi, 1)
-                    : L == 2 ? _mm512_extracti32x4_epi32(hi, 2) : _mm512_extracti32x4_epi32(hi, 3);
+/* One block's 32 unsigned values (l: the first 16, h: the second) as bf16, w = d u + b (bf16_row's
+ * operations) */
+static inline void bf16_values32(__m128i l, __m128i h, float d, float b, uint16_t *out) {
     const __m512 dv = _mm512_set1_ps(d), bv = _mm512_set1_ps(b);
     const __m512 w0 = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(l)), bv);
     const __m512 w1 = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(h)), bv);
     _mm512_storeu_si512((void *)out, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
 }
 
+/* Block L's 32 weights of 4 blocks' unsigned values (lo: the first 16 of each block in 128-bit lane L,
+ * hi: the second 16) as bf16 */
+static inline void bf16_block(__m512i lo, __m512i hi, int L, float d, float b, uint16_t *out) {
+    const __m128i l = L == 0 ? _mm512_extracti32x4_epi32(lo, 0) : L == 1 ? _mm512_extracti32x4_epi32(lo, 1)
+                    : L == 2 ? _mm512_extracti32x4_epi32(lo, 2) : _mm512_extracti32x4_epi32(lo, 3);
+    const __m128i h = L == 0 ? _mm512_extracti32x4_epi32(hi, 0) : L == 1 ? _mm512_extracti32x4_epi32(hi, 1)
+                    : L == 2 ? _mm512_extracti32x4_epi32(hi, 2) : _mm512_extracti32x4_epi32(hi, 3);
+    bf16_values32(l, h, d, b, out);
+}
+
 /* A partial sub-group of a repacked row (n = 4, 2 or 1 blocks at g; the layout: "repacked rows"
- * above) -> its 32 n bf16 weights: each block's dwords gathered back from their lanes, then w = d u +
- * b as bf16_block computes it (the way round through repack_row and decode_row took 15% of a K = 576
+ * above) -> its 32 n bf16 weights: each block's dwords gathered back from their lanes, then
+ * bf16_values32 (the way round through repack_row and decode_row took 15% of a K = 576
  * row's decoding for 2 blocks of 18) */
 static void bf16_partial(int base, int n, const uint8_t *g, uint16_t *out) {
     const int has_min = base == Q4_1, q8 = base == Q8_0, per = 8 / n;
@@ -2299,10 +2305,7 @@ static void bf16_partial(int base, int n, const uint8_t *g, uint16_t *out) {
             lo = _mm_xor_si128(_mm_loadu_si128((const __m128i *)w), flip);
             hi = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(w + 4)), flip);
         }
-        const __m512 dv = _mm512_set1_ps(d), bv = _mm512_set1_ps(bias);
-        const __m512 w0 = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), bv);
-        const __m512 w1 = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), bv);
-        _mm512_storeu_si512((void *)(out + 32 * b), (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+        bf16_values32(lo, hi, d, bias, out + 32 * b);
     }
 }
 
