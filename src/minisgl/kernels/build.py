@@ -198,6 +198,7 @@ _QUANT_SIGNATURES: dict[str, list] = {
     "minisgl_dequant_rows": [_ptr, _ptr, ctypes.c_int64, _ptr, ctypes.c_int64, ctypes.c_int64, _ptr],
     "minisgl_qlinear_packed": [_ptr],
     "minisgl_dequant_rows_packed": [_ptr],
+    "minisgl_repack_bytes": [_ptr, ctypes.c_int64, ctypes.c_int64, _ptr],
     "minisgl_repack_rows": [_ptr, _ptr, ctypes.c_int64, ctypes.c_int64, _ptr, _ptr, _ptr],
     "minisgl_repack_supported": [],
 }

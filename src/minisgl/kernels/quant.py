@@ -127,7 +127,10 @@ def repack(weight: QuantizedWeight, isa: str | None = None) -> bool:
     if not lib.minisgl_repack_supported() or not {int(f) for f in weight.formats} <= _PACKABLE:
         return False
     n, k = weight.shape
-    buf = torch.empty(weight.nbytes, dtype=torch.uint8)
+    size = ctypes.c_int64(0)
+    if lib.minisgl_repack_bytes(weight.row_fmts.data_ptr(), n, k, ctypes.byref(size)) != 0:
+        return False
+    buf = torch.empty(size.value, dtype=torch.uint8)
     ptrs = torch.empty(n, dtype=torch.int64)
     fmts = torch.empty(n, dtype=torch.int32)
     rc = lib.minisgl_repack_rows(

@@ -1,0 +1,119 @@
+"""Grouped rows (cpu_quant.c, "grouped rows"): the AVX-512 builds repack Q4_0/Q4_1/Q8_0 weights of
+whole groups of 16 rows so that one int32 lane keeps one output row. The layout is a permutation of
+the file's bytes (every path that reads a row reads the same numbers), the decode kernel matches numpy
+with activations quantized per 16 and is batch-invariant, and the bf16 prefill decodes the groups
+straight into its panel with the file's rows' values, bitwise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_quant import RUNNABLE_ISAS, q8_activations, random_blocks
+
+from minisgl.kernels.quant import dequant_rows, qlinear, quant_available, repack
+from minisgl.quant import GGMLType, QuantizedWeight, QuantPart, dequantize
+
+PACKABLE = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0]
+GROUP_ISAS = [isa for isa in RUNNABLE_ISAS if isa in ("amx", "avx512bf16", "avx512")]
+# whole blocks of 32: an odd count leaves a last block alone in its pair (32, 96, 608)
+KS = [32, 64, 96, 576, 608]
+# builds whose prefill passes run the decode kernel (no bf16 products there)
+PREFILL_BY_DECODE_KERNEL = {"avx512"}
+
+pytestmark = [
+    pytest.mark.skipif(not quant_available("portable"), reason="no C compiler for the kernels"),
+    pytest.mark.skipif(not GROUP_ISAS, reason="no AVX-512 build here: nothing is grouped"),
+]
+
+
+def grouped_weight(k: int, seed: int = 0) -> tuple[QuantizedWeight, QuantizedWeight, torch.Tensor]:
+    """(the file's rows, the same rows grouped, their dequantized rows): groups of each format, one of
+    them a part taken in a permuted row order, so that the groups' formats change along the weight."""
+    parts, refs = [], []
+    for i, (fmt, rows) in enumerate(zip(PACKABLE + [GGMLType.Q4_1], (16, 32, 16, 16), strict=True)):
+        data = torch.from_numpy(random_blocks(fmt, rows, k, seed=seed + i))
+        order = torch.arange(rows).flip(0) if i == 1 else None
+        parts.append(QuantPart(fmt, data, k, order))
+        ref = dequantize(fmt, data, k)
+        refs.append(ref if order is None else ref[order])
+    plain, grouped = QuantizedWeight(parts), QuantizedWeight(parts)
+    assert repack(grouped, GROUP_ISAS[0]) and (grouped.row_fmts >= 200).all()
+    return plain, grouped, torch.cat(refs)
+
+
+@pytest.mark.parametrize("k", KS, ids=lambda k: f"K{k}")
+def test_grouped_rows_read_back_as_the_files(k: int) -> None:
+    """Every build's embedding lookup reads grouped rows as the file's (bitwise), and the prefill passes
+    give the file's rows' results bitwise (the bf16 builds decode the groups into their panel; the
+    avx512 build's prefill is its decode kernel, matched to numpy below)."""
+    plain, grouped, ref = grouped_weight(k, seed=k)
+    ids = torch.arange(ref.shape[0]).flip(0)
+    x = torch.randn(13, k)
+    for isa in RUNNABLE_ISAS:
+        torch.testing.assert_close(dequant_rows(grouped, ids, isa=isa), ref[ids], rtol=0, atol=0)
+        same = (
+            qlinear(x, grouped, isa=isa)
+            if isa in PREFILL_BY_DECODE_KERNEL
+            else qlinear(x, plain, prefill=True, isa=isa)
+        )
+        torch.testing.assert_close(qlinear(x, grouped, prefill=True, isa=isa), same, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("isa", GROUP_ISAS)
+@pytest.mark.parametrize("k", KS, ids=lambda k: f"K{k}")
+def test_grouped_decode_matches_numpy(isa: str, k: int) -> None:
+    """Decode passes over grouped rows against float64 with the activations quantized per 16 as the
+    kernel does: every tile height (M of 1 to 16, and past 16: 17, 33) and 16-value groups of very
+    different scales."""
+    _, grouped, ref = grouped_weight(k, seed=k)
+    torch.manual_seed(k + 1)
+    bias = torch.randn(ref.shape[0])
+    for m in (1, 2, 3, 4, 7, 8, 15, 16, 17, 33):
+        x = torch.randn(m, k) * torch.logspace(-2, 1, k)
+        want = (q8_activations(x) @ ref.double().T + bias.double()).float()
+        got = qlinear(x, grouped, bias, isa=isa)
+        torch.testing.assert_close(got, want, atol=2e-5 * want.abs().max(), rtol=0)
+
+
+@pytest.mark.parametrize("isa", GROUP_ISAS)
+def test_grouped_rows_are_batch_invariant(isa: str) -> None:
+    """A row's result never depends on its batch mates: any subset of the rows (other tile heights,
+    other places in the 16-row tiles) gives the same bits, the residual added in place and the fused
+    RMSNorm included."""
+    _, w, _ = grouped_weight(608)
+    x = torch.randn(37, 608)
+    full = qlinear(x, w, isa=isa)
+    for rows in ([3], [0, 1], [4, 5, 6], list(range(16)), list(range(17)), list(range(36, -1, -1))):
+        torch.testing.assert_close(qlinear(x[rows].contiguous(), w, isa=isa), full[rows], rtol=0, atol=0)
+    res = torch.randn(37, w.shape[0])
+    added = qlinear(x, w, residual=res.clone(), isa=isa)
+    torch.testing.assert_close(added, res + full, rtol=0, atol=0)
+    nw = torch.rand(608) + 0.5
+    fused = qlinear(x, w, norm=(nw, 1e-5), isa=isa)
+    torch.testing.assert_close(
+        qlinear(x[[20]].contiguous(), w, norm=(nw, 1e-5), isa=isa), fused[[20]], rtol=0, atol=0
+    )
+
+
+@pytest.mark.parametrize("isa", sorted(PREFILL_BY_DECODE_KERNEL & set(GROUP_ISAS)))
+def test_long_prefill_passes_over_groups_change_nothing(isa: str) -> None:
+    """A prefill pass of more activation rows than the kernel takes at once (256) gives every row what a
+    pass of that row alone gives (bitwise)."""
+    _, w, _ = grouped_weight(96, seed=3)
+    x = torch.randn(300, 96)
+    full = qlinear(x, w, prefill=True, isa=isa)
+    for row in (0, 255, 256, 299):
+        torch.testing.assert_close(full[[row]], qlinear(x[[row]].contiguous(), w, isa=isa), rtol=0, atol=0)
+
+
+def test_only_whole_groups_of_one_format_are_grouped() -> None:
+    """A weight whose rows are not whole groups of 16, or whose group mixes formats, keeps the repacked
+    rows' layout (and its kernel)."""
+    for rows in ((16, 8), (8, 16)):  # 24 rows; then a first group of two formats
+        parts = [
+            QuantPart(fmt, torch.from_numpy(random_blocks(fmt, n, 64, seed=n)), 64)
+            for fmt, n in zip((GGMLType.Q4_1, GGMLType.Q8_0), rows, strict=True)
+        ]
+        w = QuantizedWeight(parts)
+        assert repack(w, GROUP_ISAS[0])
+        assert ((w.row_fmts >= 100) & (w.row_fmts < 200)).all()
