@@ -1,8 +1,8 @@
 """Grouped rows (cpu_quant.c, "grouped rows"): the AVX-512 builds repack Q4_0/Q4_1/Q8_0 weights of
 whole groups of 16 rows so that one int32 lane keeps one output row. The layout is a permutation of
 the file's bytes (every path that reads a row reads the same numbers), the decode kernel matches numpy
-with activations quantized per 16 and is batch-invariant, and the bf16 prefill decodes the groups
-straight into its panel with the file's rows' values, bitwise."""
+with activations quantized per 16 and is batch-invariant (prefill passes take it too, except in the AMX
+build, whose tiles read the rows as the file's)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ PACKABLE = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0]
 GROUP_ISAS = [isa for isa in RUNNABLE_ISAS if isa in ("amx", "avx512bf16", "avx512")]
 # whole blocks of 32: an odd count leaves a last block alone in its pair (32, 96, 608)
 KS = [32, 64, 96, 576, 608]
-# builds whose prefill passes run the decode kernel (no bf16 products there)
-PREFILL_BY_DECODE_KERNEL = {"avx512"}
+# builds whose prefill passes over groups run the decode kernel (cpu_quant.c, GROUP_PREFILL)
+PREFILL_BY_DECODE_KERNEL = {"avx512", "avx512bf16"}
 
 pytestmark = [
     pytest.mark.skipif(not quant_available("portable"), reason="no C compiler for the kernels"),
@@ -44,8 +44,8 @@ def grouped_weight(k: int, seed: int = 0) -> tuple[QuantizedWeight, QuantizedWei
 @pytest.mark.parametrize("k", KS, ids=lambda k: f"K{k}")
 def test_grouped_rows_read_back_as_the_files(k: int) -> None:
     """Every build's embedding lookup reads grouped rows as the file's (bitwise), and the prefill passes
-    give the file's rows' results bitwise (the bf16 builds decode the groups into their panel; the
-    avx512 build's prefill is its decode kernel, matched to numpy below)."""
+    are the decode kernel's (matched to numpy below) or, in the other builds, the file's rows'
+    results, bitwise."""
     plain, grouped, ref = grouped_weight(k, seed=k)
     ids = torch.arange(ref.shape[0]).flip(0)
     x = torch.randn(13, k)

@@ -2082,6 +2082,17 @@ GROUP_FNS(Q8_0)
      grouped_##F##_13, grouped_##F##_14, grouped_##F##_15, grouped_##F##_16}
 static const GroupFn group_fns[3][GROUP_ROWS] = {GROUP_TABLE(Q4_0), GROUP_TABLE(Q4_1), GROUP_TABLE(Q8_0)};
 
+/* Prefill passes over grouped rows take this kernel too, except in the AMX build (its tiles). A
+ * 2-core Zen 4, the embedded model's prompts through LLM (bench_cpu_prefill.py, alternated twice)
+ * against the bf16 dot products (qlinear_bf16, the groups decoded straight into its panel): 16 tokens
+ * 19-28 against 34-41 ms, 128 84-88 against 102-108, 512 346-362 against 446-451, 2,048 2.05-2.31
+ * against 2.39-2.66 s. */
+#if defined(MINISGL_AMX)
+#define GROUP_PREFILL 0
+#else
+#define GROUP_PREFILL 1
+#endif
+
 static int all_grouped(const int32_t *row_fmts, int64_t N) {
     for (int64_t n = 0; n < N; n += GROUP_ROWS)
         if (!is_grouped(row_fmts[n])) return 0;
@@ -2644,46 +2655,6 @@ static void bf16_rows(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t 
     }
 }
 
-/* Group g's 16 rows (format base, nb blocks; the layout: "grouped rows") as bf16 pairs straight in
- * the bf16 prefill's panel layout (bf16_panel's: pair p of row r at panel[32 p + 16 h + r], the group
- * as rows 16 h ..): the lanes already hold one row each, so no transpose. The values are bf16_row's
- * (w = d u + b in one fused step, rounded to nearest even), bitwise. */
-static void bf16_group_panel(int base, const uint8_t *g, int64_t nb, int h, uint32_t *panel) {
-    const int has_min = base == Q4_1, q8 = base == Q8_0;
-    const int64_t QS = group_qbytes(base), HS = group_hbytes(base);
-    const float bias_of_d = base == Q4_0 ? -8.f : -128.f;
-    __m512i byte[4]; /* byte i of each dword, zero-extended (vpshufb indexes within 128-bit lanes) */
-    const __m512i dword4 = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
-    for (int i = 0; i < 4; ++i)
-        byte[i] = _mm512_or_si512(_mm512_set1_epi32((int)(0x80808000u | (uint32_t)i)), dword4);
-    const __m512i pairs = _mm512_setr_epi32(0x00100000, 0x00110001, 0x00120002, 0x00130003, 0x00140004, 0x00150005,
-                                            0x00160006, 0x00170007, 0x00180008, 0x00190009, 0x001A000A, 0x001B000B,
-                                            0x001C000C, 0x001D000D, 0x001E000E, 0x001F000F); /* words 0, 16, 1, 17 .. */
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *q = g + group_q_off(b, QS, HS), *hd = g + group_h_off(b, nb, QS, HS);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)hd));
-        const __m512 bi = has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(hd + 32)))
-                                  : _mm512_mul_ps(_mm512_set1_ps(bias_of_d), d);
-        uint32_t *out = panel + 32 * 16 * b + 16 * h;
-        for (int v = 0; v < 8; ++v) { /* v's dwords: weights 4 v' .. of the block (pairs 2 v', 2 v' + 1) */
-            __m512i u;
-            int first; /* the block's first weight in v */
-            if (q8) u = _mm512_load_si512((const void *)(q + 64 * v)), first = 4 * v;
-            else {
-                const __m512i raw = _mm512_load_si512((const void *)(q + 64 * (v % 4)));
-                u = v < 4 ? _mm512_and_si512(raw, low4) : _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-                first = v < 4 ? 4 * v : 16 + 4 * (v - 4);
-            }
-            for (int pp = 0; pp < 2; ++pp) {
-                const __m512 w0 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_shuffle_epi8(u, byte[2 * pp])), bi);
-                const __m512 w1 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_shuffle_epi8(u, byte[2 * pp + 1])), bi);
-                const __m512i pk = _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
-                _mm512_storeu_si512((void *)(out + 32 * (first / 2 + pp)), pk);
-            }
-        }
-    }
-}
 #endif
 
 #if defined(MINISGL_AMX)
@@ -2935,18 +2906,8 @@ static int qlinear_bf16(const float *xf, int64_t ldf, int64_t M, int64_t K, cons
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < panels; ++t) {
             if (scratch == NULL) continue;
-            if (is_grouped(row_fmts[32 * t])) /* (a weight is grouped whole) */
-                for (int h = 0; h < 2; ++h) {
-                    if (32 * t + 16 * h < N)
-                        bf16_group_panel(base_fmt(row_fmts[32 * t + 16 * h]),
-                                         group_of((const uint8_t *)(intptr_t)row_ptrs[32 * t + 16 * h]), K / 32, h, panel);
-                    else
-                        for (int64_t p = 0; p < K / 2; ++p) memset(panel + 32 * p + 16, 0, 16 * sizeof(uint32_t));
-                }
-            else {
-                bf16_rows(row_ptrs, row_fmts, N, 32 * t, 32, K, &dec, wbf);
-                bf16_panel(wbf, K, panel);
-            }
+            bf16_rows(row_ptrs, row_fmts, N, 32 * t, 32, K, &dec, wbf);
+            bf16_panel(wbf, K, panel);
             for (int64_t m0 = 0; m0 < M; m0 += BF_MR)
                 bf16_micro(acts + m0 * P, P, panel, m0, M - m0 < BF_MR ? (int)(M - m0) : BF_MR,
                            32 * t, N, bias, y, ldy, accumulate);
@@ -2997,7 +2958,7 @@ int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, 
         A.ldf = K;
     }
 #if defined(MINISGL_AVX512)
-    if ((!prefill || RP_PREFILL) && (uniform ? is_grouped(row_fmts[0]) : all_grouped(row_fmts, N))) {
+    if ((!prefill || RP_PREFILL || GROUP_PREFILL) && (uniform ? is_grouped(row_fmts[0]) : all_grouped(row_fmts, N))) {
         int rc = 0; /* RP_M_BLOCK activation rows at a time: their quantized rows stay in the L2 */
         for (int64_t m0 = 0; m0 < M && rc == 0; m0 += RP_M_BLOCK)
             rc = qlinear_grouped(A.xf + m0 * A.ldf, A.ldf, M - m0 < RP_M_BLOCK ? M - m0 : RP_M_BLOCK, K, row_ptrs,
