@@ -2099,8 +2099,10 @@ static int all_grouped(const int32_t *row_fmts, int64_t N) {
     return N % GROUP_ROWS == 0;
 }
 
-/* The decode matmul over grouped rows (groups split between the threads in order; activation rows 16
- * at a time through each group); xf: the activations after the pre-op. */
+/* The decode matmul over grouped rows (groups handed to the threads in order, guided: a thread that
+ * another process preempts leaves its groups to the other; one row streaming, a 2-core Zen 4, 0.86-0.93x
+ * static's time; activation rows 16 at a time through each group); xf: the activations after the
+ * pre-op. */
 static int qlinear_grouped(const float *xf, int64_t ldf, int64_t M, int64_t K, const int64_t *row_ptrs,
                            const int32_t *row_fmts, int64_t N, const float *bias, float *y, int64_t ldy,
                            int accumulate) {
@@ -2109,7 +2111,7 @@ static int qlinear_grouped(const float *xf, int64_t ldf, int64_t M, int64_t K, c
     uint8_t *buf = (uint8_t *)scratch_get(0, group_acts_bytes(M, K), &owned);
     if (buf == NULL) return -2;
     const GroupActs X = quantize_grouped(xf, ldf, M, K, buf);
-#pragma omp parallel for schedule(static) if (G > 1 && M * N * K >= 32768)
+#pragma omp parallel for schedule(guided) if (G > 1 && M * N * K >= 32768)
     for (int64_t gi = 0; gi < G; ++gi) {
         const int f = base_fmt(row_fmts[gi * GROUP_ROWS]);
         const GroupFn *fns = group_fns[f == Q4_0 ? 0 : f == Q4_1 ? 1 : 2];
