@@ -2016,9 +2016,15 @@ static inline __attribute__((always_inline)) __m512i bcast4(const int8_t *p) {
 }
 
 /* Group g (16 rows of format fmt, nb blocks) against activation rows a0 .. a0 + NA -> acc[a] (lane r:
- * row r). A 2-core Zen 4, one row streaming through copies of each weight: reading 2 or 4 groups of a
- * weight side by side (as the repacked rows' kernel reads 4 places) took 0.96-1.26x the time of one
- * group after another, and prefetches 4-32 blocks ahead 1.05-1.27x. */
+ * row r). A 2-core Zen 4, rows streaming through copies of each weight (bench_qlinear_shapes.py's
+ * weights): reading 2 or 4 groups of a weight side by side (as the repacked rows' kernel reads 4
+ * places) took 0.96-1.26x the time of one group after another at one row. With 8 activation rows or
+ * more a block's work is long enough that the loads the out-of-order window reaches come too late, so
+ * those tiles ask for the blocks GROUP_AHEAD ahead: 16 rows 0.60-0.70x the time, 8 rows 0.70-0.75x
+ * (the LM head 0.96x), 128 rows 0.69-0.93x; with fewer rows the prefetches cost more than they gain
+ * (1 row 0.87-1.13x, 2 rows 0.95-1.49x, 4 rows 0.82-1.18x). */
+#define GROUP_PF_ROWS 8
+#define GROUP_AHEAD 8
 static inline __attribute__((always_inline)) void grouped_micro(const int fmt, const int NA, const uint8_t *g,
                                                                  int64_t nb, const GroupActs *X, int64_t a0,
                                                                  __m512 *acc) {
@@ -2031,6 +2037,9 @@ static inline __attribute__((always_inline)) void grouped_micro(const int fmt, c
     for (int a = 0; a < NA; ++a) acc[a] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b, xq += 32 * M, xd0 += M, xd1 += M, xs += M, xc0 += M, xc1 += M) {
         const uint8_t *q = g + group_q_off(b, QS, HS), *h = g + group_h_off(b, nb, QS, HS);
+        if (NA >= GROUP_PF_ROWS) /* (past the group: the next group's first blocks, or unused bytes) */
+            for (int64_t o = 0; o < QS + HS; o += 64)
+                _mm_prefetch((const char *)q + GROUP_AHEAD * (QS + HS) + o, _MM_HINT_T0);
         __m512i w[8]; /* w[0..4): weights 0 .. 15 of the block, w[4..8): 16 .. 31 */
         if (fmt == Q8_0)
             for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512((const void *)(q + 64 * j));
