@@ -5,7 +5,8 @@ decode step. o and down add into the residual as a layer calls them (cuBLASLt: t
 add). `--sweep`: every launch shape of the skinny kernel at each row count (the best marked, the
 ones that do not fit skipped); without it, the shape `backends.cuda.skinny_config` picks. Prints
 microseconds a call and the weight's bytes per second; `--json PATH` writes the best shapes. `--bf16`:
-the same kernel unscaled on bf16 weights (`skinny_matmul`) swept against cuBLAS.
+the same kernel unscaled on bf16 weights (`skinny_matmul`) swept against cuBLAS. `--swapped`: cuBLASLt's
+x @ W^T against W @ x^T (x's rows on the matmul's N side; its output transposed).
 
     python benchmarks/bench_fp8_skinny.py [--rows 32,64,128,192,256] [--sweep | --sweep-big] [--json best.json]
     python benchmarks/bench_fp8_skinny.py --bf16 [--rows 64,128,192,256]   # the unscaled kernel, swept
@@ -83,6 +84,35 @@ def _skinny16(x: torch.Tensor, res: torch.Tensor | None, cfg: SkinnyConfig, w: t
     return skinny_matmul(x, w, None, cfg, res)
 
 
+def _swapped(xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
+    """cuBLASLt's fp8 matmul with the operands swapped: (W (N, K) @ x^T) -> (N, M), x's rows on its N side."""
+    return torch._scaled_mm(
+        w.qweight, xq.t(), scale_a=w.scale.view(-1, 1), scale_b=xs.view(1, -1), out_dtype=torch.bfloat16,
+        use_fast_accum=True,
+    )  # fmt: skip
+
+
+def swapped(ns: argparse.Namespace, rows: list[int], only: list[str]) -> None:
+    """`--swapped`: cuBLASLt as the layer calls it (x @ W^T) against W @ x^T (its output transposed)."""
+    print(f"{torch.cuda.get_device_name()}, {ns.model_config}: cuBLASLt x @ W^T / W @ x^T, us a call")
+    for name, (n, k) in shapes(ns.model_config).items():
+        if name == "lm_head" or (only and name not in only):
+            continue
+        copies = min(64, -(-L2_DEFEAT_BYTES // (n * k)))
+        gen = torch.Generator().manual_seed(n + k)
+        q, s = quantize_fp8(torch.randn(n, k, generator=gen) * k**-0.5, None)
+        ws = [Fp8Weight(q.cuda(), s.cuda(), None) for _ in range(copies)]
+        for m in rows:
+            xq, xs = quant_rows(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+            ref = scaled_mm(xq, xs, ws[0], None, torch.bfloat16).float()
+            err = float((_swapped(xq, xs, ws[0]).t().float() - ref).norm() / ref.norm())
+            base = timed(functools.partial(_cublas, xq, xs, None), ws)
+            swap = timed(functools.partial(_swapped, xq, xs), ws)
+            print(
+                f"{name:8s} ({n}x{k}) rows {m:4d}: {base:7.1f} / {swap:7.1f} us ({base / swap:.2f}x, err {err:.1e})"
+            )
+
+
 def bf16(ns: argparse.Namespace, rows: list[int], only: list[str]) -> None:
     """`--bf16`: the unscaled kernel against cuBLAS (F.linear; o and down `addmm_` into the residual)."""
     print(f"{torch.cuda.get_device_name()}, {ns.model_config}, bf16: us a call (weight GB/s)")
@@ -124,9 +154,12 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=3, help="with --sweep: shapes printed per row count")
     ap.add_argument("--json", default=None)
     ap.add_argument("--bf16", action="store_true", help="sweep the unscaled kernel on bf16 weights instead")
+    ap.add_argument("--swapped", action="store_true", help="cuBLASLt's x @ W^T against W @ x^T")
     ns = ap.parse_args()
     rows = [int(r) for r in ns.rows.split(",")]
     only = [s for s in ns.only.split(",") if s]
+    if ns.swapped:
+        return swapped(ns, rows, only)
     if ns.bf16:
         return bf16(ns, rows, only)
     best: dict[str, list] = {}

@@ -5,7 +5,9 @@ prefill chunks). Eager launches, `triton.testing.do_bench` medians. `--accum`: i
 projection's fp8 matmul under a CUDA graph with and without cuBLASLt's fast accumulation
 (`_scaled_mm`'s use_fast_accum), and each one's error against the float64 product of its fp8 operands.
 
-    python benchmarks/bench_fused_quant.py [--rows 64,128,256,512,1024,4096] [--accum]
+`--silu`: `silu_and_mul_fp8` one program a row against a row over chunks, under a CUDA graph.
+
+    python benchmarks/bench_fused_quant.py [--rows 64,128,256,512,1024,4096] [--accum | --silu]
 """
 
 from __future__ import annotations
@@ -68,14 +70,48 @@ def accum(rows: list[int], h: int, i: int) -> None:
             print(f"{name} {n}x{k}, {t} rows: {', '.join(cells)}", flush=True)
 
 
+def _silu_us(gus: list[torch.Tensor], split: bool) -> float:
+    """us a call of `silu_and_mul_fp8` under a CUDA graph over the inputs `gus` in turn, after
+    checking its bits against the one-program-a-row kernel's at 16 warps."""
+    fn = tk.silu_and_mul_fp8
+    warps, tk.SILU_ROW_WARPS = tk.SILU_ROW_WARPS, 16
+    ref = fn(gus[0], split=False)
+    tk.SILU_ROW_WARPS = warps
+    got = fn(gus[0], split=split)
+    assert torch.equal(got[0].float(), ref[0].float()) and torch.equal(got[1], ref[1])
+    return do_bench_cudagraph(lambda: [fn(g, split=split) for g in gus], rep=30) * 1e3 / len(gus)
+
+
+def silu(rows: list[int], i: int) -> None:
+    """`--silu`: `silu_and_mul_fp8` under a CUDA graph: one program a row (by warps) and a row over
+    chunks (two kernels) of each SILU_SPLIT_BLOCK; 8 copies of the input from 1,024 rows (out of L2,
+    as a prefill's matmul output mostly is), one below (in L2, as a decode batch's fresh output)."""
+    for t in rows:
+        gus = [
+            torch.randn(t, 2 * i, device="cuda", dtype=torch.bfloat16) for _ in range(8 if t >= 1024 else 1)
+        ]
+        cells = []
+        for warps in (8, 16, 32):
+            tk.SILU_ROW_WARPS = warps
+            cells.append(f"row/{warps} {_silu_us(gus, False):6.2f}")
+        tk.SILU_ROW_WARPS = 0
+        for block in (1024, 2048, 4096):
+            tk.SILU_SPLIT_BLOCK = block
+            cells.append(f"split {block} {_silu_us(gus, True):6.2f}")
+        print(f"silu_and_mul_fp8 {t} rows (us): {', '.join(cells)}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="64,128,256,512,1024,4096")
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--inter", type=int, default=14336)
     ap.add_argument("--accum", action="store_true", help="the fp8 matmuls with and without fast accumulation")
+    ap.add_argument("--silu", action="store_true", help="SiLU x up quantized: a row a program or over chunks")
     ns = ap.parse_args()
     h, i = ns.hidden, ns.inter
+    if ns.silu:
+        return silu([int(r) for r in ns.rows.split(",")], i)
     if ns.accum:
         return accum([int(r) for r in ns.rows.split(",")], h, i)
     qkv, down = _weight(6144, h), _weight(h, i)

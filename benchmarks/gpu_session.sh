@@ -3,7 +3,7 @@
 # Run from the project root on the device machine (logs under $OUT):
 #   bash benchmarks/gpu_session.sh [tests] [profile] [bench] [workload] [ab] [splits] [linear] [gemv] [pprof] [wprof] [bs256] [serve] [tp] [dp] [moe] [moe-tp]
 #     [fp8tests] [fp8linear] [fp8attn] [fp8bench] [fp8workload] [fp8acc] [fp8prof] [moetests] [moe1] [moeb1] [moewl]
-#     [fp8tests] [fp8linear] [fp8attn] [fp8attn2] [fp8wl2] [fp8attn2x] [fp8bench] [fp8workload] [fp8acc] [fp8trained] [fp8prof] [moetests] [moe1] [moewl] [qknorm] [wltrace] [skinny] [skinnywl] [skinny16] [extend] [ncuattn] [vpages] [vpages2]
+#     [fp8tests] [fp8linear] [fp8attn] [fp8attn2] [fp8wl2] [fp8attn2x] [fp8bench] [fp8workload] [fp8acc] [fp8trained] [fp8prof] [moetests] [moe1] [moewl] [qknorm] [wltrace] [skinny] [skinnywl] [skinny16] [extend] [ncuattn] [vpages] [vpages2] [silu] [siluwl] [swapped]
 # (`ab` compares this tree with a copy of an earlier one's src/ carried in .ab/src)
 # The structured-output tests need llguidance, which ../shared/device/stage.sh does not stage:
 #   .venv/bin/pip download llguidance --python-version 3.12 --only-binary :all: --no-deps -d .whl
@@ -356,6 +356,29 @@ for step in $steps; do
           --skip-hf --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 1 \
           --quantization fp8 --kv-cache-dtype fp8_e4m3 2>&1 | grep -E "^(minisgl|  prefill|  decode|  roofline)" | tee -a "$OUT/vpages2.log"
       done ;;
+    silu)  # SiLU x up quantized over row chunks and the Triton greedy argmax: their tests compiled, their launches
+      # against the old ones, then the fp8 (weights + KV) workload by SILU_WL's variants in turn: new (both on),
+      # old (both off, the row kernel's 16 warps), silu (argmax off), argmax (the split off), bf16new / bf16old
+      # (bf16 weights and KV, the argmax on / off)
+      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fp8_kernels.py tests/kernels/test_triton_kernels.py \
+        tests/engine/test_cuda_graph_gpu.py -k "silu or argmax or graph" 2>&1 | tail -5 | tee "$OUT/silu.log"
+      timeout 150 python3 benchmarks/bench_fused_quant.py --silu --rows "${SILU_ROWS:-32,64,128,192,256,512,1024,4096}" 2>&1 \
+        | tee -a "$OUT/silu.log"
+      timeout 60 python3 benchmarks/bench_argmax.py 2>&1 | tee -a "$OUT/silu.log" ;&
+    siluwl)  # the workload part of `silu` alone
+      for v in ${SILU_WL:-new old new}; do
+        old="MINISGL_FP8_SILU_SPLIT_ROWS=0 MINISGL_TRITON_ARGMAX=0 MINISGL_FP8_SILU_ROW_WARPS=16"
+        q="--quantization fp8 --kv-cache-dtype fp8_e4m3"
+        case $v in new) e="" ;; old) e=$old ;; silu) e="MINISGL_TRITON_ARGMAX=0" ;; argmax) e="MINISGL_FP8_SILU_SPLIT_ROWS=0" ;;
+          bf16new) e=""; q="" ;; bf16old) e="MINISGL_TRITON_ARGMAX=0"; q="" ;; esac
+        echo "== $v: $e $(date +%T)" | tee -a "$OUT/siluwl.log"
+        env $e timeout 200 python3 -m minisgl bench offline --device cuda --model-config llama3-8b --num-prompts 256 \
+          --skip-hf --min-input-len 100 --max-input-len 1024 --output-len 100 --max-output-len 1024 --repeats 1 \
+          $q 2>&1 | grep -E "^(minisgl|  prefill|  decode|  roofline)" | tee -a "$OUT/siluwl.log"
+      done ;;
+    swapped)  # cuBLASLt's fp8 matmul x @ W^T against W @ x^T (8B shapes, decode batches)
+      timeout 200 python3 benchmarks/bench_fp8_skinny.py --swapped --rows "${SWAP_ROWS:-80,128,160,192,224,256}" \
+        --only "${SWAP_ONLY:-gate_up,qkv}" 2>&1 | tee -a "$OUT/swapped.log" ;;
     fp8prof)  # where an fp8 decode step's time goes (8B shapes): kernels of the graph replay
       IFS=';' read -ra cfgs <<< "${FP8_PROF:-1 --quantization fp8;256 --quantization fp8 --kv-cache-dtype fp8_e4m3}"
       for cfg in "${cfgs[@]}"; do

@@ -7,7 +7,10 @@ time and output tok/s, then per kind of step (prefill; decode by rows) the steps
 the host seconds in `Engine.launch`, the seconds the host waited for the step's tokens (overlap
 scheduling: a wait near zero means the GPU was idle, waiting for the host), the GPU time from one
 step's end to the next's (CUDA events after each launch) and, for decode, the step's floor (weights
-plus the batch's K/V over the measured copy bandwidth) and the fraction reached.
+plus the batch's K/V over the measured copy bandwidth) and the fraction reached; "idle ms": the GPU
+time from the step before's end to this launch's start, where the GPU had finished everything
+queued before the host began the launch (a lower bound of the GPU's idle time), "cycle ms": the host
+time from the launch before's start to this one's.
 
 `--variants`: runs alternated in one process, each `order=longest|uid` (the decode batch's order,
 `DecodeManager.longest_first`) and/or `prefill=N` (max prefill tokens), e.g.
@@ -61,6 +64,8 @@ class Trace:
         def launch(engine: Engine, batch: Any, pending: Any = None) -> Any:
             tr._maybe_start(batch)
             ctx = sum(r.cached_len + n for r, n in zip(batch.reqs, batch.extend_lens, strict=True))
+            ev0 = torch.cuda.Event(enable_timing=True)
+            ev0.record()
             t0 = time.perf_counter()
             out = tr._launch(engine, batch, pending)
             host = time.perf_counter() - t0
@@ -68,7 +73,7 @@ class Trace:
             ev.record()
             step = {
                 "decode": batch.is_decode, "rows": len(batch.reqs), "tokens": sum(batch.extend_lens),
-                "ctx": ctx, "host": host, "ev": ev, "wait": 0.0,
+                "ctx": ctx, "host": host, "ev0": ev0, "ev": ev, "wait": 0.0, "t0": t0,
             }  # fmt: skip
             out._trace_step = step  # type: ignore[attr-defined]
             tr.steps.append(step)
@@ -126,38 +131,73 @@ class Trace:
         self._prof.__exit__(None, None, None)
         table = self._prof.key_averages().table(sort_by="cuda_time_total", row_limit=22)
         self.tables.append(
-            f"--- kernels of {self._n} {self._label} (totals over the {self._n} steps)\n{table}"
+            f"--- kernels of {self._n} {self._label} (totals over the {self._n} steps)\n{table}\n"
+            + _idle(self._prof)
         )
         self._prof = None
 
     # -- report -----------------------------------------------------------------------------------------
     def report(self, wall: float, out_tokens: int, bw: float, weights: WeightCounts, kv_token: int) -> str:
         torch.cuda.synchronize()
-        by: dict[str, list[float]] = defaultdict(lambda: [0.0] * 8)
+        by: dict[str, list[float]] = defaultdict(lambda: [0.0] * 10)
         for i, s in enumerate(self.steps):
             before = self.steps[i - 1]["ev"] if i else self._start
             gpu = before.elapsed_time(s["ev"]) / 1e3  # the previous step's end to this one's
+            # the GPU done with every step before while the host had not begun this launch: idle
+            idle = max(0.0, before.elapsed_time(s["ev0"]) / 1e3) if i else 0.0
+            cycle = s["t0"] - self.steps[i - 1]["t0"] if i else 0.0  # host: launch start to launch start
             floor = (weights.read_bytes(s["rows"]) + s["ctx"] * kv_token) / bw if s["decode"] else 0.0
             keys = ["decode", f"decode rows {_bucket(s['rows'])}"] if s["decode"] else ["prefill"]
             for key in keys:
                 b = by[key]
-                for j, v in enumerate((1, s["rows"], s["ctx"] / s["rows"], s["host"], s["wait"], gpu, floor)):
+                vals = (1, s["rows"], s["ctx"] / s["rows"], s["host"], s["wait"], gpu, floor, 0, idle, cycle)
+                for j, v in enumerate(vals):
                     b[j] += v
                 b[7] += s["tokens"]
         lines = [f"wall {wall:.2f} s, {out_tokens / wall:.0f} output tok/s, {len(self.steps)} steps"]
         lines.append(
             f"{'steps':22} {'n':>5} {'rows':>6} {'ctx':>6} {'host ms':>8} {'wait ms':>8} {'gpu ms':>8} "
-            f"{'floor ms':>9} {'floor%':>7} {'gpu s':>7} {'floor s':>8}"
+            f"{'floor ms':>9} {'floor%':>7} {'gpu s':>7} {'floor s':>8} {'idle ms':>8} {'cycle ms':>9}"
         )
         for key in sorted(by, key=_sort_key):
-            n, rows, ctx, host, wait, gpu, floor, toks = by[key]
+            n, rows, ctx, host, wait, gpu, floor, toks, idle, cycle = by[key]
             frac = f"{100 * floor / gpu:6.0f}%" if floor else "      -"
             lines.append(
                 f"{key:22} {int(n):5d} {rows / n:6.1f} {ctx / n:6.0f} {host / n * 1e3:8.2f} {wait / n * 1e3:8.2f} "
-                f"{gpu / n * 1e3:8.2f} {floor / n * 1e3:9.2f} {frac} {gpu:7.2f} {floor:8.2f}"
+                f"{gpu / n * 1e3:8.2f} {floor / n * 1e3:9.2f} {frac} {gpu:7.2f} {floor:8.2f} "
+                f"{idle / n * 1e3:8.3f} {cycle / n * 1e3:9.2f}"
                 + (f"  ({toks / n:.0f} tokens a step, {toks / gpu:.0f} tok/s)" if key == "prefill" else "")
             )
         return "\n".join(lines)
+
+
+def _idle(prof: Any, top: int = 8) -> str:
+    """Where the GPU sat idle in a profiled window: its span (first device event's start to the last
+    one's end), the time no kernel, copy or memset ran, and the longest gaps with the events either
+    side (the profiler slows the host's launches, so these are upper bounds)."""
+    from torch.autograd import DeviceType
+
+    evs = sorted(
+        (e for e in prof.events() if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start
+    )
+    if not evs:
+        return "GPU idle: no device events"
+    start = end = evs[0].time_range.start
+    gaps: list[tuple[float, str, str]] = []
+    prev = ""
+    for e in evs:
+        if e.time_range.start > end:
+            gaps.append((e.time_range.start - end, prev, e.name))
+        if e.time_range.end > end:
+            end, prev = e.time_range.end, e.name
+    idle = sum(g for g, _, _ in gaps)
+    lines = [
+        f"GPU idle: span {(end - start) / 1e3:.2f} ms, idle {idle / 1e3:.2f} ms in {len(gaps)} gaps "
+        f"({sum(1 for g in gaps if g[0] > 5)} over 5 us, {sum(g for g, _, _ in gaps if g > 5) / 1e3:.2f} ms)"
+    ]
+    for g, a, b in sorted(gaps, reverse=True)[:top]:
+        lines.append(f"  {g:9.1f} us after {a[:60]!r} before {b[:60]!r}")
+    return "\n".join(lines)
 
 
 def _bucket(rows: int) -> str:

@@ -199,6 +199,30 @@ def test_norm_and_silu_quantized_in_their_kernel_equal_quant_rows_after_them(dty
         assert torch.equal(s, rs) and torch.equal(q.float(), rq.float())
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block", [32, 64, 1024])
+def test_silu_quantized_over_row_chunks_equals_one_program_a_row(
+    dtype: torch.dtype, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`silu_and_mul_fp8` with each row spread over chunks of `SILU_SPLIT_BLOCK` columns (two kernels:
+    the chunks' maxima, then the quantization) gives the bits of the one-program-a-row kernel and of
+    `quant_rows` after `silu_and_mul`: a last partial chunk, a row whose maximum is in its last chunk,
+    an all-zero row."""
+    from minisgl.kernels.triton import elementwise as tk
+    from minisgl.kernels.triton.fp8 import quant_rows
+
+    monkeypatch.setattr(tk, "SILU_SPLIT_BLOCK", block)
+    gen = torch.Generator().manual_seed(block)
+    gate_up = (torch.randn(7, 2 * 80, generator=gen) * torch.logspace(-2, 2, 7)[:, None]).to(dtype).to(DEV)
+    gate_up[1] = 0.0
+    gate_up[4, 79], gate_up[4, 159] = 30.0, 30.0  # the row's largest product in its last column
+    rq, rs = quant_rows(tk.silu_and_mul(gate_up))
+    for split in (True, False):
+        q, s = tk.silu_and_mul_fp8(gate_up, split=split)
+        assert q.dtype == FP8 and s.shape == (7, 1) and torch.isfinite(s).all()
+        assert torch.equal(s, rs) and torch.equal(q.float(), rq.float())
+
+
 @pytest.mark.parametrize("rows", [17, 256] if DEV == "cuda" else [17])
 def test_fp8_norm_and_silu_quantized_in_their_kernel_change_no_bit(
     rows: int, monkeypatch: pytest.MonkeyPatch

@@ -455,3 +455,25 @@ def test_cuda_ops_take_the_gemv_for_few_rows_only() -> None:
             assert torch.equal(added, want_added)
         want = REFERENCE_OPS.linear(x.float(), w.float(), None)
         assert _rel(out, want) < TOL[dt] and _rel(added, res.float() + want) < TOL[dt]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("rows", "vocab", "block"), [(5, 97, 32), (3, 1000, 128), (2, 4096, 4096), (1, 300, 1024)]
+)
+def test_triton_argmax_rows_is_torch_argmax(dtype: torch.dtype, rows: int, vocab: int, block: int) -> None:
+    """`kernels.triton.argmax.argmax_rows` (chunks, then a row's first chunk holding its maximum) gives
+    `argmax(-1)`'s indices: ties across and within chunks to the first, a row all equal, all -inf, a
+    NaN (counted largest, the first one wins), the maximum in the last partial chunk."""
+    from minisgl.kernels.triton.argmax import argmax_rows
+
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(rows + 4, vocab, generator=gen)
+    logits[0, 3] = logits[0, vocab - 1] = logits[0].max() + 1  # a tie: the first index wins
+    logits[1] = 0.0  # all equal: index 0
+    logits[2] = float("-inf")
+    logits[3, vocab // 2] = logits[3, vocab - 2] = float("nan")
+    logits[4, vocab - 1] = logits[4].max() + 1
+    x = logits.to(dtype).to(DEV)
+    got = argmax_rows(x, block=block)
+    assert got.dtype == torch.int64 and torch.equal(got.cpu(), x.float().cpu().argmax(dim=-1))

@@ -12,22 +12,33 @@ takes as its tokens (other batches sample the logits, cast to float32 outside th
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 
 import torch
 
 from minisgl.attention import AttentionBackend, AttnInput
+from minisgl.kernels.triton import triton_available
 
 logger = logging.getLogger(__name__)
+
+# The graph's greedy argmax in minisgl's Triton kernels (on a GPU): at batch 256 of the 8B shapes torch's
+# chunked reductions took ~70 us a step. MINISGL_TRITON_ARGMAX=0: torch's (A/B).
+TRITON_ARGMAX = os.environ.get("MINISGL_TRITON_ARGMAX", "1") not in ("", "0")
 
 Forward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids (B,), positions (B,)) -> logits
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """logits (B, V) -> (B,) int64 first index of each row's maximum, as `argmax(-1)`, in two passes
-    over chunks of the vocabulary (one row of 100k+ entries is otherwise a single slow reduction)."""
+    over chunks of the vocabulary (one row of 100k+ entries is otherwise a single slow reduction); on
+    a GPU minisgl's Triton kernels (`kernels.triton.argmax`; MINISGL_TRITON_ARGMAX=0: torch's)."""
     b, v = logits.shape
+    if logits.is_cuda and TRITON_ARGMAX and triton_available() and logits.stride(1) == 1 and v:
+        from minisgl.kernels.triton.argmax import argmax_rows as triton_argmax_rows
+
+        return triton_argmax_rows(logits)
     chunks = 256
     while chunks > 1 and v % chunks:
         chunks //= 2

@@ -7,6 +7,8 @@ tolerance, and to float32 rounding in float32)."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -222,20 +224,102 @@ def silu_and_mul(gate_up: torch.Tensor, out_dtype: torch.dtype | None = None) ->
     return out
 
 
-def silu_and_mul_fp8(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`silu_and_mul` quantized per row in the same kernel (a row a program): (fp8 (T, I), float32
-    scales (T, 1)), the same bits as `fp8.quant_rows(silu_and_mul(gate_up))`."""
+@triton.jit
+def _silu_mul_rounded(GateUp, t, stride_in, inter, offs, mask):
+    """silu(gate) * up at columns `offs` of row t, rounded to GateUp's dtype (as `_quant_row` rounds
+    it), in float32; masked columns are 0."""
+    g = tl.load(GateUp + t * stride_in + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(GateUp + t * stride_in + inter + offs, mask=mask, other=0.0).to(tl.float32)
+    return (g / (1.0 + tl.exp(-g)) * u).to(GateUp.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _silu_mul_amax_kernel(GateUp, Amax, stride_in, inter, chunks, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Program (row t, chunk c): Amax[t, c] = max |silu(gate) * up| over the chunk's BLOCK columns."""
+    pdl_enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    offs = c * BLOCK + tl.arange(0, BLOCK)
+    y = _silu_mul_rounded(GateUp, t, stride_in, inter, offs, offs < inter)
+    tl.store(Amax + t * chunks + c, tl.max(tl.abs(y), 0))
+
+
+@triton.jit
+def _silu_mul_quant_kernel(
+    GateUp,
+    Amax,
+    Out,
+    S,
+    stride_in,
+    inter,
+    chunks,
+    BLOCK: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Program (row t, chunk c): the row's scale from its chunks' maxima (Amax (T, chunks)), then the
+    chunk's silu(gate) * up again (from L2), quantized; chunk 0 stores the scale."""
+    pdl_enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    cs = tl.arange(0, CHUNKS)
+    amax = tl.max(tl.load(Amax + t * chunks + cs, mask=cs < chunks, other=0.0), 0)
+    scale = tl.maximum(tl.div_rn(amax, FP8_MAX), MIN_SCALE)
+    if c == 0:
+        tl.store(S + t, scale)
+    offs = c * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < inter
+    y = _silu_mul_rounded(GateUp, t, stride_in, inter, offs, mask)
+    tl.store(Out + t * inter + offs, quantize_fp8(y, scale), mask=mask)
+
+
+# A whole row a program (the one-pass kernel): its warps, 0 by the row's width (up to 16). On an H200 at
+# I = 14,336 (`bench_fused_quant.py --silu`) 32 warps were faster: 4,096 rows 113.1 us against 119.0, 256
+# rows 9.07 against 9.61, 32 rows 5.59 against 5.91; not yet run in the workload, so not the default.
+# MINISGL_FP8_SILU_ROW_WARPS: for A/B and tuning.
+SILU_ROW_WARPS = int(os.environ.get("MINISGL_FP8_SILU_ROW_WARPS", "0"))
+
+# Up to this many rows (small decode batches) `silu_and_mul_fp8` spreads a row over SILU_SPLIT_BLOCK-column
+# programs in two launches (the row's maxima, then the quantization), where one program a row leaves
+# most SMs idle. H200, 8B's I = 14,336, CUDA graphs (`bench_fused_quant.py --silu`): 32 rows 5.94 us
+# a program a row, 3.75 split in 2,048 columns; 64 rows 6.02 / 6.53; 256 rows 9.61 / 11.01.
+# MINISGL_FP8_SILU_SPLIT_ROWS=0: one program a row (A/B).
+SILU_SPLIT_MAX_ROWS = int(os.environ.get("MINISGL_FP8_SILU_SPLIT_ROWS", "48"))
+SILU_SPLIT_BLOCK = 2048
+
+
+def silu_and_mul_fp8(gate_up: torch.Tensor, split: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`silu_and_mul` quantized per row: (fp8 (T, I), float32 scales (T, 1)), the same bits as
+    `fp8.quant_rows(silu_and_mul(gate_up))`. split (default: T <= SILU_SPLIT_MAX_ROWS): each row over
+    chunks of SILU_SPLIT_BLOCK columns in two kernels (each chunk's maximum, then the row's scale and
+    the quantization, silu(gate) * up computed again); else one kernel, a whole row a program."""
     t, two_i = gate_up.shape
     if gate_up.stride(-1) != 1 or two_i % 2:
         raise ValueError(f"silu_and_mul_fp8: gate_up {tuple(gate_up.shape)} strides {gate_up.stride()}")
     inter = two_i // 2
     out = torch.empty(t, inter, dtype=torch.float8_e4m3fn, device=gate_up.device)
     scales = torch.empty(t, 1, dtype=torch.float32, device=gate_up.device)
-    if t:
-        block = triton.next_power_of_2(inter)
-        pdl = use_pdl(gate_up)
-        _silu_mul_kernel[(t, 1)](
-            gate_up, out, scales, gate_up.stride(0), inter, BLOCK=block, QUANT=True,
-            num_warps=max(4, min(16, block // 1024)), PDL=pdl, **pdl_launch(pdl),
+    if t == 0:
+        return out, scales
+    pdl = use_pdl(gate_up)
+    if split if split is not None else t <= SILU_SPLIT_MAX_ROWS:
+        block = min(SILU_SPLIT_BLOCK, triton.next_power_of_2(inter))
+        chunks = triton.cdiv(inter, block)
+        amax = torch.empty(t, chunks, dtype=torch.float32, device=gate_up.device)
+        warps = max(1, min(8, block // 256))
+        _silu_mul_amax_kernel[(t, chunks)](
+            gate_up, amax, gate_up.stride(0), inter, chunks, BLOCK=block, num_warps=warps, PDL=pdl,
+            **pdl_launch(pdl),
         )  # fmt: skip
+        _silu_mul_quant_kernel[(t, chunks)](
+            gate_up, amax, out, scales, gate_up.stride(0), inter, chunks, BLOCK=block,
+            CHUNKS=triton.next_power_of_2(chunks), num_warps=warps, PDL=pdl, **pdl_launch(pdl),
+        )  # fmt: skip
+        return out, scales
+    block = triton.next_power_of_2(inter)
+    warps = SILU_ROW_WARPS or max(4, min(16, block // 1024))
+    _silu_mul_kernel[(t, 1)](
+        gate_up, out, scales, gate_up.stride(0), inter, BLOCK=block, QUANT=True, num_warps=warps, PDL=pdl,
+        **pdl_launch(pdl),
+    )  # fmt: skip
     return out, scales
