@@ -2018,7 +2018,7 @@ static inline __attribute__((always_inline)) __m512i bcast4(const int8_t *p) {
 /* Group g (16 rows of format fmt, nb blocks) against activation rows a0 .. a0 + NA -> acc[a] (lane r:
  * row r). A 2-core Zen 4, rows streaming through copies of each weight (bench_qlinear_shapes.py's
  * weights): reading 2 or 4 groups of a weight side by side (as the repacked rows' kernel reads 4
- * places) took 0.96-1.26x the time of one group after another at one row. With 8 activation rows or
+ * places) took 0.99-1.05x and 1.16-1.34x the time of one group after another at one row. With 8 activation rows or
  * more a block's work is long enough that the loads the out-of-order window reaches come too late, so
  * those tiles ask for the blocks GROUP_AHEAD ahead: 16 rows 0.60-0.70x the time, 8 rows 0.70-0.75x
  * (the LM head 0.96x), 128 rows 0.69-0.93x; with fewer rows the prefetches cost more than they gain
