@@ -827,3 +827,20 @@ def test_a_record_named_like_a_message_is_refused() -> None:
     """A dataclass in a field is tagged with its class name, so it must not be one of the group's."""
     with pytest.raises(TypeError, match="record 'ClashHolder' has the name of a clash message"):
         ClashHolder(ClashRecord(1)).to_bytes()
+
+
+@pytest.mark.parametrize(
+    "code,dtype", [("i", torch.int32), ("q", torch.int64), ("B", torch.uint8), ("f", torch.float32)]
+)
+def test_a_stdlib_array_travels_as_a_1d_tensor(code: str, dtype: torch.dtype) -> None:
+    """The tokenizer workers send token ids as array("i") (neither torch nor numpy loaded there): it
+    travels as the 1-D tensor of its type code's dtype, the same bytes a tensor of those values gives."""
+    import array
+
+    values = [3, 0, 255, 7]
+    msg = UserMsg(uid=1, input_ids=array.array(code, values), sampling_params=sp())
+    assert msg.to_bytes() == UserMsg(1, torch.tensor(values, dtype=dtype), sp()).to_bytes()
+    back = BaseBackendMsg.from_bytes(msg.to_bytes()).input_ids
+    assert back.dtype == dtype and back.tolist() == values
+    with pytest.raises(TypeError, match="type code"):
+        UserMsg(uid=1, input_ids=array.array("H", [1, 2]), sampling_params=sp()).to_bytes()

@@ -4,27 +4,33 @@ A 1-D tensor carries exactly those three keys (the chapter's format); any other 
 "shape": [d0, d1, ...] after "dtype" (a 0-d tensor has "shape": []). Only the dtypes of `DTYPES`
 travel; the buffer is the tensor's bytes in C order, native (little-endian) byte order.
 
-Decoding gives a torch tensor; encoding takes a torch tensor or a numpy array. torch is imported only
-when a tensor is decoded (or a torch tensor is met), so the processes that only send tensors made
-from token ids (the tokenizer workers) and those that carry none (the API server) do without it.
+Decoding gives a torch tensor; encoding takes a torch tensor, a numpy array or a 1-D `array.array`
+(the standard library's). torch is imported only when a tensor is decoded (or a torch tensor is met),
+and numpy only by who made an array: the tokenizer workers send token ids as `array("i")` and the API
+server carries no tensor, so neither imports torch or numpy (16 MB of RSS a process).
 """
 
 from __future__ import annotations
 
+import array
 import math
 import sys
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
+    import numpy as np
     from torch import Tensor
 else:
 
     class _TensorType(type):
         def __instancecheck__(cls, obj: object) -> bool:
-            torch = sys.modules.get("torch")  # a torch tensor exists only once torch is imported
-            return isinstance(obj, np.ndarray) or (torch is not None and isinstance(obj, torch.Tensor))
+            # a torch tensor or numpy array exists only once its module is imported
+            np, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+            return (
+                isinstance(obj, array.array)
+                or (np is not None and isinstance(obj, np.ndarray))
+                or (torch is not None and isinstance(obj, torch.Tensor))
+            )
 
     class Tensor(metaclass=_TensorType):
         """The annotation of a message field holding a tensor: torch.Tensor for type checkers; at
@@ -42,36 +48,60 @@ _ITEMSIZE |= {
     "torch.float32": 4,
     "torch.float64": 8,
 }
-_NUMPY_NAME = {np.dtype(n): f"torch.{n}" for n in _NAMES if n != "bfloat16"}  # numpy has no bfloat16
 MAX_DIMS = 64
+# array.array type codes -> wire dtypes, by the code's size on this platform (signed, unsigned 8, floats)
+_ARRAY_NAME = {
+    code: name
+    for code, name in (
+        ("b", "torch.int8"),
+        ("B", "torch.uint8"),
+        ("h", "torch.int16"),
+        ("i", "torch.int32"),
+        ("l", "torch.int64"),
+        ("q", "torch.int64"),
+        ("f", "torch.float32"),
+        ("d", "torch.float64"),
+    )  # fmt: skip
+    if array.array(code).itemsize == _ITEMSIZE[name]
+}
 
 
 class TensorFormatError(ValueError):
     """A tensor map that cannot be turned back into a tensor (the codec adds where it was)."""
 
 
-def tensor_to_map(t: Tensor | np.ndarray) -> dict[str, Any]:
-    """A torch tensor (copied to the CPU first if needed) or a numpy array -> its wire map."""
-    if isinstance(t, np.ndarray):
-        name = _NUMPY_NAME.get(t.dtype)
+def tensor_to_map(t: Tensor | np.ndarray | array.array) -> dict[str, Any]:
+    """A torch tensor (copied to the CPU first if needed), a numpy array or an array.array -> its
+    wire map."""
+    if isinstance(t, array.array):  # 1-D
+        name = _ARRAY_NAME.get(t.typecode)
+        if name is None:
+            raise TypeError(
+                f"array type code {t.typecode!r} cannot be sent (supported: {', '.join(_ARRAY_NAME)})"
+            )
+        return {"__type__": "Tensor", "buffer": t.tobytes(), "dtype": name}
+    np = sys.modules.get("numpy")  # (loaded wherever an array was made)
+    if np is not None and isinstance(t, np.ndarray):
+        name = f"torch.{t.dtype.name}" if t.dtype.name in _NAMES and t.dtype.name != "bfloat16" else None
         if name is None:
             raise TypeError(f"array dtype {t.dtype} cannot be sent (supported: {', '.join(DTYPES)})")
         wire = {"__type__": "Tensor", "buffer": np.ascontiguousarray(t).tobytes(), "dtype": name}
         return wire if t.ndim == 1 else wire | {"shape": list(t.shape)}
-    name = str(t.dtype)
+    tt = cast("Tensor", t)  # (what is left: a torch tensor)
+    name = str(tt.dtype)
     if name not in _ITEMSIZE:
-        raise TypeError(f"tensor dtype {t.dtype} cannot be sent (supported: {', '.join(DTYPES)})")
+        raise TypeError(f"tensor dtype {tt.dtype} cannot be sent (supported: {', '.join(DTYPES)})")
     if name == "torch.bfloat16":  # numpy has no bfloat16: send its bits as int16
         import torch  # (loaded: t is a torch tensor)
 
-        buf = t.detach().cpu().contiguous().view(torch.int16).numpy().tobytes()
+        buf = tt.detach().cpu().contiguous().view(torch.int16).numpy().tobytes()
     else:
         try:
-            buf = t.numpy().tobytes()  # C order even for a non-contiguous view
+            buf = tt.numpy().tobytes()  # C order even for a non-contiguous view
         except (RuntimeError, TypeError):  # on a GPU, or requires grad
-            buf = t.detach().cpu().numpy().tobytes()
+            buf = tt.detach().cpu().numpy().tobytes()
     wire = {"__type__": "Tensor", "buffer": buf, "dtype": name}
-    return wire if t.dim() == 1 else wire | {"shape": list(t.shape)}
+    return wire if tt.dim() == 1 else wire | {"shape": list(tt.shape)}
 
 
 def decode_tensor(wire: object) -> Tensor:

@@ -14,11 +14,12 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from minisgl.models.config import ModelConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,10 @@ class PoolingConfig:
 
 def embedding_vector(raw: bytes, dimensions: int | None = None) -> np.ndarray:
     """A pooled hidden state as it travels (float32 bytes) -> the embedding: its first `dimensions`
-    values (Matryoshka truncation; None: all), L2-normalised (float32, (D,))."""
+    values (Matryoshka truncation; None: all), L2-normalised (float32, (D,)). numpy loads on the first
+    call: the API server, which imports this module, does without it (16 MB) until it serves one."""
+    import numpy as np
+
     v = np.frombuffer(raw, dtype=np.float32)[:dimensions]
     return v / max(float(np.linalg.norm(v)), 1e-12)  # (torch.nn.functional.normalize's eps)
 

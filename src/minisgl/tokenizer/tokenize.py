@@ -10,12 +10,11 @@ TokenizeMsg carries all `n` choices of a prompt: it is tokenized once and fanned
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
-
-import numpy as np
 
 from minisgl.core import RequestRejected, SamplingParams, check_request, context_error
 from minisgl.message import TokenizeMsg, UserMsg
@@ -174,7 +173,7 @@ class TokenizeManager:
         choices = [_choice(params, i) for i in range(msg.n)]
         for p in choices:
             check_request(ids, p, self.limits.vocab_size, self.limits.max_seq_len)
-        input_ids = np.asarray(ids, dtype=np.int32)  # sent as a tensor; no torch in this process
+        input_ids = array.array("i", ids)  # sent as an int32 tensor; no torch or numpy in this process
         msgs = [
             UserMsg(uid=msg.uid + i, input_ids=cast("torch.Tensor", input_ids), sampling_params=p)
             for i, p in enumerate(choices)
