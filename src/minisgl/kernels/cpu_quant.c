@@ -2930,6 +2930,10 @@ static int qlinear_bf16(const float *xf, int64_t ldf, int64_t M, int64_t K, cons
 }
 #endif
 
+/* A matmul kernel over activation rows xf (M, K; stride ldf) after the pre-op */
+typedef int (*BlockedFn)(const float *xf, int64_t ldf, int64_t M, int64_t K, const int64_t *row_ptrs,
+                         const int32_t *row_fmts, int64_t N, const float *bias, float *y, int64_t ldy, int accumulate);
+
 /* y (M, N; row stride ldy) (+)= op(x) @ W^T (+ bias).
  *   x: (M, K) with row stride ldx; for PRE_SILU_MUL (M, 2K) laid out [gate | up]
  *   pre: PRE_NONE, PRE_RMSNORM (pre_w: the norm's (K) weight, eps) or PRE_SILU_MUL
@@ -2968,22 +2972,20 @@ int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, 
         A.xf = xf;
         A.ldf = K;
     }
-#if defined(MINISGL_AVX512)
-    if ((!prefill || RP_PREFILL || GROUP_PREFILL) && (uniform ? is_grouped(row_fmts[0]) : all_grouped(row_fmts, N))) {
-        int rc = 0; /* RP_M_BLOCK activation rows at a time: their quantized rows stay in the L2 */
-        for (int64_t m0 = 0; m0 < M && rc == 0; m0 += RP_M_BLOCK)
-            rc = qlinear_grouped(A.xf + m0 * A.ldf, A.ldf, M - m0 < RP_M_BLOCK ? M - m0 : RP_M_BLOCK, K, row_ptrs,
-                                 row_fmts, N, bias, y + m0 * ldy, ldy, accumulate);
-        scratch_put(xf, xf_owned);
-        return rc;
-    }
-#endif
 #if defined(MINISGL_AVX512) || defined(MINISGL_AVX2)
-    if ((!prefill || RP_PREFILL) && (uniform ? is_repacked(row_fmts[0]) : all_repacked(row_fmts, N))) {
-        int rc = 0; /* RP_M_BLOCK activation rows at a time: their quantized rows stay in the L2 */
+    BlockedFn blocked = NULL; /* the grouped or repacked rows' kernel, RP_M_BLOCK activation rows at a
+                               * time: their quantized rows stay in the L2 */
+#if defined(MINISGL_AVX512)
+    if ((!prefill || RP_PREFILL || GROUP_PREFILL) && (uniform ? is_grouped(row_fmts[0]) : all_grouped(row_fmts, N)))
+        blocked = qlinear_grouped;
+#endif
+    if (blocked == NULL && (!prefill || RP_PREFILL) && (uniform ? is_repacked(row_fmts[0]) : all_repacked(row_fmts, N)))
+        blocked = qlinear_repacked;
+    if (blocked != NULL) {
+        int rc = 0;
         for (int64_t m0 = 0; m0 < M && rc == 0; m0 += RP_M_BLOCK)
-            rc = qlinear_repacked(A.xf + m0 * A.ldf, A.ldf, M - m0 < RP_M_BLOCK ? M - m0 : RP_M_BLOCK, K, row_ptrs,
-                                  row_fmts, N, bias, y + m0 * ldy, ldy, accumulate);
+            rc = blocked(A.xf + m0 * A.ldf, A.ldf, M - m0 < RP_M_BLOCK ? M - m0 : RP_M_BLOCK, K, row_ptrs, row_fmts,
+                         N, bias, y + m0 * ldy, ldy, accumulate);
         scratch_put(xf, xf_owned);
         return rc;
     }
