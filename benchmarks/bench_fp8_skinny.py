@@ -18,7 +18,7 @@ import argparse
 import functools
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from bench_linear import L2_DEFEAT_BYTES, shapes
@@ -92,16 +92,22 @@ def _swapped(xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
     )  # fmt: skip
 
 
-def swapped(ns: argparse.Namespace, rows: list[int], only: list[str]) -> None:
-    """`--swapped`: cuBLASLt as the layer calls it (x @ W^T) against W @ x^T (its output transposed)."""
-    print(f"{torch.cuda.get_device_name()}, {ns.model_config}: cuBLASLt x @ W^T / W @ x^T, us a call")
+def weight_copies(ns: argparse.Namespace, only: list[str]) -> Iterator[tuple[str, int, int, list[Fp8Weight]]]:
+    """(name, N, K, copies of a random fp8 weight of that shape: enough to leave the L2) per projection
+    of the preset (not the LM head; `only` these names if given)."""
     for name, (n, k) in shapes(ns.model_config).items():
         if name == "lm_head" or (only and name not in only):
             continue
         copies = min(64, -(-L2_DEFEAT_BYTES // (n * k)))
         gen = torch.Generator().manual_seed(n + k)
         q, s = quantize_fp8(torch.randn(n, k, generator=gen) * k**-0.5, None)
-        ws = [Fp8Weight(q.cuda(), s.cuda(), None) for _ in range(copies)]
+        yield name, n, k, [Fp8Weight(q.cuda(), s.cuda(), None) for _ in range(copies)]
+
+
+def swapped(ns: argparse.Namespace, rows: list[int], only: list[str]) -> None:
+    """`--swapped`: cuBLASLt as the layer calls it (x @ W^T) against W @ x^T (its output transposed)."""
+    print(f"{torch.cuda.get_device_name()}, {ns.model_config}: cuBLASLt x @ W^T / W @ x^T, us a call")
+    for name, n, k, ws in weight_copies(ns, only):
         for m in rows:
             xq, xs = quant_rows(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
             ref = scaled_mm(xq, xs, ws[0], None, torch.bfloat16).float()
@@ -164,13 +170,7 @@ def main() -> None:
         return bf16(ns, rows, only)
     best: dict[str, list] = {}
     print(f"{torch.cuda.get_device_name()}, {ns.model_config}: us a call (weight GB/s)")
-    for name, (n, k) in shapes(ns.model_config).items():
-        if name == "lm_head" or (only and name not in only):
-            continue
-        copies = min(64, -(-L2_DEFEAT_BYTES // (n * k)))
-        gen = torch.Generator().manual_seed(n + k)
-        q, s = quantize_fp8(torch.randn(n, k, generator=gen) * k**-0.5, None)
-        ws = [Fp8Weight(q.cuda(), s.cuda(), None) for _ in range(copies)]
+    for name, n, k, ws in weight_copies(ns, only):
         for m in rows:
             xq, xs = quant_rows(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
             res = torch.zeros(m, n, device="cuda", dtype=torch.bfloat16) if name in ("o", "down") else None
