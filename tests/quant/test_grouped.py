@@ -1,5 +1,5 @@
-"""Grouped rows (cpu_quant.c, "grouped rows"): the AVX-512 builds repack Q4_0/Q4_1/Q8_0 weights of
-whole groups of 16 rows so that one int32 lane keeps one output row. The layout is a permutation of
+"""Grouped rows (cpu_quant.c, "grouped rows"): the AVX-512 builds repack Q4_0/Q4_1/Q8_0/Q4_K weights
+of whole groups of 16 rows so that one int32 lane keeps one output row. The layout is a permutation of
 the file's bytes (every path that reads a row reads the same numbers), the decode kernel matches numpy
 with activations quantized per 16 and is batch-invariant (prefill passes take it too, except in the AMX
 build, whose tiles read the rows as the file's)."""
@@ -15,8 +15,12 @@ from minisgl.quant import GGMLType, QuantizedWeight, QuantPart, dequantize
 
 PACKABLE = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0]
 GROUP_ISAS = [isa for isa in RUNNABLE_ISAS if isa in ("amx", "avx512bf16", "avx512")]
-# whole blocks of 32: an odd count leaves a last block alone in its pair (32, 96, 608)
-KS = [32, 64, 96, 576, 608]
+# (formats of the weight's parts, K): whole blocks of 32, an odd count leaving a last block alone in
+# its pair (32, 96, 608); Q4_K's super-blocks of 256, alone and beside the other formats' groups
+Q4_1, Q4_K = GGMLType.Q4_1, GGMLType.Q4_K
+CASES = [((*PACKABLE, Q4_1), k) for k in (32, 64, 96, 576, 608)]
+CASES += [((Q4_K,) * 4, k) for k in (256, 768)] + [((Q4_K, *PACKABLE), 512)]
+CASE_IDS = [f"{'-'.join(sorted({f.name for f in fmts}))}-K{k}" for fmts, k in CASES]
 # builds whose prefill passes over groups run the decode kernel (cpu_quant.c, GROUP_PREFILL)
 PREFILL_BY_DECODE_KERNEL = {"avx512", "avx512bf16"}
 
@@ -26,11 +30,14 @@ pytestmark = [
 ]
 
 
-def grouped_weight(k: int, seed: int = 0) -> tuple[QuantizedWeight, QuantizedWeight, torch.Tensor]:
-    """(the file's rows, the same rows grouped, their dequantized rows): groups of each format, one of
-    them a part taken in a permuted row order, so that the groups' formats change along the weight."""
+def grouped_weight(
+    k: int, seed: int = 0, fmts: tuple[GGMLType, ...] = (*PACKABLE, Q4_1)
+) -> tuple[QuantizedWeight, QuantizedWeight, torch.Tensor]:
+    """(the file's rows, the same rows grouped, their dequantized rows): parts of 16, 32, 16, 16 rows
+    in `fmts`, the second taken in a permuted row order, so that the groups' formats change along the
+    weight."""
     parts, refs = [], []
-    for i, (fmt, rows) in enumerate(zip(PACKABLE + [GGMLType.Q4_1], (16, 32, 16, 16), strict=True)):
+    for i, (fmt, rows) in enumerate(zip(fmts, (16, 32, 16, 16), strict=True)):
         data = torch.from_numpy(random_blocks(fmt, rows, k, seed=seed + i))
         order = torch.arange(rows).flip(0) if i == 1 else None
         parts.append(QuantPart(fmt, data, k, order))
@@ -41,12 +48,12 @@ def grouped_weight(k: int, seed: int = 0) -> tuple[QuantizedWeight, QuantizedWei
     return plain, grouped, torch.cat(refs)
 
 
-@pytest.mark.parametrize("k", KS, ids=lambda k: f"K{k}")
-def test_grouped_rows_read_back_as_the_files(k: int) -> None:
+@pytest.mark.parametrize("fmts,k", CASES, ids=CASE_IDS)
+def test_grouped_rows_read_back_as_the_files(fmts: tuple[GGMLType, ...], k: int) -> None:
     """Every build's embedding lookup reads grouped rows as the file's (bitwise), and the prefill passes
     are the decode kernel's (matched to numpy below) or, in the other builds, the file's rows'
     results, bitwise."""
-    plain, grouped, ref = grouped_weight(k, seed=k)
+    plain, grouped, ref = grouped_weight(k, seed=k, fmts=fmts)
     ids = torch.arange(ref.shape[0]).flip(0)
     x = torch.randn(13, k)
     for isa in RUNNABLE_ISAS:
@@ -60,12 +67,12 @@ def test_grouped_rows_read_back_as_the_files(k: int) -> None:
 
 
 @pytest.mark.parametrize("isa", GROUP_ISAS)
-@pytest.mark.parametrize("k", KS, ids=lambda k: f"K{k}")
-def test_grouped_decode_matches_numpy(isa: str, k: int) -> None:
+@pytest.mark.parametrize("fmts,k", CASES, ids=CASE_IDS)
+def test_grouped_decode_matches_numpy(isa: str, fmts: tuple[GGMLType, ...], k: int) -> None:
     """Decode passes over grouped rows against float64 with the activations quantized per 16 as the
     kernel does: every tile height (M of 1 to 16, and past 16: 17, 33) and 16-value groups of very
     different scales."""
-    _, grouped, ref = grouped_weight(k, seed=k)
+    _, grouped, ref = grouped_weight(k, seed=k, fmts=fmts)
     torch.manual_seed(k + 1)
     bias = torch.randn(ref.shape[0])
     for m in (1, 2, 3, 4, 7, 8, 15, 16, 17, 33):
@@ -80,15 +87,15 @@ def test_grouped_rows_are_batch_invariant(isa: str) -> None:
     """A row's result never depends on its batch mates: any subset of the rows (other tile heights,
     other places in the 16-row tiles) gives the same bits, the residual added in place and the fused
     RMSNorm included."""
-    _, w, _ = grouped_weight(608)
-    x = torch.randn(37, 608)
+    _, w, _ = grouped_weight(768, fmts=(Q4_K, *PACKABLE))
+    x = torch.randn(37, 768)
     full = qlinear(x, w, isa=isa)
     for rows in ([3], [0, 1], [4, 5, 6], list(range(16)), list(range(17)), list(range(36, -1, -1))):
         torch.testing.assert_close(qlinear(x[rows].contiguous(), w, isa=isa), full[rows], rtol=0, atol=0)
     res = torch.randn(37, w.shape[0])
     added = qlinear(x, w, residual=res.clone(), isa=isa)
     torch.testing.assert_close(added, res + full, rtol=0, atol=0)
-    nw = torch.rand(608) + 0.5
+    nw = torch.rand(768) + 0.5
     fused = qlinear(x, w, norm=(nw, 1e-5), isa=isa)
     torch.testing.assert_close(
         qlinear(x[[20]].contiguous(), w, norm=(nw, 1e-5), isa=isa), fused[[20]], rtol=0, atol=0
@@ -117,3 +124,15 @@ def test_only_whole_groups_of_one_format_are_grouped() -> None:
         w = QuantizedWeight(parts)
         assert repack(w, GROUP_ISAS[0])
         assert ((w.row_fmts >= 100) & (w.row_fmts < 200)).all()
+
+
+def test_q4_k_rows_group_only_whole() -> None:
+    """Q4_K rows have no row-by-row layout: whole groups of 16 are grouped, anything else keeps the
+    file's row table (the generic tiles read it)."""
+    data = torch.from_numpy(random_blocks(Q4_K, 24, 256, seed=5))
+    w = QuantizedWeight([QuantPart(Q4_K, data, 256)])
+    ptrs = w.row_ptrs.clone()
+    assert not repack(w, GROUP_ISAS[0])
+    assert w.packed is None and torch.equal(w.row_ptrs, ptrs)
+    whole = QuantizedWeight([QuantPart(Q4_K, data[:16], 256)])
+    assert repack(whole, GROUP_ISAS[0]) and (whole.row_fmts == 200 + int(Q4_K)).all()

@@ -50,9 +50,9 @@ enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K 
 /* minisgl's own: Q4_0, Q4_1 and Q8_0 rows repacked for the decode passes (see "repacked rows" below) */
 enum { REPACKED = 100, Q4_0R = REPACKED + Q4_0, Q4_1R = REPACKED + Q4_1, Q8_0R = REPACKED + Q8_0 };
 /* ... and the same formats' rows interleaved 16 at a time for the AVX-512 builds (see "grouped rows") */
-enum { GROUPED = 200, Q4_0G = GROUPED + Q4_0, Q4_1G = GROUPED + Q4_1, Q8_0G = GROUPED + Q8_0 };
+enum { GROUPED = 200, Q4_0G = GROUPED + Q4_0, Q4_1G = GROUPED + Q4_1, Q8_0G = GROUPED + Q8_0, Q4_KG = GROUPED + Q4_K };
 static inline int is_repacked(int fmt) { return fmt == Q4_0R || fmt == Q4_1R || fmt == Q8_0R; }
-static inline int is_grouped(int fmt) { return fmt == Q4_0G || fmt == Q4_1G || fmt == Q8_0G; }
+static inline int is_grouped(int fmt) { return fmt == Q4_0G || fmt == Q4_1G || fmt == Q8_0G || fmt == Q4_KG; }
 static inline int base_fmt(int fmt) { return is_repacked(fmt) ? fmt - REPACKED : is_grouped(fmt) ? fmt - GROUPED : fmt; }
 enum { PRE_NONE = 0, PRE_RMSNORM = 1, PRE_SILU_MUL = 2 };
 
@@ -355,11 +355,17 @@ static void repack_row(int fmt, uint8_t *plain, uint8_t *packed, int64_t K, int 
  * quants: Q4_0/Q4_1 4 vectors, lane r of vector j = bytes [4j, 4j + 4) of row r's nibbles (low
  * nibbles: weights 4j.., high: 16 + 4j..); Q8_0 8 vectors, lane r of vector j = row r's int8 weights
  * [4j, 4j + 4) plus 128 (unsigned, as vpdpbusd takes them). Its header: the 16 rows' f16 d, then
- * (Q4_1) their f16 m. The bytes are the file's (Q8_0's with the sign bit flipped). Row r's entry in
+ * (Q4_1) their f16 m. The bytes are the file's (Q8_0's with the sign bit flipped). Q4_K goes by
+ * super-blocks of 256: its quants as 32 vectors, lane r of vector v = bytes [4v, 4v + 4) of row r's
+ * 128 bytes of nibbles (vectors 8p .. 8p + 7: sub-block 2p in the low nibbles, 2p + 1 in the high);
+ * its header the rows' f16 d, f16 dmin, then their 6-bit sub-block scales and mins one byte each
+ * (sub-block j's at 64 + 16 j and 192 + 16 j: 320 bytes for the file's 16 x 16). Row r's entry in
  * the row table is the group's address plus r. */
 #define GROUP_ROWS 16
-static inline int64_t group_qbytes(int base) { return base == Q8_0 ? 512 : 256; } /* one block's quants */
-static inline int64_t group_hbytes(int base) { return base == Q4_1 ? 64 : 32; }   /* one block's d (and m) */
+static inline int groupable_fmt(int fmt) { return fmt == Q4_0 || fmt == Q4_1 || fmt == Q8_0 || fmt == Q4_K; }
+/* one block's quants and header, for 16 rows */
+static inline int64_t group_qbytes(int base) { return base == Q4_K ? 2048 : base == Q8_0 ? 512 : 256; }
+static inline int64_t group_hbytes(int base) { return base == Q4_K ? 320 : base == Q4_1 ? 64 : 32; }
 static inline int64_t group_bytes(int base, int64_t nb) {
     return round_up(nb * (group_qbytes(base) + group_hbytes(base)), 64);
 }
@@ -371,22 +377,47 @@ static inline int64_t group_h_off(int64_t b, int64_t nb, int64_t QS, int64_t HS)
     return pair * (QS + HS) + (pair + 1 < nb ? 2 : 1) * QS + b % 2 * HS;
 }
 
+static inline void k_scale_min(int j, const uint8_t *q, int *sc, int *m);
+
+/* Q4_K: row r's 12 bytes of packed 6-bit scales and mins (q) <-> its 8 scales and 8 mins at h (one
+ * byte each, 16 apart; unpack: h -> q), the inverse of k_scale_min */
+static void k_scales_row(uint8_t *q, uint8_t *h, int unpack) {
+    if (!unpack) {
+        for (int j = 0; j < 8; ++j) {
+            int sc, m;
+            k_scale_min(j, q, &sc, &m);
+            h[16 * j] = (uint8_t)sc, h[128 + 16 * j] = (uint8_t)m;
+        }
+        return;
+    }
+    for (int i = 0; i < 4; ++i) {
+        const int sc = h[16 * i], m = h[128 + 16 * i], sc4 = h[16 * (i + 4)], m4 = h[128 + 16 * (i + 4)];
+        q[i] = (uint8_t)((sc & 63) | ((sc4 >> 4) << 6));
+        q[i + 4] = (uint8_t)((m & 63) | ((m4 >> 4) << 6));
+        q[i + 8] = (uint8_t)((sc4 & 0xF) | ((m4 & 0xF) << 4));
+    }
+}
+
 /* row r of a group <-> its blocks in the file's layout (plain); unpack: group -> plain */
 static void group_row(int base, uint8_t *g, int r, int64_t nb, uint8_t *plain, int unpack) {
-    const int ts = type_size(base), q8 = base == Q8_0, has_min = base == Q4_1, words = q8 ? 8 : 4;
+    const int ts = type_size(base), q8 = base == Q8_0, kq = base == Q4_K, has_min = base == Q4_1 || kq;
+    const int words = kq ? 32 : q8 ? 8 : 4, head = kq ? 16 : 2 + 2 * has_min; /* the quants' offset */
     const int64_t QS = group_qbytes(base), HS = group_hbytes(base);
     for (int64_t b = 0; b < nb; ++b) {
-        uint8_t *blk = plain + b * ts, *qs = blk + 2 + 2 * has_min;
+        uint8_t *blk = plain + b * ts, *qs = blk + head;
         uint8_t *h = g + group_h_off(b, nb, QS, HS) + 2 * r, *q = g + group_q_off(b, QS, HS) + 4 * r;
+        uint8_t *hs = g + group_h_off(b, nb, QS, HS) + 64 + r; /* Q4_K: row r's first sub-block scale */
         if (unpack) {
             memcpy(blk, h, 2);
             if (has_min) memcpy(blk + 2, h + 32, 2);
+            if (kq) k_scales_row(blk + 4, hs, 1);
             for (int j = 0; j < words; ++j) memcpy(qs + 4 * j, q + 64 * j, 4);
             if (q8)
                 for (int i = 0; i < 32; ++i) qs[i] ^= 0x80;
         } else {
             memcpy(h, blk, 2);
             if (has_min) memcpy(h + 32, blk + 2, 2);
+            if (kq) k_scales_row(blk + 4, hs, 0);
             for (int j = 0; j < words; ++j) memcpy(q + 64 * j, qs + 4 * j, 4);
             if (q8)
                 for (int j = 0; j < words; ++j)
@@ -402,26 +433,27 @@ static const uint8_t *plain_row(int *fmt, const uint8_t *p, int64_t K) {
     static _Thread_local uint8_t *buf = NULL;
     static _Thread_local size_t cap = 0;
     const int base = base_fmt(*fmt);
-    const size_t need = (size_t)(K / 32 * type_size(base));
+    const size_t need = (size_t)(K / block_size(base) * type_size(base));
     if (need > cap) {
         uint8_t *grown = (uint8_t *)malloc(need);
         if (grown == NULL) return NULL;
         free(buf);
         buf = grown, cap = need;
     }
-    if (is_grouped(*fmt)) group_row(base, (uint8_t *)(intptr_t)group_of(p), (int)((uintptr_t)p & 63), K / 32, buf, 1);
+    if (is_grouped(*fmt))
+        group_row(base, (uint8_t *)(intptr_t)group_of(p), (int)((uintptr_t)p & 63), K / block_size(base), buf, 1);
     else repack_row(base, buf, (uint8_t *)(intptr_t)p, K, 1);
     *fmt = base;
     return buf;
 }
 
 /* whether a weight's rows go in groups (this build has the grouped kernel, N is whole groups and each
- * group is of one format) */
+ * group is of one format that groups) */
 static int groupable(const int32_t *row_fmts, int64_t N) {
 #if defined(MINISGL_AVX512) && !defined(MINISGL_NO_GROUPS) /* NO_GROUPS: the repacked rows (A/B runs) */
     if (N % GROUP_ROWS) return 0;
     for (int64_t n = 0; n < N; ++n)
-        if (row_fmts[n] != row_fmts[n - n % GROUP_ROWS]) return 0;
+        if (row_fmts[n] != row_fmts[n - n % GROUP_ROWS] || !groupable_fmt(row_fmts[n])) return 0;
     return 1;
 #else
     (void)row_fmts, (void)N;
@@ -430,15 +462,17 @@ static int groupable(const int32_t *row_fmts, int64_t N) {
 }
 
 /* The bytes minisgl_repack_rows needs for these rows into *bytes (grouped: the groups' padding and 64
- * for aligning dst included); -1 unless every row is Q4_0, Q4_1 or Q8_0 and K whole blocks. */
+ * for aligning dst included); -1 unless the rows group (Q4_K too) or every row is Q4_0, Q4_1 or Q8_0,
+ * K whole blocks. */
 int minisgl_repack_bytes(const int32_t *row_fmts, int64_t N, int64_t K, int64_t *bytes) {
     if (K <= 0 || K % 32) return -1;
     const int grouped = groupable(row_fmts, N);
     int64_t total = grouped ? 64 : 0;
     for (int64_t n = 0; n < N; ++n) {
-        if (!packable_fmt(row_fmts[n])) return -1;
+        if (!(grouped ? groupable_fmt(row_fmts[n]) : packable_fmt(row_fmts[n])) || K % block_size(row_fmts[n]))
+            return -1;
         if (!grouped) total += K / 32 * type_size(row_fmts[n]);
-        else if (n % GROUP_ROWS == 0) total += group_bytes(row_fmts[n], K / 32);
+        else if (n % GROUP_ROWS == 0) total += group_bytes(row_fmts[n], K / block_size(row_fmts[n]));
     }
     *bytes = total;
     return 0;
@@ -446,7 +480,7 @@ int minisgl_repack_bytes(const int32_t *row_fmts, int64_t N, int64_t K, int64_t 
 
 /* Rows (row_ptrs, row_fmts: N rows of K weights) repacked into dst (minisgl_repack_bytes of room):
  * grouped where groupable, else one after another; their new addresses and formats into
- * out_ptrs/out_fmts. -1 (nothing written) unless every row is Q4_0, Q4_1 or Q8_0 and K whole blocks. */
+ * out_ptrs/out_fmts. -1 (nothing written) as for minisgl_repack_bytes. */
 int minisgl_repack_rows(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, int64_t K, uint8_t *dst,
                         int64_t *out_ptrs, int32_t *out_fmts) {
     int64_t bytes;
@@ -458,7 +492,7 @@ int minisgl_repack_rows(const int64_t *row_ptrs, const int32_t *row_fmts, int64_
         if (grouped) {
             out_ptrs[n] = (int64_t)(intptr_t)(dst + off + n % GROUP_ROWS);
             out_fmts[n] = GROUPED + row_fmts[n];
-            if (n % GROUP_ROWS == GROUP_ROWS - 1) off += group_bytes(row_fmts[n], K / 32);
+            if (n % GROUP_ROWS == GROUP_ROWS - 1) off += group_bytes(row_fmts[n], K / block_size(row_fmts[n]));
         } else {
             out_ptrs[n] = (int64_t)(intptr_t)(dst + off);
             out_fmts[n] = REPACKED + row_fmts[n];
@@ -468,7 +502,9 @@ int minisgl_repack_rows(const int64_t *row_ptrs, const int32_t *row_fmts, int64_
 #pragma omp parallel for schedule(static) if (N * K >= 262144)
     for (int64_t n = 0; n < N; ++n) {
         uint8_t *src = (uint8_t *)(intptr_t)row_ptrs[n], *out = (uint8_t *)(intptr_t)out_ptrs[n];
-        if (grouped) group_row(row_fmts[n], (uint8_t *)(intptr_t)group_of(out), (int)(n % GROUP_ROWS), K / 32, src, 0);
+        if (grouped)
+            group_row(row_fmts[n], (uint8_t *)(intptr_t)group_of(out), (int)(n % GROUP_ROWS), K / block_size(row_fmts[n]),
+                      src, 0);
         else repack_row(row_fmts[n], src, out, K, 0);
     }
     return 0;
@@ -2025,50 +2061,76 @@ static inline __attribute__((always_inline)) __m512i bcast4(const int8_t *p) {
  * (1 row 0.87-1.13x, 2 rows 0.95-1.49x, 4 rows 0.82-1.18x). */
 #define GROUP_PF_ROWS 8
 #define GROUP_AHEAD 8
+/* One block of 32 weights of the 16 rows (w[0..4): their vectors of weights 0 .. 15, w[4..8): 16 .. 31;
+ * dw, mw: the rows' scales and (has_min) offsets) against activation rows xq.. (the block's, row a at
+ * + 32 a): acc[a] += the products */
+static inline __attribute__((always_inline)) void group_block(const int NA, const int has_min, const __m512i *w,
+                                                               __m512 dw, __m512 mw, const int8_t *xq,
+                                                               const float *xd0, const float *xd1, const float *xs,
+                                                               const int32_t *xc0, const int32_t *xc1, __m512 *acc) {
+    for (int a = 0; a < NA; ++a) {
+        const int8_t *x = xq + 32 * a;
+        /* the halves in two chains of 4 vpdpbusd (per 32: not one chain of 8, whose latency showed:
+         * one activation row's qkv in cache 0.82x the time, 16 rows the same) */
+        __m512i ia = has_min ? _mm512_setzero_si512() : _mm512_set1_epi32(xc0[a]);
+        __m512i ib = has_min || !GROUP_ACT16 ? _mm512_setzero_si512() : _mm512_set1_epi32(xc1[a]);
+        for (int j = 0; j < 4; ++j) {
+            ia = _mm512_dpbusd_epi32(ia, w[j], bcast4(x + 4 * j));
+            ib = _mm512_dpbusd_epi32(ib, w[4 + j], bcast4(x + 16 + 4 * j));
+        }
+        __m512 f; /* the block's sum over the activations' scales */
+        if (GROUP_ACT16)
+            f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib), _mm512_set1_ps(xd1[a]),
+                                _mm512_mul_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(xd0[a])));
+        else
+            f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ia, ib)), _mm512_set1_ps(xd0[a]));
+        if (has_min) acc[a] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[a]), acc[a]);
+        acc[a] = _mm512_fmadd_ps(f, dw, acc[a]);
+    }
+}
+
+static inline __attribute__((always_inline)) __m512 u8x16_ps(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
 static inline __attribute__((always_inline)) void grouped_micro(const int fmt, const int NA, const uint8_t *g,
                                                                  int64_t nb, const GroupActs *X, int64_t a0,
                                                                  __m512 *acc) {
-    const int has_min = fmt == Q4_1;
+    const int kq = fmt == Q4_K, has_min = fmt == Q4_1 || kq;
     const int64_t QS = group_qbytes(fmt), HS = group_hbytes(fmt), M = X->M;
     const int8_t *xq = X->qx + a0 * 32;
     const float *xd0 = X->d[0] + a0, *xd1 = X->d[1] + a0, *xs = X->s + a0;
     const int32_t *xc0 = (fmt == Q4_0 ? X->c4[0] : X->c8[0]) + a0, *xc1 = (fmt == Q4_0 ? X->c4[1] : X->c8[1]) + a0;
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     for (int a = 0; a < NA; ++a) acc[a] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b, xq += 32 * M, xd0 += M, xd1 += M, xs += M, xc0 += M, xc1 += M) {
+    for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *q = g + group_q_off(b, QS, HS), *h = g + group_h_off(b, nb, QS, HS);
         if (NA >= GROUP_PF_ROWS) /* (past the group: the next group's first blocks, or unused bytes) */
             for (int64_t o = 0; o < QS + HS; o += 64)
                 _mm_prefetch((const char *)q + GROUP_AHEAD * (QS + HS) + o, _MM_HINT_T0);
-        __m512i w[8]; /* w[0..4): weights 0 .. 15 of the block, w[4..8): 16 .. 31 */
-        if (fmt == Q8_0)
-            for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512((const void *)(q + 64 * j));
-        else
-            for (int j = 0; j < 4; ++j) {
-                const __m512i raw = _mm512_load_si512((const void *)(q + 64 * j));
-                w[j] = _mm512_and_si512(raw, low4);                           /* weights 4j .. 4j + 3 */
-                w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4); /* 16 + 4j .. */
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+        const __m512 m = has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32))) : d;
+        for (int sb = 0; sb < (kq ? 8 : 1); ++sb) { /* Q4_K: the super-block's sub-blocks */
+            __m512i w[8]; /* w[0..4): weights 0 .. 15 of the block, w[4..8): 16 .. 31 */
+            if (kq) { /* sub-block sb: the low (even sb) or high nibbles of vectors 8 (sb / 2) .. + 7 */
+                for (int j = 0; j < 8; ++j) {
+                    const __m512i raw = _mm512_load_si512((const void *)(q + 512 * (sb / 2) + 64 * j));
+                    w[j] = _mm512_and_si512(sb % 2 ? _mm512_srli_epi16(raw, 4) : raw, low4);
+                }
+            } else if (fmt == Q8_0) {
+                for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512((const void *)(q + 64 * j));
+            } else {
+                for (int j = 0; j < 4; ++j) {
+                    const __m512i raw = _mm512_load_si512((const void *)(q + 64 * j));
+                    w[j] = _mm512_and_si512(raw, low4);                           /* weights 4j .. 4j + 3 */
+                    w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4); /* 16 + 4j .. */
+                }
             }
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
-        const __m512 mw = has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32))) : dw;
-        for (int a = 0; a < NA; ++a) {
-            const int8_t *x = xq + 32 * a;
-            /* the halves in two chains of 4 vpdpbusd (per 32: not one chain of 8, whose latency showed:
-             * one activation row's qkv in cache 0.82x the time, 16 rows the same) */
-            __m512i ia = has_min ? _mm512_setzero_si512() : _mm512_set1_epi32(xc0[a]);
-            __m512i ib = has_min || !GROUP_ACT16 ? _mm512_setzero_si512() : _mm512_set1_epi32(xc1[a]);
-            for (int j = 0; j < 4; ++j) {
-                ia = _mm512_dpbusd_epi32(ia, w[j], bcast4(x + 4 * j));
-                ib = _mm512_dpbusd_epi32(ib, w[4 + j], bcast4(x + 16 + 4 * j));
-            }
-            __m512 f; /* the block's sum over the activations' scales */
-            if (GROUP_ACT16)
-                f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib), _mm512_set1_ps(xd1[a]),
-                                    _mm512_mul_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(xd0[a])));
-            else
-                f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ia, ib)), _mm512_set1_ps(xd0[a]));
-            if (has_min) acc[a] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[a]), acc[a]);
-            acc[a] = _mm512_fmadd_ps(f, dw, acc[a]);
+            /* Q4_K: w = d sc q - dmin mn per sub-block (the products exact in float32) */
+            const __m512 dw = kq ? _mm512_mul_ps(d, u8x16_ps(h + 64 + 16 * sb)) : d;
+            const __m512 mw = kq ? _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(m, u8x16_ps(h + 192 + 16 * sb))) : m;
+            group_block(NA, has_min, w, dw, mw, xq, xd0, xd1, xs, xc0, xc1, acc);
+            xq += 32 * M, xd0 += M, xd1 += M, xs += M, xc0 += M, xc1 += M;
         }
     }
 }
@@ -2085,11 +2147,13 @@ typedef void (*GroupFn)(const uint8_t *g, int64_t nb, const GroupActs *X, int64_
 GROUP_FNS(Q4_0)
 GROUP_FNS(Q4_1)
 GROUP_FNS(Q8_0)
+GROUP_FNS(Q4_K)
 #define GROUP_TABLE(F)                                                                                      \
     {grouped_##F##_1,  grouped_##F##_2,  grouped_##F##_3,  grouped_##F##_4,  grouped_##F##_5,  grouped_##F##_6, \
      grouped_##F##_7,  grouped_##F##_8,  grouped_##F##_9,  grouped_##F##_10, grouped_##F##_11, grouped_##F##_12, \
      grouped_##F##_13, grouped_##F##_14, grouped_##F##_15, grouped_##F##_16}
-static const GroupFn group_fns[3][GROUP_ROWS] = {GROUP_TABLE(Q4_0), GROUP_TABLE(Q4_1), GROUP_TABLE(Q8_0)};
+static const GroupFn group_fns[4][GROUP_ROWS] = {GROUP_TABLE(Q4_0), GROUP_TABLE(Q4_1), GROUP_TABLE(Q8_0),
+                                                  GROUP_TABLE(Q4_K)};
 
 /* Prefill passes over grouped rows take this kernel too, except in the AMX build (its tiles). A
  * 2-core Zen 4, the embedded model's prompts through LLM (bench_cpu_prefill.py, alternated twice)
@@ -2115,7 +2179,7 @@ static int all_grouped(const int32_t *row_fmts, int64_t N) {
 static int qlinear_grouped(const float *xf, int64_t ldf, int64_t M, int64_t K, const int64_t *row_ptrs,
                            const int32_t *row_fmts, int64_t N, const float *bias, float *y, int64_t ldy,
                            int accumulate) {
-    const int64_t nb = K / 32, G = N / GROUP_ROWS;
+    const int64_t G = N / GROUP_ROWS;
     int owned;
     uint8_t *buf = (uint8_t *)scratch_get(0, group_acts_bytes(M, K), &owned);
     if (buf == NULL) return -2;
@@ -2123,7 +2187,8 @@ static int qlinear_grouped(const float *xf, int64_t ldf, int64_t M, int64_t K, c
 #pragma omp parallel for schedule(guided) if (G > 1 && M * N * K >= 32768)
     for (int64_t gi = 0; gi < G; ++gi) {
         const int f = base_fmt(row_fmts[gi * GROUP_ROWS]);
-        const GroupFn *fns = group_fns[f == Q4_0 ? 0 : f == Q4_1 ? 1 : 2];
+        const GroupFn *fns = group_fns[f == Q4_0 ? 0 : f == Q4_1 ? 1 : f == Q8_0 ? 2 : 3];
+        const int64_t nb = K / block_size(f);
         const uint8_t *g = group_of((const uint8_t *)(intptr_t)row_ptrs[gi * GROUP_ROWS]);
         const __m512 bv = bias != NULL ? _mm512_loadu_ps(bias + gi * GROUP_ROWS) : _mm512_setzero_ps();
         for (int64_t a0 = 0; a0 < M; a0 += GROUP_ROWS) {
