@@ -50,9 +50,18 @@ enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K 
 /* minisgl's own: Q4_0, Q4_1 and Q8_0 rows repacked for the decode passes (see "repacked rows" below) */
 enum { REPACKED = 100, Q4_0R = REPACKED + Q4_0, Q4_1R = REPACKED + Q4_1, Q8_0R = REPACKED + Q8_0 };
 /* ... and the same formats' rows interleaved 16 at a time for the AVX-512 builds (see "grouped rows") */
-enum { GROUPED = 200, Q4_0G = GROUPED + Q4_0, Q4_1G = GROUPED + Q4_1, Q8_0G = GROUPED + Q8_0, Q4_KG = GROUPED + Q4_K };
+enum {
+    GROUPED = 200,
+    Q4_0G = GROUPED + Q4_0,
+    Q4_1G = GROUPED + Q4_1,
+    Q8_0G = GROUPED + Q8_0,
+    Q4_KG = GROUPED + Q4_K,
+    Q6_KG = GROUPED + Q6_K
+};
 static inline int is_repacked(int fmt) { return fmt == Q4_0R || fmt == Q4_1R || fmt == Q8_0R; }
-static inline int is_grouped(int fmt) { return fmt == Q4_0G || fmt == Q4_1G || fmt == Q8_0G || fmt == Q4_KG; }
+static inline int is_grouped(int fmt) {
+    return fmt == Q4_0G || fmt == Q4_1G || fmt == Q8_0G || fmt == Q4_KG || fmt == Q6_KG;
+}
 static inline int base_fmt(int fmt) { return is_repacked(fmt) ? fmt - REPACKED : is_grouped(fmt) ? fmt - GROUPED : fmt; }
 enum { PRE_NONE = 0, PRE_RMSNORM = 1, PRE_SILU_MUL = 2 };
 
@@ -359,13 +368,21 @@ static void repack_row(int fmt, uint8_t *plain, uint8_t *packed, int64_t K, int 
  * super-blocks of 256: its quants as 32 vectors, lane r of vector v = bytes [4v, 4v + 4) of row r's
  * 128 bytes of nibbles (vectors 8p .. 8p + 7: sub-block 2p in the low nibbles, 2p + 1 in the high);
  * its header the rows' f16 d, f16 dmin, then their 6-bit sub-block scales and mins one byte each
- * (sub-block j's at 64 + 16 j and 192 + 16 j: 320 bytes for the file's 16 x 16). Row r's entry in
- * the row table is the group's address plus r. */
+ * (sub-block j's at 64 + 16 j and 192 + 16 j: 320 bytes for the file's 16 x 16). Q6_K too: 32
+ * vectors of ql then 16 of qh, lane r of vector v = bytes [4v, 4v + 4) of row r's; its header the
+ * rows' f16 d, then their 16 int8 scales (sub-block j's at 32 + 16 j). Row r's entry in the row table
+ * is the group's address plus r. */
 #define GROUP_ROWS 16
-static inline int groupable_fmt(int fmt) { return fmt == Q4_0 || fmt == Q4_1 || fmt == Q8_0 || fmt == Q4_K; }
+static inline int groupable_fmt(int fmt) {
+    return fmt == Q4_0 || fmt == Q4_1 || fmt == Q8_0 || fmt == Q4_K || fmt == Q6_K;
+}
 /* one block's quants and header, for 16 rows */
-static inline int64_t group_qbytes(int base) { return base == Q4_K ? 2048 : base == Q8_0 ? 512 : 256; }
-static inline int64_t group_hbytes(int base) { return base == Q4_K ? 320 : base == Q4_1 ? 64 : 32; }
+static inline int64_t group_qbytes(int base) {
+    return base == Q6_K ? 3072 : base == Q4_K ? 2048 : base == Q8_0 ? 512 : 256;
+}
+static inline int64_t group_hbytes(int base) {
+    return base == Q6_K ? 288 : base == Q4_K ? 320 : base == Q4_1 ? 64 : 32;
+}
 static inline int64_t group_bytes(int base, int64_t nb) {
     return round_up(nb * (group_qbytes(base) + group_hbytes(base)), 64);
 }
@@ -400,24 +417,30 @@ static void k_scales_row(uint8_t *q, uint8_t *h, int unpack) {
 
 /* row r of a group <-> its blocks in the file's layout (plain); unpack: group -> plain */
 static void group_row(int base, uint8_t *g, int r, int64_t nb, uint8_t *plain, int unpack) {
-    const int ts = type_size(base), q8 = base == Q8_0, kq = base == Q4_K, has_min = base == Q4_1 || kq;
-    const int words = kq ? 32 : q8 ? 8 : 4, head = kq ? 16 : 2 + 2 * has_min; /* the quants' offset */
+    const int ts = type_size(base), q8 = base == Q8_0, kq = base == Q4_K, q6 = base == Q6_K;
+    const int has_min = base == Q4_1 || kq;
+    /* the quants' words and offset in the file's block; Q6_K: ql and qh, then the scales and d */
+    const int words = q6 ? 48 : kq ? 32 : q8 ? 8 : 4, head = q6 ? 0 : kq ? 16 : 2 + 2 * has_min;
     const int64_t QS = group_qbytes(base), HS = group_hbytes(base);
     for (int64_t b = 0; b < nb; ++b) {
-        uint8_t *blk = plain + b * ts, *qs = blk + head;
+        uint8_t *blk = plain + b * ts, *qs = blk + head, *d = q6 ? blk + 208 : blk;
         uint8_t *h = g + group_h_off(b, nb, QS, HS) + 2 * r, *q = g + group_q_off(b, QS, HS) + 4 * r;
-        uint8_t *hs = g + group_h_off(b, nb, QS, HS) + 64 + r; /* Q4_K: row r's first sub-block scale */
+        uint8_t *hs = g + group_h_off(b, nb, QS, HS) + (q6 ? 32 : 64) + r; /* row r's first sub-block scale */
         if (unpack) {
-            memcpy(blk, h, 2);
+            memcpy(d, h, 2);
             if (has_min) memcpy(blk + 2, h + 32, 2);
             if (kq) k_scales_row(blk + 4, hs, 1);
+            if (q6)
+                for (int j = 0; j < 16; ++j) blk[192 + j] = hs[16 * j];
             for (int j = 0; j < words; ++j) memcpy(qs + 4 * j, q + 64 * j, 4);
             if (q8)
                 for (int i = 0; i < 32; ++i) qs[i] ^= 0x80;
         } else {
-            memcpy(h, blk, 2);
+            memcpy(h, d, 2);
             if (has_min) memcpy(h + 32, blk + 2, 2);
             if (kq) k_scales_row(blk + 4, hs, 0);
+            if (q6)
+                for (int j = 0; j < 16; ++j) hs[16 * j] = blk[192 + j];
             for (int j = 0; j < words; ++j) memcpy(q + 64 * j, qs + 4 * j, 4);
             if (q8)
                 for (int j = 0; j < words; ++j)
@@ -2004,20 +2027,21 @@ typedef struct {
     int64_t M;
     const int8_t *qx;
     /* per (block, row): the scales of the block's halves (per 32: d[0] only), the scales times the sums
-     * of the quants, added over the halves, and the halves' -8 and -128 times their sums */
+     * of the quants, added over the halves, and the halves' -8, -128 and -32 times their sums */
     const float *d[2], *s;
-    const int32_t *c4[2], *c8[2];
+    const int32_t *c4[2], *c8[2], *c32[2];
 } GroupActs;
 
-/* The activations' bytes for M rows of K (quants, then the 7 per-block arrays) */
-static inline size_t group_acts_bytes(int64_t M, int64_t K) { return (size_t)(M * K + 7 * 4 * M * (K / 32)); }
+/* The activations' bytes for M rows of K (quants, then the 9 per-block arrays) */
+static inline size_t group_acts_bytes(int64_t M, int64_t K) { return (size_t)(M * K + 9 * 4 * M * (K / 32)); }
 
 /* Activation rows x[0..M) (stride ldf) quantized into the grouped kernel's layout (see above) at buf */
 static GroupActs quantize_grouped(const float *restrict x, int64_t ldf, int64_t M, int64_t K, uint8_t *buf) {
     const int64_t nb = K / 32, n = M * nb;
     float *d0 = (float *)buf, *d1 = d0 + n, *s = d1 + n;
-    int32_t *c40 = (int32_t *)(s + n), *c41 = c40 + n, *c80 = c41 + n, *c81 = c80 + n;
-    int8_t *qx = (int8_t *)(c81 + n);
+    int32_t *c40 = (int32_t *)(s + n), *c41 = c40 + n, *c80 = c41 + n, *c81 = c80 + n, *c320 = c81 + n;
+    int32_t *c321 = c320 + n;
+    int8_t *qx = (int8_t *)(c321 + n);
 #pragma omp parallel for if (M * K >= 65536)
     for (int64_t a = 0; a < M; ++a)
         for (int64_t b = 0; b < nb; ++b) {
@@ -2036,12 +2060,14 @@ static GroupActs quantize_grouped(const float *restrict x, int64_t ldf, int64_t 
             if (GROUP_ACT16) {
                 s[i] = dd0 * (float)qs0 + dd1 * (float)qs1;
                 c40[i] = -8 * qs0, c41[i] = -8 * qs1, c80[i] = -128 * qs0, c81[i] = -128 * qs1;
+                c320[i] = -32 * qs0, c321[i] = -32 * qs1;
             } else {
                 s[i] = dd0 * (float)(qs0 + qs1);
                 c40[i] = -8 * (qs0 + qs1), c41[i] = 0, c80[i] = -128 * (qs0 + qs1), c81[i] = 0;
+                c320[i] = -32 * (qs0 + qs1), c321[i] = 0;
             }
         }
-    const GroupActs X = {M, qx, {d0, d1}, s, {c40, c41}, {c80, c81}};
+    const GroupActs X = {M, qx, {d0, d1}, s, {c40, c41}, {c80, c81}, {c320, c321}};
     return X;
 }
 
@@ -2062,10 +2088,10 @@ static inline __attribute__((always_inline)) __m512i bcast4(const int8_t *p) {
 #define GROUP_PF_ROWS 8
 #define GROUP_AHEAD 8
 /* One block of 32 weights of the 16 rows (w[0..4): their vectors of weights 0 .. 15, w[4..8): 16 .. 31;
- * dw, mw: the rows' scales and (has_min) offsets) against activation rows xq.. (the block's, row a at
- * + 32 a): acc[a] += the products */
-static inline __attribute__((always_inline)) void group_block(const int NA, const int has_min, const __m512i *w,
-                                                               __m512 dw, __m512 mw, const int8_t *xq,
+ * dw, mw: the rows' scales and (has_min) offsets, or (halves) the two halves' scales) against
+ * activation rows xq.. (the block's, row a at + 32 a): acc[a] += the products */
+static inline __attribute__((always_inline)) void group_block(const int NA, const int has_min, const int halves,
+                                                               const __m512i *w, __m512 dw, __m512 mw, const int8_t *xq,
                                                                const float *xd0, const float *xd1, const float *xs,
                                                                const int32_t *xc0, const int32_t *xc1, __m512 *acc) {
     for (int a = 0; a < NA; ++a) {
@@ -2077,6 +2103,11 @@ static inline __attribute__((always_inline)) void group_block(const int NA, cons
         for (int j = 0; j < 4; ++j) {
             ia = _mm512_dpbusd_epi32(ia, w[j], bcast4(x + 4 * j));
             ib = _mm512_dpbusd_epi32(ib, w[4 + j], bcast4(x + 16 + 4 * j));
+        }
+        if (halves) { /* Q6_K: each half's own weight scale (dw, then mw for the second half) */
+            acc[a] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(xd0[a])), dw, acc[a]);
+            acc[a] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ib), _mm512_set1_ps(xd1[a])), mw, acc[a]);
+            continue;
         }
         __m512 f; /* the block's sum over the activations' scales */
         if (GROUP_ACT16)
@@ -2093,15 +2124,20 @@ static inline __attribute__((always_inline)) __m512 u8x16_ps(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
+static inline __attribute__((always_inline)) __m512 i8x16_ps(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
 static inline __attribute__((always_inline)) void grouped_micro(const int fmt, const int NA, const uint8_t *g,
                                                                  int64_t nb, const GroupActs *X, int64_t a0,
                                                                  __m512 *acc) {
-    const int kq = fmt == Q4_K, has_min = fmt == Q4_1 || kq;
+    const int kq = fmt == Q4_K, q6 = fmt == Q6_K, has_min = fmt == Q4_1 || kq;
     const int64_t QS = group_qbytes(fmt), HS = group_hbytes(fmt), M = X->M;
     const int8_t *xq = X->qx + a0 * 32;
     const float *xd0 = X->d[0] + a0, *xd1 = X->d[1] + a0, *xs = X->s + a0;
-    const int32_t *xc0 = (fmt == Q4_0 ? X->c4[0] : X->c8[0]) + a0, *xc1 = (fmt == Q4_0 ? X->c4[1] : X->c8[1]) + a0;
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const int32_t *const *offsets = fmt == Q4_0 ? X->c4 : q6 ? X->c32 : X->c8;
+    const int32_t *xc0 = offsets[0] + a0, *xc1 = offsets[1] + a0;
+    const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
     for (int a = 0; a < NA; ++a) acc[a] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *q = g + group_q_off(b, QS, HS), *h = g + group_h_off(b, nb, QS, HS);
@@ -2110,9 +2146,20 @@ static inline __attribute__((always_inline)) void grouped_micro(const int fmt, c
                 _mm_prefetch((const char *)q + GROUP_AHEAD * (QS + HS) + o, _MM_HINT_T0);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
         const __m512 m = has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32))) : d;
-        for (int sb = 0; sb < (kq ? 8 : 1); ++sb) { /* Q4_K: the super-block's sub-blocks */
+        for (int sb = 0; sb < (kq || q6 ? 8 : 1); ++sb) { /* Q4_K, Q6_K: the super-block's blocks of 32 */
             __m512i w[8]; /* w[0..4): weights 0 .. 15 of the block, w[4..8): 16 .. 31 */
-            if (kq) { /* sub-block sb: the low (even sb) or high nibbles of vectors 8 (sb / 2) .. + 7 */
+            if (q6) { /* block sb = 4 half + k: ql's low (k < 2) or high nibbles of bytes 64 half + 32 (k % 2)
+                       * .., with bits 2k, 2k + 1 of qh's bytes 32 half .. as bits 4, 5 */
+                const int half = sb / 4, k = sb % 4;
+                for (int j = 0; j < 8; ++j) {
+                    const __m512i ql = _mm512_load_si512((const void *)(q + 64 * (16 * half + 8 * (k % 2) + j)));
+                    const __m512i qh = _mm512_load_si512((const void *)(q + 2048 + 64 * (8 * half + j)));
+                    const __m512i lo = _mm512_and_si512(k < 2 ? ql : _mm512_srli_epi16(ql, 4), low4);
+                    const __m512i hi = k == 0 ? _mm512_slli_epi16(qh, 4) : k == 1 ? _mm512_slli_epi16(qh, 2)
+                                     : k == 2 ? qh : _mm512_srli_epi16(qh, 2);
+                    w[j] = _mm512_or_si512(lo, _mm512_and_si512(hi, bits45));
+                }
+            } else if (kq) { /* sub-block sb: the low (even sb) or high nibbles of vectors 8 (sb / 2) .. + 7 */
                 for (int j = 0; j < 8; ++j) {
                     const __m512i raw = _mm512_load_si512((const void *)(q + 512 * (sb / 2) + 64 * j));
                     w[j] = _mm512_and_si512(sb % 2 ? _mm512_srli_epi16(raw, 4) : raw, low4);
@@ -2126,10 +2173,12 @@ static inline __attribute__((always_inline)) void grouped_micro(const int fmt, c
                     w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4); /* 16 + 4j .. */
                 }
             }
-            /* Q4_K: w = d sc q - dmin mn per sub-block (the products exact in float32) */
-            const __m512 dw = kq ? _mm512_mul_ps(d, u8x16_ps(h + 64 + 16 * sb)) : d;
-            const __m512 mw = kq ? _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(m, u8x16_ps(h + 192 + 16 * sb))) : m;
-            group_block(NA, has_min, w, dw, mw, xq, xd0, xd1, xs, xc0, xc1, acc);
+            /* Q4_K: w = d sc q - dmin mn per sub-block; Q6_K: w = d sc (q - 32) per 16 (exact products) */
+            const __m512 dw = kq ? _mm512_mul_ps(d, u8x16_ps(h + 64 + 16 * sb))
+                            : q6 ? _mm512_mul_ps(d, i8x16_ps(h + 32 + 32 * sb)) : d;
+            const __m512 mw = kq ? _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(m, u8x16_ps(h + 192 + 16 * sb)))
+                            : q6 ? _mm512_mul_ps(d, i8x16_ps(h + 48 + 32 * sb)) : m;
+            group_block(NA, has_min, q6, w, dw, mw, xq, xd0, xd1, xs, xc0, xc1, acc);
             xq += 32 * M, xd0 += M, xd1 += M, xs += M, xc0 += M, xc1 += M;
         }
     }
@@ -2148,12 +2197,13 @@ GROUP_FNS(Q4_0)
 GROUP_FNS(Q4_1)
 GROUP_FNS(Q8_0)
 GROUP_FNS(Q4_K)
+GROUP_FNS(Q6_K)
 #define GROUP_TABLE(F)                                                                                      \
     {grouped_##F##_1,  grouped_##F##_2,  grouped_##F##_3,  grouped_##F##_4,  grouped_##F##_5,  grouped_##F##_6, \
      grouped_##F##_7,  grouped_##F##_8,  grouped_##F##_9,  grouped_##F##_10, grouped_##F##_11, grouped_##F##_12, \
      grouped_##F##_13, grouped_##F##_14, grouped_##F##_15, grouped_##F##_16}
-static const GroupFn group_fns[4][GROUP_ROWS] = {GROUP_TABLE(Q4_0), GROUP_TABLE(Q4_1), GROUP_TABLE(Q8_0),
-                                                  GROUP_TABLE(Q4_K)};
+static const GroupFn group_fns[5][GROUP_ROWS] = {GROUP_TABLE(Q4_0), GROUP_TABLE(Q4_1), GROUP_TABLE(Q8_0),
+                                                  GROUP_TABLE(Q4_K), GROUP_TABLE(Q6_K)};
 
 /* Prefill passes over grouped rows take this kernel too, except in the AMX build (its tiles). A
  * 2-core Zen 4, the embedded model's prompts through LLM (bench_cpu_prefill.py, alternated twice)
@@ -2187,7 +2237,7 @@ static int qlinear_grouped(const float *xf, int64_t ldf, int64_t M, int64_t K, c
 #pragma omp parallel for schedule(guided) if (G > 1 && M * N * K >= 32768)
     for (int64_t gi = 0; gi < G; ++gi) {
         const int f = base_fmt(row_fmts[gi * GROUP_ROWS]);
-        const GroupFn *fns = group_fns[f == Q4_0 ? 0 : f == Q4_1 ? 1 : f == Q8_0 ? 2 : 3];
+        const GroupFn *fns = group_fns[f == Q4_0 ? 0 : f == Q4_1 ? 1 : f == Q8_0 ? 2 : f == Q4_K ? 3 : 4];
         const int64_t nb = K / block_size(f);
         const uint8_t *g = group_of((const uint8_t *)(intptr_t)row_ptrs[gi * GROUP_ROWS]);
         const __m512 bv = bias != NULL ? _mm512_loadu_ps(bias + gi * GROUP_ROWS) : _mm512_setzero_ps();
