@@ -1,8 +1,8 @@
-"""Grouped rows (cpu_quant.c, "grouped rows"): the AVX-512 builds repack Q4_0/Q4_1/Q8_0/Q4_K/Q6_K
-weights of whole groups of 16 rows so that one int32 lane keeps one output row. The layout is a permutation of
-the file's bytes (every path that reads a row reads the same numbers), the decode kernel matches numpy
-with activations quantized per 16 and is batch-invariant (prefill passes take it too, except in the AMX
-build, whose tiles read the rows as the file's)."""
+"""Grouped rows (cpu_quant.c, "grouped rows"): the AVX-512 builds repack Q4_0/Q4_1/Q8_0 and
+Q4_K/Q5_K/Q6_K weights of whole groups of 16 rows so that one int32 lane keeps one output row. The
+layout holds the file's numbers (every path that reads a row reads the same ones, bitwise), the decode
+kernel matches numpy with activations quantized per 16 and is batch-invariant (prefill passes take it
+too, except in the AMX build, whose tiles read the rows as the file's)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from minisgl.quant import GGMLType, QuantizedWeight, QuantPart, dequantize
 PACKABLE = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0]
 GROUP_ISAS = [isa for isa in RUNNABLE_ISAS if isa in ("amx", "avx512bf16", "avx512")]
 # (formats of the weight's parts, K): whole blocks of 32, an odd count leaving a last block alone in
-# its pair (32, 96, 608); Q4_K's and Q6_K's super-blocks of 256, alone and beside the other formats'
-Q4_1, Q4_K, Q6_K = GGMLType.Q4_1, GGMLType.Q4_K, GGMLType.Q6_K
+# its pair (32, 96, 608); the K-quants' super-blocks of 256, alone and beside the other formats'
+Q4_1, Q4_K, Q5_K, Q6_K = GGMLType.Q4_1, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K
 CASES = [((*PACKABLE, Q4_1), k) for k in (32, 64, 96, 576, 608)]
 CASES += [((Q4_K,) * 4, k) for k in (256, 768)] + [((Q4_K, *PACKABLE), 512)]
 CASES += [((Q6_K,) * 4, k) for k in (256, 768)] + [((Q6_K, Q4_K, GGMLType.Q8_0, Q4_1), 512)]
+CASES += [((Q5_K,) * 4, k) for k in (256, 768)] + [((Q5_K, Q6_K, Q4_K, Q4_1), 512)]
 CASE_IDS = [f"{'-'.join(sorted({f.name for f in fmts}))}-K{k}" for fmts, k in CASES]
 # builds whose prefill passes over groups run the decode kernel (cpu_quant.c, GROUP_PREFILL)
 PREFILL_BY_DECODE_KERNEL = {"avx512", "avx512bf16"}
@@ -88,7 +89,7 @@ def test_grouped_rows_are_batch_invariant(isa: str) -> None:
     """A row's result never depends on its batch mates: any subset of the rows (other tile heights,
     other places in the 16-row tiles) gives the same bits, the residual added in place and the fused
     RMSNorm included."""
-    _, w, _ = grouped_weight(768, fmts=(Q4_K, Q6_K, *PACKABLE[1:]))
+    _, w, _ = grouped_weight(768, fmts=(Q4_K, Q6_K, Q5_K, GGMLType.Q8_0))
     x = torch.randn(37, 768)
     full = qlinear(x, w, isa=isa)
     for rows in ([3], [0, 1], [4, 5, 6], list(range(16)), list(range(17)), list(range(36, -1, -1))):
@@ -127,9 +128,9 @@ def test_only_whole_groups_of_one_format_are_grouped() -> None:
         assert ((w.row_fmts >= 100) & (w.row_fmts < 200)).all()
 
 
-@pytest.mark.parametrize("fmt", [Q4_K, Q6_K], ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", [Q4_K, Q5_K, Q6_K], ids=lambda f: f.name)
 def test_k_quant_rows_group_only_whole(fmt: GGMLType) -> None:
-    """Q4_K and Q6_K rows have no row-by-row layout: whole groups of 16 are grouped, anything else keeps
+    """K-quant rows have no row-by-row layout: whole groups of 16 are grouped, anything else keeps
     the file's row table (the generic tiles read it)."""
     data = torch.from_numpy(random_blocks(fmt, 24, 256, seed=5))
     w = QuantizedWeight([QuantPart(fmt, data, 256)])

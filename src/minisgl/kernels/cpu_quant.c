@@ -56,11 +56,12 @@ enum {
     Q4_1G = GROUPED + Q4_1,
     Q8_0G = GROUPED + Q8_0,
     Q4_KG = GROUPED + Q4_K,
+    Q5_KG = GROUPED + Q5_K,
     Q6_KG = GROUPED + Q6_K
 };
 static inline int is_repacked(int fmt) { return fmt == Q4_0R || fmt == Q4_1R || fmt == Q8_0R; }
 static inline int is_grouped(int fmt) {
-    return fmt == Q4_0G || fmt == Q4_1G || fmt == Q8_0G || fmt == Q4_KG || fmt == Q6_KG;
+    return fmt == Q4_0G || fmt == Q4_1G || fmt == Q8_0G || fmt == Q4_KG || fmt == Q5_KG || fmt == Q6_KG;
 }
 static inline int base_fmt(int fmt) { return is_repacked(fmt) ? fmt - REPACKED : is_grouped(fmt) ? fmt - GROUPED : fmt; }
 enum { PRE_NONE = 0, PRE_RMSNORM = 1, PRE_SILU_MUL = 2 };
@@ -368,20 +369,22 @@ static void repack_row(int fmt, uint8_t *plain, uint8_t *packed, int64_t K, int 
  * super-blocks of 256: its quants as 32 vectors, lane r of vector v = bytes [4v, 4v + 4) of row r's
  * 128 bytes of nibbles (vectors 8p .. 8p + 7: sub-block 2p in the low nibbles, 2p + 1 in the high);
  * its header the rows' f16 d, f16 dmin, then their 6-bit sub-block scales and mins one byte each
- * (sub-block j's at 64 + 16 j and 192 + 16 j: 320 bytes for the file's 16 x 16). Q6_K too: 32
+ * (sub-block j's at 64 + 16 j and 192 + 16 j: 320 bytes for the file's 16 x 16). Q5_K as Q4_K, its
+ * 32 bytes of fifth bits a row as 8 more vectors after the nibbles' (bit j of byte l: weight l of
+ * sub-block j). Q6_K too: 32
  * vectors of ql then 16 of qh, lane r of vector v = bytes [4v, 4v + 4) of row r's; its header the
  * rows' f16 d, then their 16 int8 scales (sub-block j's at 32 + 16 j). Row r's entry in the row table
  * is the group's address plus r. */
 #define GROUP_ROWS 16
 static inline int groupable_fmt(int fmt) {
-    return fmt == Q4_0 || fmt == Q4_1 || fmt == Q8_0 || fmt == Q4_K || fmt == Q6_K;
+    return fmt == Q4_0 || fmt == Q4_1 || fmt == Q8_0 || fmt == Q4_K || fmt == Q5_K || fmt == Q6_K;
 }
 /* one block's quants and header, for 16 rows */
 static inline int64_t group_qbytes(int base) {
-    return base == Q6_K ? 3072 : base == Q4_K ? 2048 : base == Q8_0 ? 512 : 256;
+    return base == Q6_K ? 3072 : base == Q5_K ? 2560 : base == Q4_K ? 2048 : base == Q8_0 ? 512 : 256;
 }
 static inline int64_t group_hbytes(int base) {
-    return base == Q6_K ? 288 : base == Q4_K ? 320 : base == Q4_1 ? 64 : 32;
+    return base == Q6_K ? 288 : base == Q4_K || base == Q5_K ? 320 : base == Q4_1 ? 64 : 32;
 }
 static inline int64_t group_bytes(int base, int64_t nb) {
     return round_up(nb * (group_qbytes(base) + group_hbytes(base)), 64);
@@ -417,10 +420,11 @@ static void k_scales_row(uint8_t *q, uint8_t *h, int unpack) {
 
 /* row r of a group <-> its blocks in the file's layout (plain); unpack: group -> plain */
 static void group_row(int base, uint8_t *g, int r, int64_t nb, uint8_t *plain, int unpack) {
-    const int ts = type_size(base), q8 = base == Q8_0, kq = base == Q4_K, q6 = base == Q6_K;
+    const int ts = type_size(base), q8 = base == Q8_0, q5 = base == Q5_K, kq = base == Q4_K || q5, q6 = base == Q6_K;
     const int has_min = base == Q4_1 || kq;
-    /* the quants' words and offset in the file's block; Q6_K: ql and qh, then the scales and d */
-    const int words = q6 ? 48 : kq ? 32 : q8 ? 8 : 4, head = q6 ? 0 : kq ? 16 : 2 + 2 * has_min;
+    /* the quants' words and offset in the file's block (Q6_K: ql and qh, then the scales and d; Q5_K:
+     * the nibbles after qh, whose 8 words follow them in the group) */
+    const int words = q6 ? 48 : kq ? 32 : q8 ? 8 : 4, head = q6 ? 0 : q5 ? 48 : kq ? 16 : 2 + 2 * has_min;
     const int64_t QS = group_qbytes(base), HS = group_hbytes(base);
     for (int64_t b = 0; b < nb; ++b) {
         uint8_t *blk = plain + b * ts, *qs = blk + head, *d = q6 ? blk + 208 : blk;
@@ -433,6 +437,7 @@ static void group_row(int base, uint8_t *g, int r, int64_t nb, uint8_t *plain, i
             if (q6)
                 for (int j = 0; j < 16; ++j) blk[192 + j] = hs[16 * j];
             for (int j = 0; j < words; ++j) memcpy(qs + 4 * j, q + 64 * j, 4);
+            for (int j = 0; j < 8 * q5; ++j) memcpy(blk + 16 + 4 * j, q + 64 * (words + j), 4);
             if (q8)
                 for (int i = 0; i < 32; ++i) qs[i] ^= 0x80;
         } else {
@@ -442,6 +447,7 @@ static void group_row(int base, uint8_t *g, int r, int64_t nb, uint8_t *plain, i
             if (q6)
                 for (int j = 0; j < 16; ++j) hs[16 * j] = blk[192 + j];
             for (int j = 0; j < words; ++j) memcpy(q + 64 * j, qs + 4 * j, 4);
+            for (int j = 0; j < 8 * q5; ++j) memcpy(q + 64 * (words + j), blk + 16 + 4 * j, 4);
             if (q8)
                 for (int j = 0; j < words; ++j)
                     for (int i = 0; i < 4; ++i) q[64 * j + i] ^= 0x80;
@@ -2131,13 +2137,13 @@ static inline __attribute__((always_inline)) __m512 i8x16_ps(const uint8_t *p) {
 static inline __attribute__((always_inline)) void grouped_micro(const int fmt, const int NA, const uint8_t *g,
                                                                  int64_t nb, const GroupActs *X, int64_t a0,
                                                                  __m512 *acc) {
-    const int kq = fmt == Q4_K, q6 = fmt == Q6_K, has_min = fmt == Q4_1 || kq;
+    const int q5 = fmt == Q5_K, kq = fmt == Q4_K || q5, q6 = fmt == Q6_K, has_min = fmt == Q4_1 || kq;
     const int64_t QS = group_qbytes(fmt), HS = group_hbytes(fmt), M = X->M;
     const int8_t *xq = X->qx + a0 * 32;
     const float *xd0 = X->d[0] + a0, *xd1 = X->d[1] + a0, *xs = X->s + a0;
     const int32_t *const *offsets = fmt == Q4_0 ? X->c4 : q6 ? X->c32 : X->c8;
     const int32_t *xc0 = offsets[0] + a0, *xc1 = offsets[1] + a0;
-    const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+    const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30), bit4 = _mm512_set1_epi8(0x10);
     for (int a = 0; a < NA; ++a) acc[a] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *q = g + group_q_off(b, QS, HS), *h = g + group_h_off(b, nb, QS, HS);
@@ -2159,10 +2165,16 @@ static inline __attribute__((always_inline)) void grouped_micro(const int fmt, c
                                      : k == 2 ? qh : _mm512_srli_epi16(qh, 2);
                     w[j] = _mm512_or_si512(lo, _mm512_and_si512(hi, bits45));
                 }
-            } else if (kq) { /* sub-block sb: the low (even sb) or high nibbles of vectors 8 (sb / 2) .. + 7 */
+            } else if (kq) { /* sub-block sb: the low (even sb) or high nibbles of vectors 8 (sb / 2) .. + 7;
+                              * Q5_K: bit sb of the fifth bits' vector j as bit 4 */
                 for (int j = 0; j < 8; ++j) {
                     const __m512i raw = _mm512_load_si512((const void *)(q + 512 * (sb / 2) + 64 * j));
                     w[j] = _mm512_and_si512(sb % 2 ? _mm512_srli_epi16(raw, 4) : raw, low4);
+                    if (q5) {
+                        const __m512i qh = _mm512_load_si512((const void *)(q + 2048 + 64 * j));
+                        const __m512i at4 = sb < 4 ? _mm512_slli_epi16(qh, 4 - sb) : _mm512_srli_epi16(qh, sb - 4);
+                        w[j] = _mm512_or_si512(w[j], _mm512_and_si512(at4, bit4));
+                    }
                 }
             } else if (fmt == Q8_0) {
                 for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512((const void *)(q + 64 * j));
@@ -2197,13 +2209,14 @@ GROUP_FNS(Q4_0)
 GROUP_FNS(Q4_1)
 GROUP_FNS(Q8_0)
 GROUP_FNS(Q4_K)
+GROUP_FNS(Q5_K)
 GROUP_FNS(Q6_K)
 #define GROUP_TABLE(F)                                                                                      \
     {grouped_##F##_1,  grouped_##F##_2,  grouped_##F##_3,  grouped_##F##_4,  grouped_##F##_5,  grouped_##F##_6, \
      grouped_##F##_7,  grouped_##F##_8,  grouped_##F##_9,  grouped_##F##_10, grouped_##F##_11, grouped_##F##_12, \
      grouped_##F##_13, grouped_##F##_14, grouped_##F##_15, grouped_##F##_16}
-static const GroupFn group_fns[5][GROUP_ROWS] = {GROUP_TABLE(Q4_0), GROUP_TABLE(Q4_1), GROUP_TABLE(Q8_0),
-                                                  GROUP_TABLE(Q4_K), GROUP_TABLE(Q6_K)};
+static const GroupFn group_fns[6][GROUP_ROWS] = {GROUP_TABLE(Q4_0), GROUP_TABLE(Q4_1), GROUP_TABLE(Q8_0),
+                                                  GROUP_TABLE(Q4_K), GROUP_TABLE(Q5_K), GROUP_TABLE(Q6_K)};
 
 /* Prefill passes over grouped rows take this kernel too, except in the AMX build (its tiles). A
  * 2-core Zen 4, the embedded model's prompts through LLM (bench_cpu_prefill.py, alternated twice)
@@ -2237,7 +2250,7 @@ static int qlinear_grouped(const float *xf, int64_t ldf, int64_t M, int64_t K, c
 #pragma omp parallel for schedule(guided) if (G > 1 && M * N * K >= 32768)
     for (int64_t gi = 0; gi < G; ++gi) {
         const int f = base_fmt(row_fmts[gi * GROUP_ROWS]);
-        const GroupFn *fns = group_fns[f == Q4_0 ? 0 : f == Q4_1 ? 1 : f == Q8_0 ? 2 : f == Q4_K ? 3 : 4];
+        const GroupFn *fns = group_fns[f == Q4_0 ? 0 : f == Q4_1 ? 1 : f == Q8_0 ? 2 : f == Q4_K ? 3 : f == Q5_K ? 4 : 5];
         const int64_t nb = K / block_size(f);
         const uint8_t *g = group_of((const uint8_t *)(intptr_t)row_ptrs[gi * GROUP_ROWS]);
         const __m512 bv = bias != NULL ? _mm512_loadu_ps(bias + gi * GROUP_ROWS) : _mm512_setzero_ps();
