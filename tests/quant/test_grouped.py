@@ -1,4 +1,4 @@
-"""Grouped rows (cpu_quant.c, "grouped rows"): the AVX-512 builds repack Q4_0/Q4_1/Q8_0 and
+"""Grouped rows (cpu_quant.c, "grouped rows"): the AVX-512 builds repack Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and
 Q4_K/Q5_K/Q6_K weights of whole groups of 16 rows so that one int32 lane keeps one output row. The
 layout holds the file's numbers (every path that reads a row reads the same ones, bitwise), the decode
 kernel matches numpy with activations quantized per 16 and is batch-invariant (prefill passes take it
@@ -22,6 +22,8 @@ CASES = [((*PACKABLE, Q4_1), k) for k in (32, 64, 96, 576, 608)]
 CASES += [((Q4_K,) * 4, k) for k in (256, 768)] + [((Q4_K, *PACKABLE), 512)]
 CASES += [((Q6_K,) * 4, k) for k in (256, 768)] + [((Q6_K, Q4_K, GGMLType.Q8_0, Q4_1), 512)]
 CASES += [((Q5_K,) * 4, k) for k in (256, 768)] + [((Q5_K, Q6_K, Q4_K, Q4_1), 512)]
+Q5_0, Q5_1 = GGMLType.Q5_0, GGMLType.Q5_1
+CASES += [((Q5_0, Q5_1, Q5_0, Q5_1), k) for k in (32, 96, 576)] + [((Q5_0, Q4_1, Q5_1, GGMLType.Q8_0), 64)]
 CASE_IDS = [f"{'-'.join(sorted({f.name for f in fmts}))}-K{k}" for fmts, k in CASES]
 # builds whose prefill passes over groups run the decode kernel (cpu_quant.c, GROUP_PREFILL)
 PREFILL_BY_DECODE_KERNEL = {"avx512", "avx512bf16"}

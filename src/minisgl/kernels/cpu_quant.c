@@ -54,6 +54,8 @@ enum {
     GROUPED = 200,
     Q4_0G = GROUPED + Q4_0,
     Q4_1G = GROUPED + Q4_1,
+    Q5_0G = GROUPED + Q5_0,
+    Q5_1G = GROUPED + Q5_1,
     Q8_0G = GROUPED + Q8_0,
     Q4_KG = GROUPED + Q4_K,
     Q5_KG = GROUPED + Q5_K,
@@ -61,7 +63,8 @@ enum {
 };
 static inline int is_repacked(int fmt) { return fmt == Q4_0R || fmt == Q4_1R || fmt == Q8_0R; }
 static inline int is_grouped(int fmt) {
-    return fmt == Q4_0G || fmt == Q4_1G || fmt == Q8_0G || fmt == Q4_KG || fmt == Q5_KG || fmt == Q6_KG;
+    return fmt == Q4_0G || fmt == Q4_1G || fmt == Q5_0G || fmt == Q5_1G || fmt == Q8_0G || fmt == Q4_KG || fmt == Q5_KG ||
+           fmt == Q6_KG;
 }
 static inline int base_fmt(int fmt) { return is_repacked(fmt) ? fmt - REPACKED : is_grouped(fmt) ? fmt - GROUPED : fmt; }
 enum { PRE_NONE = 0, PRE_RMSNORM = 1, PRE_SILU_MUL = 2 };
@@ -365,7 +368,9 @@ static void repack_row(int fmt, uint8_t *plain, uint8_t *packed, int64_t K, int 
  * quants: Q4_0/Q4_1 4 vectors, lane r of vector j = bytes [4j, 4j + 4) of row r's nibbles (low
  * nibbles: weights 4j.., high: 16 + 4j..); Q8_0 8 vectors, lane r of vector j = row r's int8 weights
  * [4j, 4j + 4) plus 128 (unsigned, as vpdpbusd takes them). Its header: the 16 rows' f16 d, then
- * (Q4_1) their f16 m. The bytes are the file's (Q8_0's with the sign bit flipped). Q4_K goes by
+ * (Q4_1) their f16 m. Q5_0/Q5_1 as Q4_0/Q4_1, with a fifth vector: lane r = row r's 32 fifth bits,
+ * reordered so that bit 8t + j is that of byte t of vector j (weight 4j + t, or 16 + 4 (j - 4) + t
+ * from j = 4). The bytes are the file's (Q8_0's with the sign bit flipped). Q4_K goes by
  * super-blocks of 256: its quants as 32 vectors, lane r of vector v = bytes [4v, 4v + 4) of row r's
  * 128 bytes of nibbles (vectors 8p .. 8p + 7: sub-block 2p in the low nibbles, 2p + 1 in the high);
  * its header the rows' f16 d, f16 dmin, then their 6-bit sub-block scales and mins one byte each
@@ -377,14 +382,16 @@ static void repack_row(int fmt, uint8_t *plain, uint8_t *packed, int64_t K, int 
  * is the group's address plus r. */
 #define GROUP_ROWS 16
 static inline int groupable_fmt(int fmt) {
-    return fmt == Q4_0 || fmt == Q4_1 || fmt == Q8_0 || fmt == Q4_K || fmt == Q5_K || fmt == Q6_K;
+    return fmt == Q4_0 || fmt == Q4_1 || fmt == Q5_0 || fmt == Q5_1 || fmt == Q8_0 || fmt == Q4_K || fmt == Q5_K ||
+           fmt == Q6_K;
 }
 /* one block's quants and header, for 16 rows */
 static inline int64_t group_qbytes(int base) {
-    return base == Q6_K ? 3072 : base == Q5_K ? 2560 : base == Q4_K ? 2048 : base == Q8_0 ? 512 : 256;
+    return base == Q6_K ? 3072 : base == Q5_K ? 2560 : base == Q4_K ? 2048 : base == Q8_0 ? 512
+         : base == Q5_0 || base == Q5_1 ? 320 : 256;
 }
 static inline int64_t group_hbytes(int base) {
-    return base == Q6_K ? 288 : base == Q4_K || base == Q5_K ? 320 : base == Q4_1 ? 64 : 32;
+    return base == Q6_K ? 288 : base == Q4_K || base == Q5_K ? 320 : base == Q4_1 || base == Q5_1 ? 64 : 32;
 }
 static inline int64_t group_bytes(int base, int64_t nb) {
     return round_up(nb * (group_qbytes(base) + group_hbytes(base)), 64);
@@ -398,6 +405,18 @@ static inline int64_t group_h_off(int64_t b, int64_t nb, int64_t QS, int64_t HS)
 }
 
 static inline void k_scale_min(int j, const uint8_t *q, int *sc, int *m);
+
+/* Q5_0/Q5_1: a block's 32 fifth bits (bit i: weight i) <-> the grouped lane's order (bit 8t + j: byte t
+ * of vector j, i.e. weight 4j + t, or 16 + 4 (j - 4) + t from j = 4); back: lane order -> the file's */
+static uint32_t fifth_bits_order(uint32_t bits, int back) {
+    uint32_t out = 0;
+    for (int j = 0; j < 8; ++j)
+        for (int t = 0; t < 4; ++t) {
+            const int i = j < 4 ? 4 * j + t : 16 + 4 * (j - 4) + t, lane = 8 * t + j;
+            out |= ((bits >> (back ? lane : i)) & 1u) << (back ? i : lane);
+        }
+    return out;
+}
 
 /* Q4_K: row r's 12 bytes of packed 6-bit scales and mins (q) <-> its 8 scales and 8 mins at h (one
  * byte each, 16 apart; unpack: h -> q), the inverse of k_scale_min */
@@ -421,10 +440,11 @@ static void k_scales_row(uint8_t *q, uint8_t *h, int unpack) {
 /* row r of a group <-> its blocks in the file's layout (plain); unpack: group -> plain */
 static void group_row(int base, uint8_t *g, int r, int64_t nb, uint8_t *plain, int unpack) {
     const int ts = type_size(base), q8 = base == Q8_0, q5 = base == Q5_K, kq = base == Q4_K || q5, q6 = base == Q6_K;
-    const int has_min = base == Q4_1 || kq;
+    const int five = base == Q5_0 || base == Q5_1, has_min = base == Q4_1 || base == Q5_1 || kq;
     /* the quants' words and offset in the file's block (Q6_K: ql and qh, then the scales and d; Q5_K:
-     * the nibbles after qh, whose 8 words follow them in the group) */
-    const int words = q6 ? 48 : kq ? 32 : q8 ? 8 : 4, head = q6 ? 0 : q5 ? 48 : kq ? 16 : 2 + 2 * has_min;
+     * the nibbles after qh, whose 8 words follow them in the group; Q5_0/Q5_1: after qh, reordered) */
+    const int words = q6 ? 48 : kq ? 32 : q8 ? 8 : 4;
+    const int head = q6 ? 0 : q5 ? 48 : kq ? 16 : 2 + 2 * has_min + 4 * five;
     const int64_t QS = group_qbytes(base), HS = group_hbytes(base);
     for (int64_t b = 0; b < nb; ++b) {
         uint8_t *blk = plain + b * ts, *qs = blk + head, *d = q6 ? blk + 208 : blk;
@@ -438,6 +458,12 @@ static void group_row(int base, uint8_t *g, int r, int64_t nb, uint8_t *plain, i
                 for (int j = 0; j < 16; ++j) blk[192 + j] = hs[16 * j];
             for (int j = 0; j < words; ++j) memcpy(qs + 4 * j, q + 64 * j, 4);
             for (int j = 0; j < 8 * q5; ++j) memcpy(blk + 16 + 4 * j, q + 64 * (words + j), 4);
+            if (five) {
+                uint32_t lanes, qh;
+                memcpy(&lanes, q + 64 * words, 4);
+                qh = fifth_bits_order(lanes, 1);
+                memcpy(qs - 4, &qh, 4);
+            }
             if (q8)
                 for (int i = 0; i < 32; ++i) qs[i] ^= 0x80;
         } else {
@@ -448,6 +474,12 @@ static void group_row(int base, uint8_t *g, int r, int64_t nb, uint8_t *plain, i
                 for (int j = 0; j < 16; ++j) hs[16 * j] = blk[192 + j];
             for (int j = 0; j < words; ++j) memcpy(q + 64 * j, qs + 4 * j, 4);
             for (int j = 0; j < 8 * q5; ++j) memcpy(q + 64 * (words + j), blk + 16 + 4 * j, 4);
+            if (five) {
+                uint32_t qh, lanes;
+                memcpy(&qh, qs - 4, 4);
+                lanes = fifth_bits_order(qh, 0);
+                memcpy(q + 64 * words, &lanes, 4);
+            }
             if (q8)
                 for (int j = 0; j < words; ++j)
                     for (int i = 0; i < 4; ++i) q[64 * j + i] ^= 0x80;
@@ -2033,21 +2065,21 @@ typedef struct {
     int64_t M;
     const int8_t *qx;
     /* per (block, row): the scales of the block's halves (per 32: d[0] only), the scales times the sums
-     * of the quants, added over the halves, and the halves' -8, -128 and -32 times their sums */
+     * of the quants, added over the halves, and the halves' -8, -128, -32 and -16 times their sums */
     const float *d[2], *s;
-    const int32_t *c4[2], *c8[2], *c32[2];
+    const int32_t *c4[2], *c8[2], *c32[2], *c16[2];
 } GroupActs;
 
-/* The activations' bytes for M rows of K (quants, then the 9 per-block arrays) */
-static inline size_t group_acts_bytes(int64_t M, int64_t K) { return (size_t)(M * K + 9 * 4 * M * (K / 32)); }
+/* The activations' bytes for M rows of K (quants, then the 11 per-block arrays) */
+static inline size_t group_acts_bytes(int64_t M, int64_t K) { return (size_t)(M * K + 11 * 4 * M * (K / 32)); }
 
 /* Activation rows x[0..M) (stride ldf) quantized into the grouped kernel's layout (see above) at buf */
 static GroupActs quantize_grouped(const float *restrict x, int64_t ldf, int64_t M, int64_t K, uint8_t *buf) {
     const int64_t nb = K / 32, n = M * nb;
     float *d0 = (float *)buf, *d1 = d0 + n, *s = d1 + n;
     int32_t *c40 = (int32_t *)(s + n), *c41 = c40 + n, *c80 = c41 + n, *c81 = c80 + n, *c320 = c81 + n;
-    int32_t *c321 = c320 + n;
-    int8_t *qx = (int8_t *)(c321 + n);
+    int32_t *c321 = c320 + n, *c160 = c321 + n, *c161 = c160 + n;
+    int8_t *qx = (int8_t *)(c161 + n);
 #pragma omp parallel for if (M * K >= 65536)
     for (int64_t a = 0; a < M; ++a)
         for (int64_t b = 0; b < nb; ++b) {
@@ -2066,14 +2098,14 @@ static GroupActs quantize_grouped(const float *restrict x, int64_t ldf, int64_t 
             if (GROUP_ACT16) {
                 s[i] = dd0 * (float)qs0 + dd1 * (float)qs1;
                 c40[i] = -8 * qs0, c41[i] = -8 * qs1, c80[i] = -128 * qs0, c81[i] = -128 * qs1;
-                c320[i] = -32 * qs0, c321[i] = -32 * qs1;
+                c320[i] = -32 * qs0, c321[i] = -32 * qs1, c160[i] = -16 * qs0, c161[i] = -16 * qs1;
             } else {
                 s[i] = dd0 * (float)(qs0 + qs1);
                 c40[i] = -8 * (qs0 + qs1), c41[i] = 0, c80[i] = -128 * (qs0 + qs1), c81[i] = 0;
-                c320[i] = -32 * (qs0 + qs1), c321[i] = 0;
+                c320[i] = -32 * (qs0 + qs1), c321[i] = 0, c160[i] = -16 * (qs0 + qs1), c161[i] = 0;
             }
         }
-    const GroupActs X = {M, qx, {d0, d1}, s, {c40, c41}, {c80, c81}, {c320, c321}};
+    const GroupActs X = {M, qx, {d0, d1}, s, {c40, c41}, {c80, c81}, {c320, c321}, {c160, c161}};
     return X;
 }
 
@@ -2137,11 +2169,12 @@ static inline __attribute__((always_inline)) __m512 i8x16_ps(const uint8_t *p) {
 static inline __attribute__((always_inline)) void grouped_micro(const int fmt, const int NA, const uint8_t *g,
                                                                  int64_t nb, const GroupActs *X, int64_t a0,
                                                                  __m512 *acc) {
-    const int q5 = fmt == Q5_K, kq = fmt == Q4_K || q5, q6 = fmt == Q6_K, has_min = fmt == Q4_1 || kq;
+    const int q5 = fmt == Q5_K, kq = fmt == Q4_K || q5, q6 = fmt == Q6_K, five = fmt == Q5_0 || fmt == Q5_1;
+    const int has_min = fmt == Q4_1 || fmt == Q5_1 || kq;
     const int64_t QS = group_qbytes(fmt), HS = group_hbytes(fmt), M = X->M;
     const int8_t *xq = X->qx + a0 * 32;
     const float *xd0 = X->d[0] + a0, *xd1 = X->d[1] + a0, *xs = X->s + a0;
-    const int32_t *const *offsets = fmt == Q4_0 ? X->c4 : q6 ? X->c32 : X->c8;
+    const int32_t *const *offsets = fmt == Q4_0 ? X->c4 : q6 ? X->c32 : fmt == Q5_0 ? X->c16 : X->c8;
     const int32_t *xc0 = offsets[0] + a0, *xc1 = offsets[1] + a0;
     const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30), bit4 = _mm512_set1_epi8(0x10);
     for (int a = 0; a < NA; ++a) acc[a] = _mm512_setzero_ps();
@@ -2184,6 +2217,13 @@ static inline __attribute__((always_inline)) void grouped_micro(const int fmt, c
                     w[j] = _mm512_and_si512(raw, low4);                           /* weights 4j .. 4j + 3 */
                     w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4); /* 16 + 4j .. */
                 }
+                if (five) { /* bit j of each byte of the fifth vector, as bit 4 of vector j's */
+                    const __m512i qh = _mm512_load_si512((const void *)(q + 256));
+                    for (int j = 0; j < 8; ++j) {
+                        const __m512i at4 = j < 4 ? _mm512_slli_epi16(qh, 4 - j) : _mm512_srli_epi16(qh, j - 4);
+                        w[j] = _mm512_or_si512(w[j], _mm512_and_si512(at4, bit4));
+                    }
+                }
             }
             /* Q4_K: w = d sc q - dmin mn per sub-block; Q6_K: w = d sc (q - 32) per 16 (exact products) */
             const __m512 dw = kq ? _mm512_mul_ps(d, u8x16_ps(h + 64 + 16 * sb))
@@ -2207,6 +2247,8 @@ typedef void (*GroupFn)(const uint8_t *g, int64_t nb, const GroupActs *X, int64_
     GROUP_FN(F, 14) GROUP_FN(F, 15) GROUP_FN(F, 16)
 GROUP_FNS(Q4_0)
 GROUP_FNS(Q4_1)
+GROUP_FNS(Q5_0)
+GROUP_FNS(Q5_1)
 GROUP_FNS(Q8_0)
 GROUP_FNS(Q4_K)
 GROUP_FNS(Q5_K)
@@ -2215,8 +2257,9 @@ GROUP_FNS(Q6_K)
     {grouped_##F##_1,  grouped_##F##_2,  grouped_##F##_3,  grouped_##F##_4,  grouped_##F##_5,  grouped_##F##_6, \
      grouped_##F##_7,  grouped_##F##_8,  grouped_##F##_9,  grouped_##F##_10, grouped_##F##_11, grouped_##F##_12, \
      grouped_##F##_13, grouped_##F##_14, grouped_##F##_15, grouped_##F##_16}
-static const GroupFn group_fns[6][GROUP_ROWS] = {GROUP_TABLE(Q4_0), GROUP_TABLE(Q4_1), GROUP_TABLE(Q8_0),
-                                                  GROUP_TABLE(Q4_K), GROUP_TABLE(Q5_K), GROUP_TABLE(Q6_K)};
+static const GroupFn group_fns[8][GROUP_ROWS] = {GROUP_TABLE(Q4_0), GROUP_TABLE(Q4_1), GROUP_TABLE(Q8_0),
+                                                  GROUP_TABLE(Q4_K), GROUP_TABLE(Q5_K), GROUP_TABLE(Q6_K),
+                                                  GROUP_TABLE(Q5_0), GROUP_TABLE(Q5_1)};
 
 /* Prefill passes over grouped rows take this kernel too, except in the AMX build (its tiles). A
  * 2-core Zen 4, the embedded model's prompts through LLM (bench_cpu_prefill.py, alternated twice)
@@ -2250,7 +2293,8 @@ static int qlinear_grouped(const float *xf, int64_t ldf, int64_t M, int64_t K, c
 #pragma omp parallel for schedule(guided) if (G > 1 && M * N * K >= 32768)
     for (int64_t gi = 0; gi < G; ++gi) {
         const int f = base_fmt(row_fmts[gi * GROUP_ROWS]);
-        const GroupFn *fns = group_fns[f == Q4_0 ? 0 : f == Q4_1 ? 1 : f == Q8_0 ? 2 : f == Q4_K ? 3 : f == Q5_K ? 4 : 5];
+        const GroupFn *fns = group_fns[f == Q4_0 ? 0 : f == Q4_1 ? 1 : f == Q8_0 ? 2 : f == Q4_K ? 3 : f == Q5_K ? 4
+                                       : f == Q6_K ? 5 : f == Q5_0 ? 6 : 7];
         const int64_t nb = K / block_size(f);
         const uint8_t *g = group_of((const uint8_t *)(intptr_t)row_ptrs[gi * GROUP_ROWS]);
         const __m512 bv = bias != NULL ? _mm512_loadu_ps(bias + gi * GROUP_ROWS) : _mm512_setzero_ps();

@@ -111,9 +111,9 @@ def dequant_rows(weight: QuantizedWeight, ids: torch.Tensor, isa: str | None = N
     return out
 
 
-# Q4_0, Q4_1, Q8_0 and (grouped only) Q4_K, Q5_K, Q6_K: the formats `repack` takes (cpu_quant.c,
-# "repacked rows", "grouped rows")
-_PACKABLE = {2, 3, 8, 12, 13, 14}
+# Q4_0, Q4_1, Q8_0 and (grouped only) Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: the formats `repack` takes
+# (cpu_quant.c, "repacked rows", "grouped rows")
+_PACKABLE = {2, 3, 6, 7, 8, 12, 13, 14}
 
 
 def repack(weight: QuantizedWeight, isa: str | None = None) -> bool:
@@ -121,8 +121,8 @@ def repack(weight: QuantizedWeight, isa: str | None = None) -> bool:
     products in one lane (cpu_quant.c, "grouped rows": 16 rows interleaved on AVX-512; "repacked rows"
     otherwise): the same bytes reordered into a new buffer that the row table points at, and the file
     pages of its parts released (the reference path re-reads them from the file). Returns whether it
-    did: every row must be Q4_0, Q4_1 or Q8_0 (or, in whole groups of 16 rows on AVX-512, Q4_K, Q5_K
-    or Q6_K) and the build must have the kernel (AVX-512 or AVX2)."""
+    did: every row must be Q4_0, Q4_1 or Q8_0 (or, in whole groups of 16 rows on AVX-512, Q5_0, Q5_1,
+    Q4_K, Q5_K or Q6_K) and the build must have the kernel (AVX-512 or AVX2)."""
     if weight.packed is not None:
         return True
     lib = _lib(isa)
