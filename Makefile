@@ -87,7 +87,8 @@ mutate: $(STAMP)
 	@echo "surviving mutants per module:"
 	@sed -E 's/^ *//; s/\.x(_|ǁ).*//' mutants/survivors.txt | sort | uniq -c
 
-# llama.cpp for benchmarks/bench_llamacpp.py and benchmarks/accuracy.py: llama-server, llama-bench and
+# llama.cpp for benchmarks/bench_llamacpp.py and benchmarks/accuracy.py: llama-server, llama-bench,
+# llama-quantize (other GGUF types of the embedded model, e.g. Q4_K_M: docs/benchmarks.md) and
 # libllama built from the source the llama-cpp-python 0.3.36 sdist vendors, into .llamacpp/ (ignored:
 # nothing of llama.cpp is committed); about 10 minutes on 2 cores. GGML_NATIVE's -march=native turns
 # on ggml's AMX kernels where the CPU reports AMX, and on this box's VM those stop with SIGILL: there
@@ -108,4 +109,4 @@ $(LLAMACPP_SRC)/build/bin/llama-server: | $(STAMP)
 		&& tar -xzf llama_cpp_python-$(LLAMACPP_VERSION).tar.gz )
 	cd $(LLAMACPP_SRC) && cmake -B build $(LLAMACPP_CPU) -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
 		-DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF
-	cd $(LLAMACPP_SRC) && nice -n 19 cmake --build build -j2 --target llama-server llama-bench llama
+	cd $(LLAMACPP_SRC) && nice -n 19 cmake --build build -j2 --target llama-server llama-bench llama-quantize llama
