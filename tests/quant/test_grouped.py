@@ -1,8 +1,8 @@
 """Grouped rows (cpu_quant.c, "grouped rows"): the AVX-512 builds repack Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and
 Q4_K/Q5_K/Q6_K weights of whole groups of 16 rows so that one int32 lane keeps one output row. The
 layout holds the file's numbers (every path that reads a row reads the same ones, bitwise), the decode
-kernel matches numpy with activations quantized per 16 and is batch-invariant (prefill passes take it
-too, except in the AMX build, whose tiles read the rows as the file's)."""
+kernel matches numpy with activations quantized per 16 and is batch-invariant (the avx512 build's
+prefill passes take it too; the bf16 builds' give the file's rows' results bitwise)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ CASES += [((Q5_K,) * 4, k) for k in (256, 768)] + [((Q5_K, Q6_K, Q4_K, Q4_1), 51
 Q5_0, Q5_1 = GGMLType.Q5_0, GGMLType.Q5_1
 CASES += [((Q5_0, Q5_1, Q5_0, Q5_1), k) for k in (32, 96, 576)] + [((Q5_0, Q4_1, Q5_1, GGMLType.Q8_0), 64)]
 CASE_IDS = [f"{'-'.join(sorted({f.name for f in fmts}))}-K{k}" for fmts, k in CASES]
-# builds whose prefill passes over groups run the decode kernel (cpu_quant.c, GROUP_PREFILL)
-PREFILL_BY_DECODE_KERNEL = {"avx512", "avx512bf16"}
+# builds whose prefill passes over groups run the decode kernel (cpu_quant.c, GROUP_PREFILL: the others
+# multiply in bf16, the Q4_0/Q4_1/Q8_0 groups decoded straight into their panel)
+PREFILL_BY_DECODE_KERNEL = {"avx512"}
 
 pytestmark = [
     pytest.mark.skipif(not quant_available("portable"), reason="no C compiler for the kernels"),

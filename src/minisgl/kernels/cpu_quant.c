@@ -2261,12 +2261,14 @@ static const GroupFn group_fns[8][GROUP_ROWS] = {GROUP_TABLE(Q4_0), GROUP_TABLE(
                                                   GROUP_TABLE(Q4_K), GROUP_TABLE(Q5_K), GROUP_TABLE(Q6_K),
                                                   GROUP_TABLE(Q5_0), GROUP_TABLE(Q5_1)};
 
-/* Prefill passes over grouped rows take this kernel too, except in the AMX build (its tiles). A
- * 2-core Zen 4, the embedded model's prompts through LLM (bench_cpu_prefill.py, alternated twice)
- * against the bf16 dot products (qlinear_bf16, the groups decoded straight into its panel): 16 tokens
- * 19-28 against 34-41 ms, 128 84-88 against 102-108, 512 346-362 against 446-451, 2,048 2.05-2.31
- * against 2.39-2.66 s. */
-#if defined(MINISGL_AMX)
+/* Prefill passes over grouped rows take this kernel only in the avx512 build; the amx and avx512bf16
+ * builds keep their bf16 products. This kernel is faster (a 2-core Zen 4, the embedded model's
+ * prompts through LLM, bench_cpu_prefill.py, alternated twice, against qlinear_bf16 with the groups
+ * decoded straight into its panel: 16 tokens 19-28 against 34-41 ms, 128 84-88 against 102-108, 512
+ * 346-362 against 446-451, 2,048 2.05-2.31 against 2.39-2.66 s) but its int8 activations flipped the
+ * embedded model's first greedy token of "What is the capital of France?" ("L'" for "The"; bf16:
+ * "The capital of France is Paris."), and the prompt's pass decides the first token. */
+#if defined(MINISGL_AMX) || defined(MINISGL_BF16)
 #define GROUP_PREFILL 0
 #else
 #define GROUP_PREFILL 1
@@ -2838,6 +2840,50 @@ static void bf16_rows(const int64_t *row_ptrs, const int32_t *row_fmts, int64_t 
     }
 }
 
+
+/* Group g's 16 rows (format base: Q4_0, Q4_1 or Q8_0 (panel_fmt), nb blocks; the layout: "grouped
+ * rows") as bf16 pairs straight in
+ * the bf16 prefill's panel layout (bf16_panel's: pair p of row r at panel[32 p + 16 h + r], the group
+ * as rows 16 h ..): the lanes already hold one row each, so no transpose. The values are bf16_row's
+ * (w = d u + b in one fused step, rounded to nearest even), bitwise. */
+static inline int panel_fmt(int base) { return base == Q4_0 || base == Q4_1 || base == Q8_0; }
+static void bf16_group_panel(int base, const uint8_t *g, int64_t nb, int h, uint32_t *panel) {
+    const int has_min = base == Q4_1, q8 = base == Q8_0;
+    const int64_t QS = group_qbytes(base), HS = group_hbytes(base);
+    const float bias_of_d = base == Q4_0 ? -8.f : -128.f;
+    __m512i byte[4]; /* byte i of each dword, zero-extended (vpshufb indexes within 128-bit lanes) */
+    const __m512i dword4 = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
+    for (int i = 0; i < 4; ++i)
+        byte[i] = _mm512_or_si512(_mm512_set1_epi32((int)(0x80808000u | (uint32_t)i)), dword4);
+    const __m512i pairs = _mm512_setr_epi32(0x00100000, 0x00110001, 0x00120002, 0x00130003, 0x00140004, 0x00150005,
+                                            0x00160006, 0x00170007, 0x00180008, 0x00190009, 0x001A000A, 0x001B000B,
+                                            0x001C000C, 0x001D000D, 0x001E000E, 0x001F000F); /* words 0, 16, 1, 17 .. */
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *q = g + group_q_off(b, QS, HS), *hd = g + group_h_off(b, nb, QS, HS);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)hd));
+        const __m512 bi = has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(hd + 32)))
+                                  : _mm512_mul_ps(_mm512_set1_ps(bias_of_d), d);
+        uint32_t *out = panel + 32 * 16 * b + 16 * h;
+        for (int v = 0; v < 8; ++v) { /* v's dwords: weights 4 v' .. of the block (pairs 2 v', 2 v' + 1) */
+            __m512i u;
+            int first; /* the block's first weight in v */
+            if (q8) u = _mm512_load_si512((const void *)(q + 64 * v)), first = 4 * v;
+            else {
+                const __m512i raw = _mm512_load_si512((const void *)(q + 64 * (v % 4)));
+                u = v < 4 ? _mm512_and_si512(raw, low4) : _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+                first = v < 4 ? 4 * v : 16 + 4 * (v - 4);
+            }
+            for (int pp = 0; pp < 2; ++pp) {
+                const __m512 w0 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_shuffle_epi8(u, byte[2 * pp])), bi);
+                const __m512 w1 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_shuffle_epi8(u, byte[2 * pp + 1])), bi);
+                const __m512i pk = _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+                _mm512_storeu_si512((void *)(out + 32 * (first / 2 + pp)), pk);
+            }
+        }
+    }
+}
+
 #endif
 
 #if defined(MINISGL_AMX)
@@ -3089,8 +3135,19 @@ static int qlinear_bf16(const float *xf, int64_t ldf, int64_t M, int64_t K, cons
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < panels; ++t) {
             if (scratch == NULL) continue;
-            bf16_rows(row_ptrs, row_fmts, N, 32 * t, 32, K, &dec, wbf);
-            bf16_panel(wbf, K, panel);
+            if (is_grouped(row_fmts[32 * t]) && panel_fmt(base_fmt(row_fmts[32 * t])) &&
+                (32 * t + 16 >= N || panel_fmt(base_fmt(row_fmts[32 * t + 16])))) /* (a weight is grouped whole) */
+                for (int h = 0; h < 2; ++h) {
+                    if (32 * t + 16 * h < N)
+                        bf16_group_panel(base_fmt(row_fmts[32 * t + 16 * h]),
+                                         group_of((const uint8_t *)(intptr_t)row_ptrs[32 * t + 16 * h]), K / 32, h, panel);
+                    else
+                        for (int64_t p = 0; p < K / 2; ++p) memset(panel + 32 * p + 16, 0, 16 * sizeof(uint32_t));
+                }
+            else { /* (other grouped rows are put back in the file's order, a row at a time) */
+                bf16_rows(row_ptrs, row_fmts, N, 32 * t, 32, K, &dec, wbf);
+                bf16_panel(wbf, K, panel);
+            }
             for (int64_t m0 = 0; m0 < M; m0 += BF_MR)
                 bf16_micro(acts + m0 * P, P, panel, m0, M - m0 < BF_MR ? (int)(M - m0) : BF_MR,
                            32 * t, N, bias, y, ldy, accumulate);
