@@ -1,8 +1,8 @@
 """Grouped rows (cpu_quant.c, "grouped rows"): the AVX-512 builds repack Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and
 Q4_K/Q5_K/Q6_K weights of whole groups of 16 rows so that one int32 lane keeps one output row. The
 layout holds the file's numbers (every path that reads a row reads the same ones, bitwise), the decode
-kernel matches numpy with activations quantized per 16 and is batch-invariant (the avx512 build's
-prefill passes take it too; the bf16 builds' give the file's rows' results bitwise)."""
+kernel matches numpy with activations quantized per 16 and is batch-invariant (prefill passes take it
+too, except in the AMX build and with MINISGL_CPU_PREFILL=bf16)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ CASES += [((Q5_K,) * 4, k) for k in (256, 768)] + [((Q5_K, Q6_K, Q4_K, Q4_1), 51
 Q5_0, Q5_1 = GGMLType.Q5_0, GGMLType.Q5_1
 CASES += [((Q5_0, Q5_1, Q5_0, Q5_1), k) for k in (32, 96, 576)] + [((Q5_0, Q4_1, Q5_1, GGMLType.Q8_0), 64)]
 CASE_IDS = [f"{'-'.join(sorted({f.name for f in fmts}))}-K{k}" for fmts, k in CASES]
-# builds whose prefill passes over groups run the decode kernel (cpu_quant.c, GROUP_PREFILL: the others
-# multiply in bf16, the Q4_0/Q4_1/Q8_0 groups decoded straight into their panel)
-PREFILL_BY_DECODE_KERNEL = {"avx512"}
+# builds whose prefill passes over groups run the decode kernel (cpu_quant.c, GROUP_PREFILL), and those
+# with bf16 products for them (MINISGL_CPU_PREFILL=bf16, the bf16_prefill argument)
+PREFILL_BY_DECODE_KERNEL = {"avx512", "avx512bf16"}
+BF16_BUILDS = {"amx", "avx512bf16"}
 
 pytestmark = [
     pytest.mark.skipif(not quant_available("portable"), reason="no C compiler for the kernels"),
@@ -55,20 +56,22 @@ def grouped_weight(
 
 @pytest.mark.parametrize("fmts,k", CASES, ids=CASE_IDS)
 def test_grouped_rows_read_back_as_the_files(fmts: tuple[GGMLType, ...], k: int) -> None:
-    """Every build's embedding lookup reads grouped rows as the file's (bitwise), and the prefill passes
-    are the decode kernel's (matched to numpy below) or, in the other builds, the file's rows'
-    results, bitwise."""
+    """Every build's embedding lookup reads grouped rows as the file's (bitwise). Prefill passes are
+    the decode kernel's (matched to numpy below) where the build takes it for them, and give the
+    file's rows' results bitwise everywhere else: the bf16 products (MINISGL_CPU_PREFILL=bf16, the
+    Q4_0/Q4_1/Q8_0 groups decoded straight into their panel), AMX tiles, the builds without groups."""
     plain, grouped, ref = grouped_weight(k, seed=k, fmts=fmts)
     ids = torch.arange(ref.shape[0]).flip(0)
     x = torch.randn(13, k)
     for isa in RUNNABLE_ISAS:
         torch.testing.assert_close(dequant_rows(grouped, ids, isa=isa), ref[ids], rtol=0, atol=0)
-        same = (
-            qlinear(x, grouped, isa=isa)
-            if isa in PREFILL_BY_DECODE_KERNEL
-            else qlinear(x, plain, prefill=True, isa=isa)
-        )
-        torch.testing.assert_close(qlinear(x, grouped, prefill=True, isa=isa), same, rtol=0, atol=0)
+        for bf16 in (False, True):
+            got = qlinear(x, grouped, prefill=True, bf16_prefill=bf16, isa=isa)
+            if isa in PREFILL_BY_DECODE_KERNEL and not (bf16 and isa in BF16_BUILDS):
+                same = qlinear(x, grouped, isa=isa)
+            else:
+                same = qlinear(x, plain, prefill=True, bf16_prefill=bf16, isa=isa)
+            torch.testing.assert_close(got, same, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("isa", GROUP_ISAS)
@@ -142,3 +145,26 @@ def test_k_quant_rows_group_only_whole(fmt: GGMLType) -> None:
     assert w.packed is None and torch.equal(w.row_ptrs, ptrs)
     whole = QuantizedWeight([QuantPart(fmt, data[:16], 256)])
     assert repack(whole, GROUP_ISAS[0]) and (whole.row_fmts == 200 + int(fmt)).all()
+
+
+def test_prefill_mode_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MINISGL_CPU_PREFILL picks int8 (the default) or bf16 prefill products; anything else is refused
+    by name when the CPU backend starts."""
+    from minisgl.backends.cpu import CpuOps
+    from minisgl.kernels.quant import prefill_mode
+
+    try:
+        for value, want in ((None, "int8"), ("int8", "int8"), ("bf16", "bf16")):
+            if value is None:
+                monkeypatch.delenv("MINISGL_CPU_PREFILL", raising=False)
+            else:
+                monkeypatch.setenv("MINISGL_CPU_PREFILL", value)
+            prefill_mode.cache_clear()
+            assert prefill_mode() == want
+        monkeypatch.setenv("MINISGL_CPU_PREFILL", "fp8")
+        prefill_mode.cache_clear()
+        with pytest.raises(ValueError, match="MINISGL_CPU_PREFILL='fp8': choose from int8, bf16"):
+            CpuOps()
+    finally:
+        monkeypatch.delenv("MINISGL_CPU_PREFILL", raising=False)
+        prefill_mode.cache_clear()

@@ -123,6 +123,7 @@ class CpuOps(TorchOps):
     name = "cpu"
 
     def __init__(self) -> None:
+        quant.prefill_mode()  # a bad MINISGL_CPU_PREFILL is refused here, at start-up
         self.decode = False
         self._packs: dict[int, PackedWeight] = {}  # id(weight) -> its packed copies
         # id(fp8 weight) -> (keys of its tensors, its dequantized copy): fp8 checkpoints run as the
@@ -133,8 +134,8 @@ class CpuOps(TorchOps):
         self.decode = is_decode
 
     def adopt(self, model: torch.nn.Module) -> None:
-        """Repack the Q4_0/Q4_1/Q8_0 weights for the decode kernel (`quant.repack`), unless
-        MINISGL_CPU_REPACK=0 (the direct kernel over the file's blocks, for comparison)."""
+        """Repack the block-format weights for the decode kernel (`quant.repack`: grouped or repacked
+        rows), unless MINISGL_CPU_REPACK=0 (the direct kernel over the file's blocks, for comparison)."""
         if os.environ.get("MINISGL_CPU_REPACK", "1") == "0" or not quant.quant_available():
             return
         start, done, nbytes = time.perf_counter(), 0, 0

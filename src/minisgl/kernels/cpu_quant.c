@@ -2261,14 +2261,14 @@ static const GroupFn group_fns[8][GROUP_ROWS] = {GROUP_TABLE(Q4_0), GROUP_TABLE(
                                                   GROUP_TABLE(Q4_K), GROUP_TABLE(Q5_K), GROUP_TABLE(Q6_K),
                                                   GROUP_TABLE(Q5_0), GROUP_TABLE(Q5_1)};
 
-/* Prefill passes over grouped rows take this kernel only in the avx512 build; the amx and avx512bf16
- * builds keep their bf16 products. This kernel is faster (a 2-core Zen 4, the embedded model's
- * prompts through LLM, bench_cpu_prefill.py, alternated twice, against qlinear_bf16 with the groups
- * decoded straight into its panel: 16 tokens 19-28 against 34-41 ms, 128 84-88 against 102-108, 512
- * 346-362 against 446-451, 2,048 2.05-2.31 against 2.39-2.66 s) but its int8 activations flipped the
- * embedded model's first greedy token of "What is the capital of France?" ("L'" for "The"; bf16:
- * "The capital of France is Paris."), and the prompt's pass decides the first token. */
-#if defined(MINISGL_AMX) || defined(MINISGL_BF16)
+/* Prefill passes (prefill = 1) over grouped rows take this kernel too, except in the AMX build (its
+ * tiles). A 2-core Zen 4, the embedded model's prompts through LLM (bench_cpu_prefill.py, alternated
+ * twice) against the bf16 dot products (qlinear_bf16, the groups decoded straight into its panel): 16
+ * tokens 19-28 against 34-41 ms, 128 84-88 against 102-108, 512 346-362 against 446-451, 2,048
+ * 2.05-2.31 against 2.39-2.66 s. Its int8 activations agree less with float32 than bf16's (greedy
+ * agreement 98.1% against 99.2%; llama.cpp 97.5%): prefill = 2 (MINISGL_CPU_PREFILL=bf16) keeps the
+ * bf16 products where the build has them. */
+#if defined(MINISGL_AMX)
 #define GROUP_PREFILL 0
 #else
 #define GROUP_PREFILL 1
@@ -3167,7 +3167,8 @@ typedef int (*BlockedFn)(const float *xf, int64_t ldf, int64_t M, int64_t K, con
  *   x: (M, K) with row stride ldx; for PRE_SILU_MUL (M, 2K) laid out [gate | up]
  *   pre: PRE_NONE, PRE_RMSNORM (pre_w: the norm's (K) weight, eps) or PRE_SILU_MUL
  *   row_ptrs, row_fmts (N): each weight row's address and ggml type; K a multiple of its block size
- *   prefill: a prefill pass (the AMX build multiplies block formats in AMX tiles then)
+ *   prefill: 0 a decode pass, 1 a prefill pass (the AMX build multiplies block formats in AMX tiles
+ *            then), 2 a prefill pass in bf16 products where the build has them (AMX, AVX-512 BF16)
  * Returns 0, -1 for an unknown type or a K the blocks do not divide, -2 without memory. */
 int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, const float *pre_w, float eps,
                     const int64_t *row_ptrs, const int32_t *row_fmts, int64_t N, const float *bias, float *y,
@@ -3205,7 +3206,8 @@ int minisgl_qlinear(const float *x, int64_t M, int64_t K, int64_t ldx, int pre, 
     BlockedFn blocked = NULL; /* the grouped or repacked rows' kernel, RP_M_BLOCK activation rows at a
                                * time: their quantized rows stay in the L2 */
 #if defined(MINISGL_AVX512)
-    if ((!prefill || RP_PREFILL || GROUP_PREFILL) && (uniform ? is_grouped(row_fmts[0]) : all_grouped(row_fmts, N)))
+    if ((!prefill || RP_PREFILL || (GROUP_PREFILL && prefill == 1)) &&
+        (uniform ? is_grouped(row_fmts[0]) : all_grouped(row_fmts, N)))
         blocked = qlinear_grouped;
 #endif
     if (blocked == NULL && (!prefill || RP_PREFILL) && (uniform ? is_repacked(row_fmts[0]) : all_repacked(row_fmts, N)))

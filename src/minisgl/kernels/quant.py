@@ -8,6 +8,8 @@ shapes are checked here."""
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
 
 import torch
 
@@ -18,6 +20,18 @@ from . import graph
 from .build import load_quant
 
 PRE_NONE, PRE_RMSNORM, PRE_SILU_MUL = 0, 1, 2
+PREFILL_MODES = ("int8", "bf16")
+
+
+@functools.cache
+def prefill_mode() -> str:
+    """How prefill passes multiply: MINISGL_CPU_PREFILL=int8 (the default: the decode passes' int8
+    kernel where the weight's rows are grouped, the fastest here) or bf16 (bfloat16 products where
+    the CPU has them, AMX or AVX-512 BF16: closer to float32, ~1.2-1.3x the prefill time)."""
+    mode = os.environ.get("MINISGL_CPU_PREFILL", "int8")
+    if mode not in PREFILL_MODES:
+        raise ValueError(f"MINISGL_CPU_PREFILL={mode!r}: choose from {', '.join(PREFILL_MODES)}")
+    return mode
 
 
 def quant_available(isa: str | None = None) -> bool:
@@ -46,11 +60,13 @@ def qlinear(
     silu_mul: bool = False,
     residual: torch.Tensor | None = None,
     prefill: bool = False,
+    bf16_prefill: bool | None = None,
     isa: str | None = None,
 ) -> torch.Tensor:
     """x (M, K) @ W^T (+ bias) -> (M, N); with `norm` (weight (K,), eps) of rmsnorm(x); with
     `silu_mul` of silu(gate) * up, x (M, 2K) = [gate | up]; with `residual` (M, N) added into it in
-    place (and returned). `prefill`: a prefill pass's (the amx kernels take AMX tiles then)."""
+    place (and returned). `prefill`: a prefill pass's (the amx kernels take AMX tiles then);
+    `bf16_prefill`: its products in bf16 where the CPU has them (None: `prefill_mode()`'s)."""
     n, k = weight.shape
     m, width = x.shape
     if width != (2 * k if silu_mul else k) or (norm is not None and silu_mul):
@@ -79,7 +95,11 @@ def qlinear(
         _f32(y, "y"),
         n,
         int(residual is not None),
-        int(prefill),
+        0
+        if not prefill
+        else 2
+        if (prefill_mode() == "bf16" if bf16_prefill is None else bf16_prefill)
+        else 1,
     ]
     keep = [t for t in (x, nw, weight.row_ptrs, weight.row_fmts, bias, y) if t is not None]
     rc = graph.call(_lib(isa).minisgl_qlinear_packed, args, keep)
