@@ -34,6 +34,13 @@ def prefill_mode() -> str:
     return mode
 
 
+def _pass_kind(prefill: bool, bf16_prefill: bool | None) -> int:
+    """cpu_quant.c's `prefill` argument: 0 a decode pass, 1 a prefill pass, 2 one in bf16 products."""
+    if not prefill:
+        return 0
+    return 2 if (prefill_mode() == "bf16" if bf16_prefill is None else bf16_prefill) else 1
+
+
 def quant_available(isa: str | None = None) -> bool:
     return load_quant(isa) is not None
 
@@ -95,11 +102,7 @@ def qlinear(
         _f32(y, "y"),
         n,
         int(residual is not None),
-        0
-        if not prefill
-        else 2
-        if (prefill_mode() == "bf16" if bf16_prefill is None else bf16_prefill)
-        else 1,
+        _pass_kind(prefill, bf16_prefill),
     ]
     keep = [t for t in (x, nw, weight.row_ptrs, weight.row_fmts, bias, y) if t is not None]
     rc = graph.call(_lib(isa).minisgl_qlinear_packed, args, keep)
