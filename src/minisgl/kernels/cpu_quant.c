@@ -2186,7 +2186,7 @@ static inline __attribute__((always_inline)) void grouped_micro(const int fmt, c
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
         const __m512 m = has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32))) : d;
         __m512i kraw[8]; /* Q4_K/Q5_K: a sub-block pair's vectors */
-        for (int sb = 0; sb < (kq || q6 ? 8 : 1); ++sb) { /* Q4_K, Q6_K: the super-block's blocks of 32 */
+        for (int sb = 0; sb < (kq || q6 ? 8 : 1); ++sb) { /* the K-quants: the super-block's blocks of 32 */
             __m512i w[8]; /* w[0..4): weights 0 .. 15 of the block, w[4..8): 16 .. 31 */
             if (q6) { /* block sb = 4 half + k: ql's low (k < 2) or high nibbles of bytes 64 half + 32 (k % 2)
                        * .., with bits 2k, 2k + 1 of qh's bytes 32 half .. as bits 4, 5 */
