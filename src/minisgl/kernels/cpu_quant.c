@@ -2050,62 +2050,47 @@ static int qlinear_repacked(const float *xf, int64_t ldf, int64_t M, int64_t K, 
 
 /* ---- decode passes over grouped rows (AVX-512; the layout: "grouped rows" above) -------------------
  * Activations are quantized per 16 (as for the other kernels): d = max|x| / 127, q = round(x / d), laid
- * out block by block (block b of row a at qx + (b M + a) 32) with each half-block's d, its integer
- * offsets -8 sum(q) (Q4_0) and -128 sum(q) (Q8_0, whose weights are stored plus 128), and the block's
- * sum of d * sum(q) (Q4_1's m). A block of 16 rows against one activation row is two chains of 4
- * vpdpbusd (one per half, each started at its offset), then 4 float operations (Q4_1: 5) for all 16
- * rows; a row's sum never depends on the tile, M or the thread count. GROUP_ACT16=0 quantizes per 32
- * as llama.cpp's Q8_0 does (3 float operations, Q4_1 4): on a 2-core Zen 4, 16 rows, 0.83-0.92x the
- * time, but greedy agreement with float32 (benchmarks/accuracy.py) 97.6% against 98.2% per 16, next
- * to llama.cpp's 97.5%. */
-#ifndef GROUP_ACT16
-#define GROUP_ACT16 1
-#endif
+ * out block by block (block b of row a at qx + (b M + a) 32) with each half-block's d and sum(q), and
+ * the block's sum of d * sum(q) (Q4_1's m). A block of 16 rows against one activation row is two chains
+ * of 4 vpdpbusd (one per half, each started at its weights' integer offset times the half's sum(q): -8
+ * Q4_0, -16 Q5_0, -32 Q6_K, -128 Q8_0, whose weights are stored plus 128), then 4 float operations
+ * (Q4_1: 5) for all 16 rows; a row's sum never depends on the tile, M or the thread count. Per 32 (as
+ * llama.cpp's Q8_0 activations; 3 float operations, Q4_1 4) took 0.83-0.92x the time at 16 rows on a
+ * 2-core Zen 4, but greedy agreement with float32 (benchmarks/accuracy.py) fell to 97.6% from 98.2%,
+ * next to llama.cpp's 97.5%. */
 typedef struct {
     int64_t M;
     const int8_t *qx;
-    /* per (block, row): the scales of the block's halves (per 32: d[0] only), the scales times the sums
-     * of the quants, added over the halves, and the halves' -8, -128, -32 and -16 times their sums */
-    const float *d[2], *s;
-    const int32_t *c4[2], *c8[2], *c32[2], *c16[2];
+    const float *d[2], *s; /* per (block, row): the halves' scales; the scales times the sums, added */
+    const int32_t *qs[2];  /* per (block, row): the halves' sums of quants */
 } GroupActs;
 
-/* The activations' bytes for M rows of K (quants, then the 11 per-block arrays) */
-static inline size_t group_acts_bytes(int64_t M, int64_t K) { return (size_t)(M * K + 11 * 4 * M * (K / 32)); }
+/* The activations' bytes for M rows of K (quants, then the 5 per-block arrays) */
+static inline size_t group_acts_bytes(int64_t M, int64_t K) { return (size_t)(M * K + 5 * 4 * M * (K / 32)); }
 
 /* Activation rows x[0..M) (stride ldf) quantized into the grouped kernel's layout (see above) at buf */
 static GroupActs quantize_grouped(const float *restrict x, int64_t ldf, int64_t M, int64_t K, uint8_t *buf) {
     const int64_t nb = K / 32, n = M * nb;
     float *d0 = (float *)buf, *d1 = d0 + n, *s = d1 + n;
-    int32_t *c40 = (int32_t *)(s + n), *c41 = c40 + n, *c80 = c41 + n, *c81 = c80 + n, *c320 = c81 + n;
-    int32_t *c321 = c320 + n, *c160 = c321 + n, *c161 = c160 + n;
-    int8_t *qx = (int8_t *)(c161 + n);
+    int32_t *qs0 = (int32_t *)(s + n), *qs1 = qs0 + n;
+    int8_t *qx = (int8_t *)(qs1 + n);
 #pragma omp parallel for if (M * K >= 65536)
     for (int64_t a = 0; a < M; ++a)
         for (int64_t b = 0; b < nb; ++b) {
             const __m512 v0 = _mm512_loadu_ps(x + a * ldf + 32 * b), v1 = _mm512_loadu_ps(x + a * ldf + 32 * b + 16);
             const __m512 m0 = _mm512_abs_ps(v0), m1 = _mm512_abs_ps(v1);
-            const float dd0 = (GROUP_ACT16 ? _mm512_reduce_max_ps(m0) : _mm512_reduce_max_ps(_mm512_max_ps(m0, m1))) / 127.f;
-            const float dd1 = GROUP_ACT16 ? _mm512_reduce_max_ps(m1) / 127.f : dd0;
+            const float dd0 = _mm512_reduce_max_ps(m0) / 127.f, dd1 = _mm512_reduce_max_ps(m1) / 127.f;
             const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(dd0 != 0.f ? 1.f / dd0 : 0.f)));
             const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(dd1 != 0.f ? 1.f / dd1 : 0.f)));
             int8_t *o = qx + (b * M + a) * 32;
             _mm_storeu_si128((__m128i *)o, _mm512_cvtepi32_epi8(q0));
             _mm_storeu_si128((__m128i *)(o + 16), _mm512_cvtepi32_epi8(q1));
-            const int32_t qs0 = _mm512_reduce_add_epi32(q0), qs1 = _mm512_reduce_add_epi32(q1);
             const int64_t i = b * M + a;
+            qs0[i] = _mm512_reduce_add_epi32(q0), qs1[i] = _mm512_reduce_add_epi32(q1);
             d0[i] = dd0, d1[i] = dd1;
-            if (GROUP_ACT16) {
-                s[i] = dd0 * (float)qs0 + dd1 * (float)qs1;
-                c40[i] = -8 * qs0, c41[i] = -8 * qs1, c80[i] = -128 * qs0, c81[i] = -128 * qs1;
-                c320[i] = -32 * qs0, c321[i] = -32 * qs1, c160[i] = -16 * qs0, c161[i] = -16 * qs1;
-            } else {
-                s[i] = dd0 * (float)(qs0 + qs1);
-                c40[i] = -8 * (qs0 + qs1), c41[i] = 0, c80[i] = -128 * (qs0 + qs1), c81[i] = 0;
-                c320[i] = -32 * (qs0 + qs1), c321[i] = 0, c160[i] = -16 * (qs0 + qs1), c161[i] = 0;
-            }
+            s[i] = dd0 * (float)qs0[i] + dd1 * (float)qs1[i];
         }
-    const GroupActs X = {M, qx, {d0, d1}, s, {c40, c41}, {c80, c81}, {c320, c321}, {c160, c161}};
+    const GroupActs X = {M, qx, {d0, d1}, s, {qs0, qs1}};
     return X;
 }
 
@@ -2126,18 +2111,20 @@ static inline __attribute__((always_inline)) __m512i bcast4(const int8_t *p) {
 #define GROUP_PF_ROWS 8
 #define GROUP_AHEAD 8
 /* One block of 32 weights of the 16 rows (w[0..4): their vectors of weights 0 .. 15, w[4..8): 16 .. 31;
- * dw, mw: the rows' scales and (has_min) offsets, or (halves) the two halves' scales) against
- * activation rows xq.. (the block's, row a at + 32 a): acc[a] += the products */
+ * off: their integer offset, 0 with has_min; dw, mw: the rows' scales and (has_min) offsets, or
+ * (halves) the two halves' scales) against activation rows xq.. (the block's, row a at + 32 a):
+ * acc[a] += the products */
 static inline __attribute__((always_inline)) void group_block(const int NA, const int has_min, const int halves,
-                                                               const __m512i *w, __m512 dw, __m512 mw, const int8_t *xq,
-                                                               const float *xd0, const float *xd1, const float *xs,
-                                                               const int32_t *xc0, const int32_t *xc1, __m512 *acc) {
+                                                               const int off, const __m512i *w, __m512 dw, __m512 mw,
+                                                               const int8_t *xq, const float *xd0, const float *xd1,
+                                                               const float *xs, const int32_t *xq0, const int32_t *xq1,
+                                                               __m512 *acc) {
     for (int a = 0; a < NA; ++a) {
         const int8_t *x = xq + 32 * a;
         /* the halves in two chains of 4 vpdpbusd (per 32: not one chain of 8, whose latency showed:
          * one activation row's qkv in cache 0.82x the time, 16 rows the same) */
-        __m512i ia = has_min ? _mm512_setzero_si512() : _mm512_set1_epi32(xc0[a]);
-        __m512i ib = has_min || !GROUP_ACT16 ? _mm512_setzero_si512() : _mm512_set1_epi32(xc1[a]);
+        __m512i ia = has_min ? _mm512_setzero_si512() : _mm512_set1_epi32(off * xq0[a]);
+        __m512i ib = has_min ? _mm512_setzero_si512() : _mm512_set1_epi32(off * xq1[a]);
         for (int j = 0; j < 4; ++j) {
             ia = _mm512_dpbusd_epi32(ia, w[j], bcast4(x + 4 * j));
             ib = _mm512_dpbusd_epi32(ib, w[4 + j], bcast4(x + 16 + 4 * j));
@@ -2147,12 +2134,9 @@ static inline __attribute__((always_inline)) void group_block(const int NA, cons
             acc[a] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ib), _mm512_set1_ps(xd1[a])), mw, acc[a]);
             continue;
         }
-        __m512 f; /* the block's sum over the activations' scales */
-        if (GROUP_ACT16)
-            f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib), _mm512_set1_ps(xd1[a]),
-                                _mm512_mul_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(xd0[a])));
-        else
-            f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ia, ib)), _mm512_set1_ps(xd0[a]));
+        /* the block's sum over the activations' scales */
+        const __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib), _mm512_set1_ps(xd1[a]),
+                                         _mm512_mul_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(xd0[a])));
         if (has_min) acc[a] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[a]), acc[a]);
         acc[a] = _mm512_fmadd_ps(f, dw, acc[a]);
     }
@@ -2174,8 +2158,8 @@ static inline __attribute__((always_inline)) void grouped_micro(const int fmt, c
     const int64_t QS = group_qbytes(fmt), HS = group_hbytes(fmt), M = X->M;
     const int8_t *xq = X->qx + a0 * 32;
     const float *xd0 = X->d[0] + a0, *xd1 = X->d[1] + a0, *xs = X->s + a0;
-    const int32_t *const *offsets = fmt == Q4_0 ? X->c4 : q6 ? X->c32 : fmt == Q5_0 ? X->c16 : X->c8;
-    const int32_t *xc0 = offsets[0] + a0, *xc1 = offsets[1] + a0;
+    const int off = fmt == Q4_0 ? -8 : fmt == Q5_0 ? -16 : q6 ? -32 : -128; /* (Q8_0; has_min: unused) */
+    const int32_t *xq0 = X->qs[0] + a0, *xq1 = X->qs[1] + a0;
     const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30), bit4 = _mm512_set1_epi8(0x10);
     for (int a = 0; a < NA; ++a) acc[a] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
@@ -2237,8 +2221,8 @@ static inline __attribute__((always_inline)) void grouped_micro(const int fmt, c
                             : q6 ? _mm512_mul_ps(d, i8x16_ps(h + 32 + 32 * sb)) : d;
             const __m512 mw = kq ? _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(m, u8x16_ps(h + 192 + 16 * sb)))
                             : q6 ? _mm512_mul_ps(d, i8x16_ps(h + 48 + 32 * sb)) : m;
-            group_block(NA, has_min, q6, w, dw, mw, xq, xd0, xd1, xs, xc0, xc1, acc);
-            xq += 32 * M, xd0 += M, xd1 += M, xs += M, xc0 += M, xc1 += M;
+            group_block(NA, has_min, q6, off, w, dw, mw, xq, xd0, xd1, xs, xq0, xq1, acc);
+            xq += 32 * M, xd0 += M, xd1 += M, xs += M, xq0 += M, xq1 += M;
         }
     }
 }

@@ -61,7 +61,7 @@ _ARRAY_NAME = {
         ("q", "torch.int64"),
         ("f", "torch.float32"),
         ("d", "torch.float64"),
-    )  # fmt: skip
+    )
     if array.array(code).itemsize == _ITEMSIZE[name]
 }
 
