@@ -450,40 +450,23 @@ static void group_row(int base, uint8_t *g, int r, int64_t nb, uint8_t *plain, i
         uint8_t *blk = plain + b * ts, *qs = blk + head, *d = q6 ? blk + 208 : blk;
         uint8_t *h = g + group_h_off(b, nb, QS, HS) + 2 * r, *q = g + group_q_off(b, QS, HS) + 4 * r;
         uint8_t *hs = g + group_h_off(b, nb, QS, HS) + (q6 ? 32 : 64) + r; /* row r's first sub-block scale */
-        if (unpack) {
-            memcpy(d, h, 2);
-            if (has_min) memcpy(blk + 2, h + 32, 2);
-            if (kq) k_scales_row(blk + 4, hs, 1);
-            if (q6)
-                for (int j = 0; j < 16; ++j) blk[192 + j] = hs[16 * j];
-            for (int j = 0; j < words; ++j) memcpy(qs + 4 * j, q + 64 * j, 4);
-            for (int j = 0; j < 8 * q5; ++j) memcpy(blk + 16 + 4 * j, q + 64 * (words + j), 4);
-            if (five) {
-                uint32_t lanes, qh;
-                memcpy(&lanes, q + 64 * words, 4);
-                qh = fifth_bits_order(lanes, 1);
-                memcpy(qs - 4, &qh, 4);
-            }
-            if (q8)
-                for (int i = 0; i < 32; ++i) qs[i] ^= 0x80;
-        } else {
-            memcpy(h, d, 2);
-            if (has_min) memcpy(h + 32, blk + 2, 2);
-            if (kq) k_scales_row(blk + 4, hs, 0);
-            if (q6)
-                for (int j = 0; j < 16; ++j) hs[16 * j] = blk[192 + j];
-            for (int j = 0; j < words; ++j) memcpy(q + 64 * j, qs + 4 * j, 4);
-            for (int j = 0; j < 8 * q5; ++j) memcpy(q + 64 * (words + j), blk + 16 + 4 * j, 4);
-            if (five) {
-                uint32_t qh, lanes;
-                memcpy(&qh, qs - 4, 4);
-                lanes = fifth_bits_order(qh, 0);
-                memcpy(q + 64 * words, &lanes, 4);
-            }
-            if (q8)
-                for (int j = 0; j < words; ++j)
-                    for (int i = 0; i < 4; ++i) q[64 * j + i] ^= 0x80;
+        /* n bytes between the group (at gp) and the file's block (at pp), the way of `unpack` */
+#define GMOVE(gp, pp, n) (unpack ? memcpy((pp), (gp), (n)) : memcpy((gp), (pp), (n)))
+        GMOVE(h, d, 2);
+        if (has_min) GMOVE(h + 32, blk + 2, 2);
+        if (kq) k_scales_row(blk + 4, hs, unpack);
+        for (int j = 0; j < 16 * q6; ++j) GMOVE(hs + 16 * j, blk + 192 + j, 1);
+        for (int j = 0; j < words; ++j) GMOVE(q + 64 * j, qs + 4 * j, 4);
+        for (int j = 0; j < 8 * q5; ++j) GMOVE(q + 64 * (words + j), blk + 16 + 4 * j, 4);
+#undef GMOVE
+        if (five) { /* the fifth bits reordered on the way */
+            uint32_t bits;
+            memcpy(&bits, unpack ? q + 64 * words : qs - 4, 4);
+            bits = fifth_bits_order(bits, unpack);
+            memcpy(unpack ? qs - 4 : q + 64 * words, &bits, 4);
         }
+        for (int j = 0; j < words * q8; ++j) /* Q8_0: the sign bits flipped in the group */
+            for (int i = 0; i < 4; ++i) (unpack ? qs + 4 * j : q + 64 * j)[i] ^= 0x80;
     }
 }
 
