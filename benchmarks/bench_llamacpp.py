@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -189,7 +190,8 @@ def serve_round(side: Side, server: Server, ns: argparse.Namespace, seed: int) -
 
 def minisgl_cmd(ns: argparse.Namespace, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "minisgl", "serve", "--model", str(ns.gguf), "--port", str(port)]
-    return cmd + ["--num-pages", str(ns.ctx // 16), "--page-size", "16", "--log-level", "warning"]
+    cmd += ["--num-pages", str(ns.ctx // 16), "--page-size", "16", "--log-level", "warning"]
+    return cmd + shlex.split(ns.minisgl_args)
 
 
 def llamacpp_cmd(ns: argparse.Namespace, port: int) -> list[str]:
@@ -277,6 +279,7 @@ def run() -> int:
     ap.add_argument("--one-stream-prompts", type=int, default=4)
     ap.add_argument("--streams-prompts", type=int, default=48)
     ap.add_argument("--ctx", type=int, default=8192, help="KV capacity of both servers, tokens")
+    ap.add_argument("--minisgl-args", default="", help='more `minisgl serve` flags, e.g. "--frontend-nice 0"')
     ap.add_argument("--skip", default="", help="comma list of sections to skip: offline, serve")
     ap.add_argument("--output-json", type=Path)
     ns = ap.parse_args()

@@ -81,6 +81,7 @@ def test_serve_options_map_to_server_args() -> None:
         (["serve", "--port", "0"], "--port must be in 1..65535"),
         (["serve", "--tp", "0"], "--tp must be >= 1"),
         (["serve", "--num-tokenizer", "-1"], "--num-tokenizer must be >= 0"),
+        (["serve", "--frontend-nice", "20"], "--frontend-nice must be in 0..19"),
         (["serve", "--max-seq-len", "0"], "--max-seq-len must be >= 2"),
         (["serve", "--num-pages", "4", "--kv-cache-memory", "1GiB"], "not allowed with argument"),
         (["serve", "--device", "tpu"], "invalid choice"),

@@ -185,6 +185,25 @@ def test_chat_answers_sensibly(client) -> None:
     assert u.total_tokens == u.prompt_tokens + u.completion_tokens
 
 
+def test_on_the_cpu_the_front_end_yields_to_the_engine(server) -> None:
+    """Every thread of the HTTP server and the tokenizer worker at niceness 19, the scheduler's (the
+    one process with torch's OpenMP) as the server was started."""
+
+    def nices(pid: int) -> set[int]:
+        return {os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+
+    def has_torch(pid: int) -> bool:
+        return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    kids = [p for p in server.children if "resource_tracker" not in " ".join(p.cmdline())]
+    engine = [p.pid for p in kids if has_torch(p.pid)]
+    front = [server.proc.pid, *(p.pid for p in kids if not has_torch(p.pid))]
+    assert len(engine) == 1 and nices(engine[0]) == {base}
+    assert len(front) == 2 and all(nices(pid) == {max(base, 19)} for pid in front)
+    assert "HTTP server and tokenizer processes at niceness 19" in server.output()
+
+
 def test_completion_length_and_n(client) -> None:
     r = client.completions.create(
         model="smol", prompt="The capital of France is", max_tokens=5, n=2, temperature=0.8, seed=3

@@ -1,4 +1,5 @@
-"""Host helpers: the CPU sets a server's start-up narrows and gives back."""
+"""Host helpers: the CPU sets a server's start-up narrows and gives back, the niceness its front end
+takes, the C heap given back."""
 
 from __future__ import annotations
 
@@ -8,19 +9,14 @@ import sys
 
 import pytest
 
-from minisgl.utils.host import keep_to_few_cpus
+from minisgl.utils.host import keep_to_few_cpus, lower_priority
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux CPU sets")
 
 
 def test_keep_to_few_cpus_narrows_every_thread_then_gives_all_back() -> None:
-    threads = (
-        "import threading, time; [threading.Thread(target=time.sleep, args=(60,)).start() for _ in range(3)]"
-    )
-    child = subprocess.Popen([sys.executable, "-c", threads + "; time.sleep(60)"])
+    child = _threads_child()
     try:
-        while len(os.listdir(f"/proc/{child.pid}/task")) < 4:
-            pass
         cpus = sorted(os.sched_getaffinity(0))
 
         def sets() -> list[set[int]]:
@@ -31,6 +27,34 @@ def test_keep_to_few_cpus_narrows_every_thread_then_gives_all_back() -> None:
         assert sets() == [want] * 4
         give_back()
         assert sets() == [set(cpus)] * 4
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _threads_child() -> subprocess.Popen:
+    threads = (
+        "import threading, time; [threading.Thread(target=time.sleep, args=(60,)).start() for _ in range(3)]"
+    )
+    child = subprocess.Popen([sys.executable, "-c", threads + "; time.sleep(60)"])
+    while len(os.listdir(f"/proc/{child.pid}/task")) < 4:
+        pass
+    return child
+
+
+def test_lower_priority_reaches_every_thread_and_never_raises_priority() -> None:
+    child = _threads_child()
+    try:
+
+        def nices() -> list[int]:
+            return [os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{child.pid}/task")]
+
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        want = max(base, 7)
+        lower_priority([child.pid, 999_999_999], 7)  # a pid that is gone is skipped
+        assert nices() == [want] * 4
+        lower_priority([child.pid], 3)  # lower than it is: left alone (and unprivileged, impossible)
+        assert nices() == [want] * 4
     finally:
         child.kill()
         child.wait()

@@ -168,6 +168,14 @@ class ServerArgs:
     num_tokenizer: int = flag(
         0, "tokenizer processes; 0: one process tokenizes and detokenizes", SERVER, metavar="N"
     )
+    frontend_nice: int | None = flag(
+        None,
+        "niceness of the HTTP server and tokenizer processes (0-19); on the CPU they then run in the "
+        "compute threads' gaps instead of preempting them",
+        SERVER,
+        unset="19 on the CPU, else 0",
+        metavar="N",
+    )
     max_queued_requests: int | None = flag(
         None, "requests in flight beyond which new ones get 503", SERVER, unset="unlimited", metavar="N"
     )
@@ -290,6 +298,8 @@ class ServerArgs:
         self._check_nodes()
         if self.num_tokenizer < 0:
             raise ValueError(f"--num-tokenizer must be >= 0, got {self.num_tokenizer}")
+        if self.frontend_nice is not None and not 0 <= self.frontend_nice <= 19:
+            raise ValueError(f"--frontend-nice must be in 0..19, got {self.frontend_nice}")
         if self.max_queued_requests is not None and self.max_queued_requests < 1:
             raise ValueError(f"--max-queued-requests must be >= 1, got {self.max_queued_requests}")
         if self.startup_timeout <= 0:

@@ -47,7 +47,7 @@ from minisgl.launch.processes import Child, ProcessGroup, StartupError
 from minisgl.models.pooling import read_pooling
 from minisgl.tokenizer.server import Role, TokenizerWorkerConfig, run_tokenizer_worker
 from minisgl.utils.handshake import send_status
-from minisgl.utils.host import keep_to_few_cpus, release_free_memory
+from minisgl.utils.host import keep_to_few_cpus, lower_priority, release_free_memory
 from minisgl.utils.logger import init_logger
 from minisgl.utils.profiling import maybe_profile
 from minisgl.utils.progress import ProgressBoard
@@ -63,6 +63,9 @@ if TYPE_CHECKING:
     from minisgl.launch.warm import WarmStart
 
 logger = init_logger("minisgl.launcher")
+
+# --frontend-nice's default on the CPU (docs/benchmarks.md: one stream over HTTP on 2 cores).
+FRONTEND_NICE_ON_CPU = 19
 
 
 def bind_http(host: str, port: int) -> socket.socket:
@@ -303,12 +306,26 @@ class Launcher:
             self.board, self.schedulers, self.sched_configs, args.stall_timeout, args.watchdog_timeout
         )
         state.status = "serving"
+        self._yield_to_compute()
         release_free_memory()  # start-up's garbage in the C heap, before the first request
         print(
             f"minisgl: serving {self.args.model_name!r} at {self.args.url} "
             f"(OpenAI-compatible API at {self.args.url}/v1, device {self.device})",
             flush=True,
         )
+
+    def _yield_to_compute(self) -> None:
+        """On the CPU the engine's OpenMP threads take every core, and a decode step is a few hundred
+        parallel regions that each wait for their slowest thread: an HTTP server or detokenizer
+        that wakes per token and preempts one of them stalls the whole team. Niced (after the
+        schedulers started, so they keep their priority), these processes run in the step's
+        single-threaded gaps instead; they still get their share when the engine is never idle."""
+        nice = self.args.frontend_nice
+        if nice is None:
+            nice = FRONTEND_NICE_ON_CPU if self.device == "cpu" else 0
+        if nice > 0:
+            lower_priority([0, *(w.process.pid or 0 for w in self.workers)], nice)
+            logger.info("HTTP server and tokenizer processes at niceness %d (--frontend-nice)", nice)
 
     async def _supervise(
         self, state: ServerState, manager: FrontendManager, server: uvicorn.Server, serve_task: asyncio.Task

@@ -63,16 +63,37 @@ def set_cpus(pids: list[int], cpus: set[int]) -> None:
     for a process that is gone). Threads inherit their creator's set, so each one is set."""
     if not hasattr(os, "sched_setaffinity"):
         return
+    for tid in _threads(pids):
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass
+
+
+def lower_priority(pids: list[int], niceness: int) -> None:
+    """Every thread of the processes `pids` (0: this one) to at least `niceness` (Linux keeps a nice
+    value per thread; threads made later inherit their creator's). Raising niceness needs no
+    privilege, lowering it back does: this is one way. A no-op off Linux and for a process that is gone."""
+    if not hasattr(os, "setpriority"):
+        return
+    for tid in _threads(pids):
+        try:
+            if os.getpriority(os.PRIO_PROCESS, tid) < niceness:
+                os.setpriority(os.PRIO_PROCESS, tid, niceness)
+        except OSError:
+            pass
+
+
+def _threads(pids: list[int]) -> list[int]:
+    """The thread ids of the processes `pids` (0: this one) that are still there (Linux's /proc;
+    none elsewhere)."""
+    tids: list[int] = []
     for pid in pids:
         try:
-            tids = [int(t) for t in os.listdir(f"/proc/{pid or os.getpid()}/task")]
+            tids += [int(t) for t in os.listdir(f"/proc/{pid or os.getpid()}/task")]
         except OSError:
             continue
-        for tid in tids:
-            try:
-                os.sched_setaffinity(tid, cpus)
-            except OSError:
-                pass
+    return tids
 
 
 def keep_to_few_cpus(pids: list[int]) -> Callable[[], None]:
