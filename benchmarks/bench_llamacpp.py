@@ -16,7 +16,7 @@ time):
 and prints both sides, the ratios, and the issue's targets (met or not). llama.cpp's binaries come
 from `make llamacpp` (built from the llama-cpp-python 0.3.36 sdist into .llamacpp/) or --llamacpp-bin.
 
-    python benchmarks/bench_llamacpp.py [--gguf FILE] [--threads 2] [--rounds 3] [--output-json PATH]
+    python benchmarks/bench_llamacpp.py [--gguf FILE] [--threads 2] [--rounds 8] [--output-json PATH]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import os
 import random
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,14 +46,16 @@ DEFAULT_BIN = ROOT / ".llamacpp" / "llama_cpp_python-0.3.36" / "vendor" / "llama
 
 @dataclass
 class Side:
-    """One engine's best figures so far (`figures`) and the latest round's (`last`)."""
+    """One engine's best figures so far (`figures`), the latest round's (`last`) and every round's."""
 
     name: str
     figures: dict[str, float] = field(default_factory=dict)
     last: dict[str, float] = field(default_factory=dict)
+    rounds: dict[str, list[float]] = field(default_factory=dict)
 
     def keep(self, key: str, value: float, higher_is_better: bool) -> None:
         self.last[key] = value
+        self.rounds.setdefault(key, []).append(value)
         old = self.figures.get(key)
         if old is None or (value > old if higher_is_better else value < old):
             self.figures[key] = value
@@ -239,6 +242,15 @@ def report(ours: Side, theirs: Side, ns: argparse.Namespace) -> str:
             lines.append(
                 f"{label + ' (' + unit + ')':38s} {a[key]:10.3f} {b[key]:10.3f} {a[key] / b[key]:7.2f}"
             )
+    lines += ["", "ratio round by round (the two engines' turns in one round):"]
+    for key, label, _, higher in ROWS:
+        pairs = list(zip(ours.rounds.get(key, []), theirs.rounds.get(key, []), strict=False))
+        if higher and len(pairs) > 1:
+            ratios = sorted(x / y for x, y in pairs)
+            lines.append(
+                f"  {label:36s} min {ratios[0]:.2f}  median {statistics.median(ratios):.2f}  "
+                f"max {ratios[-1]:.2f}  ({len(ratios)} rounds)"
+            )
     rss = max(a.get("rss_idle_mib", 0), a.get("rss_loaded_mib", 0))
     rss_ll = max(b.get("rss_idle_mib", 0), b.get("rss_loaded_mib", 1))
     targets = [
@@ -271,7 +283,7 @@ def run() -> int:
     ap.add_argument("--gguf", type=Path, help="the GGUF file (default: the embedded SmolLM2 Q4_1)")
     ap.add_argument("--llamacpp-bin", type=Path, default=Path(os.environ.get("LLAMACPP_BIN", DEFAULT_BIN)))
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=8, help="issue 23 measured best of 8, alternated")
     ap.add_argument("--prompt-len", type=int, default=128, help="offline prompt tokens")
     ap.add_argument("--prompt-words", type=int, default=100, help="HTTP prompt words (about 128 tokens)")
     ap.add_argument("--output-len", type=int, default=64)

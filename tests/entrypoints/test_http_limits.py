@@ -21,7 +21,7 @@ import pytest
 from test_reliability_procs import Stream
 from test_server import ServerProcess
 
-from minisgl.launch.connections import EveryInterval, log_accept_errors
+from minisgl.entrypoints.openai.connections import EveryInterval, log_accept_errors
 
 pytestmark = pytest.mark.timeout(180)
 

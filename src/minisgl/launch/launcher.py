@@ -16,7 +16,7 @@ Serving: /health is 200. If any child dies, /health turns 503, in-flight request
 "abort", and the server exits (code 1). The same when a scheduler rank with work makes no progress
 for --watchdog-timeout seconds (its threads' stacks are logged first); /health says 503 "stalled"
 while one has made none for --stall-timeout seconds (`watchdog.py`). HTTP connections are bounded
-in number and in the time they may take to send a request (`connections.py`).
+in number and in the time they may take to send a request (`entrypoints/openai/connections.py`).
 
 Stopping: SIGTERM or SIGINT to the launcher (docker stop, systemd, Ctrl-C) drains: /health says 503
 "stopping", new requests get 503, requests in flight may finish for up to --shutdown-timeout
@@ -205,17 +205,17 @@ class Launcher:
         import uvicorn
 
         from minisgl.entrypoints.openai.app import create_app
-        from minisgl.entrypoints.openai.state import ServerState
-        from minisgl.entrypoints.openai.tools import ToolFormat
-        from minisgl.frontend.manager import FrontendManager
-        from minisgl.frontend.metrics import ServerMetrics
-        from minisgl.frontend.router import ReplicaRouter
-        from minisgl.launch.connections import (
+        from minisgl.entrypoints.openai.connections import (
             EveryInterval,
             default_max_connections,
             guarded_h11,
             log_accept_errors,
         )
+        from minisgl.entrypoints.openai.state import ServerState
+        from minisgl.entrypoints.openai.tools import ToolFormat
+        from minisgl.frontend.manager import FrontendManager
+        from minisgl.frontend.metrics import ServerMetrics
+        from minisgl.frontend.router import ReplicaRouter
         from minisgl.message import BaseFrontendMsg, BaseTokenizerMsg
         from minisgl.utils import ZmqAsyncPullQueue, ZmqAsyncPushQueue
         from minisgl.utils.mp import PEER_SEND_TIMEOUT_S
