@@ -315,9 +315,9 @@ class Launcher:
         )
 
     def _yield_to_compute(self) -> None:
-        """On the CPU the engine's OpenMP threads take every core, and a decode step is a few hundred
-        parallel regions that each wait for their slowest thread: an HTTP server or detokenizer
-        that wakes per token and preempts one of them stalls the whole team. Niced (after the
+        """On the CPU the engine's OpenMP threads take every core, and a decode step is nearly two
+        hundred parallel regions that each wait for their slowest thread: an HTTP server or
+        detokenizer that wakes per token and preempts one of them stalls the whole team. Niced (after the
         schedulers started, so they keep their priority), these processes run in the step's
         single-threaded gaps instead; they still get their share when the engine is never idle."""
         nice = self.args.frontend_nice

@@ -72,8 +72,9 @@ def set_cpus(pids: list[int], cpus: set[int]) -> None:
 
 def lower_priority(pids: list[int], niceness: int) -> None:
     """Every thread of the processes `pids` (0: this one) to at least `niceness` (Linux keeps a nice
-    value per thread; threads made later inherit their creator's). Raising niceness needs no
-    privilege, lowering it back does: this is one way. A no-op off Linux and for a process that is gone."""
+    value per thread; threads made later inherit their creator's). It only ever raises a thread's
+    niceness: that needs no privilege, lowering it does. A no-op off Linux and for a process that is
+    gone."""
     if not hasattr(os, "setpriority"):
         return
     for tid in _threads(pids):
