@@ -139,23 +139,37 @@ def dequant_rows(weight: QuantizedWeight, ids: torch.Tensor, isa: str | None = N
 _PACKABLE = {2, 3, 6, 7, 8, 12, 13, 14}
 
 
-def repack(weight: QuantizedWeight, isa: str | None = None) -> bool:
-    """Repack `weight`'s rows once for this build's decode kernel, which then sums each block's integer
-    products in one lane (cpu_quant.c, "grouped rows": 16 rows interleaved on AVX-512; "repacked rows"
-    otherwise): the same bytes reordered into a new buffer that the row table points at, and the file
-    pages of its parts released (the reference path re-reads them from the file). Returns whether it
-    did: every row must be Q4_0, Q4_1 or Q8_0 (or, in whole groups of 16 rows on AVX-512, Q5_0, Q5_1,
-    Q4_K, Q5_K or Q6_K) and the build must have the kernel (AVX-512 or AVX2)."""
-    if weight.packed is not None:
-        return True
+def repack_bytes(weight: QuantizedWeight, isa: str | None = None) -> int | None:
+    """The bytes `repack` needs for `weight`'s rows; None where it cannot repack them (see there)."""
     lib = _lib(isa)
     if not lib.minisgl_repack_supported() or not {int(f) for f in weight.formats} <= _PACKABLE:
-        return False
+        return None
     n, k = weight.shape
     size = ctypes.c_int64(0)
     if lib.minisgl_repack_bytes(weight.row_fmts.data_ptr(), n, k, ctypes.byref(size)) != 0:
+        return None
+    return size.value
+
+
+def repack(weight: QuantizedWeight, isa: str | None = None, out: torch.Tensor | None = None) -> bool:
+    """Repack `weight`'s rows once for this build's decode kernel, which then sums each block's integer
+    products in one lane (cpu_quant.c, "grouped rows": 16 rows interleaved on AVX-512; "repacked rows"
+    otherwise): the same bytes reordered into a new buffer that the row table points at (`out`, uint8,
+    64-byte aligned and at least `repack_bytes` long, when given), and the file pages of its parts
+    released (the reference path re-reads them from the file). Returns whether it did: every row must
+    be Q4_0, Q4_1 or Q8_0 (or, in whole groups of 16 rows on AVX-512, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K)
+    and the build must have the kernel (AVX-512 or AVX2)."""
+    if weight.packed is not None:
+        return True
+    size = repack_bytes(weight, isa)
+    if size is None:
         return False
-    buf = torch.empty(size.value, dtype=torch.uint8)
+    if out is None:
+        out = torch.empty(size, dtype=torch.uint8)
+    elif out.dtype != torch.uint8 or out.numel() < size or out.data_ptr() % 64:
+        raise ValueError(f"repack: `out` must be 64-byte aligned uint8 of at least {size} bytes")
+    lib, (n, k) = _lib(isa), weight.shape
+    buf = out[:size]
     ptrs = torch.empty(n, dtype=torch.int64)
     fmts = torch.empty(n, dtype=torch.int32)
     rc = lib.minisgl_repack_rows(

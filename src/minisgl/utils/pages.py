@@ -1,4 +1,5 @@
-"""Handing a read-only file mapping's pages back to the page cache (`madvise(MADV_DONTNEED)`)."""
+"""Pages of memory: handing a read-only file mapping's pages back to the page cache
+(`madvise(MADV_DONTNEED)`), and anonymous memory in 2 MiB pages for what every step streams."""
 
 from __future__ import annotations
 
@@ -31,3 +32,26 @@ def release_pages(view: torch.Tensor) -> int:
     if _libc.madvise(first, last - first, _MADV_DONTNEED) != 0:
         return 0
     return last - first
+
+
+HUGE_PAGE = 2 << 20  # x86-64 and arm64 (4 KiB base pages): a transparent huge page
+
+
+def huge_page_buffer(nbytes: int) -> torch.Tensor:
+    """`nbytes` (rounded up to whole 2 MiB pages) of zeroed anonymous memory as a uint8 tensor that
+    starts on a 2 MiB boundary, advised `MADV_HUGEPAGE`: where transparent huge pages are enabled
+    ("always" or "madvise") the kernel backs it with 2 MiB pages as it is first written, so reading it
+    end to end takes one TLB entry per 2 MiB instead of one per 4 KiB. Elsewhere (THP "never", no
+    madvise) it is plain memory. The tensor keeps its mapping alive."""
+    size = -(-max(nbytes, 1) // HUGE_PAGE) * HUGE_PAGE
+    # private: shared anonymous memory is shmem, whose huge pages follow another switch (shmem_enabled)
+    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0)
+    region = mmap.mmap(-1, size + HUGE_PAGE, flags=flags)  # room to start on a 2 MiB boundary
+    whole = torch.frombuffer(region, dtype=torch.uint8)
+    start = -whole.data_ptr() % HUGE_PAGE
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            region.madvise(mmap.MADV_HUGEPAGE, start, size)
+        except OSError:  # e.g. a kernel built without transparent huge pages
+            pass
+    return whole[start : start + size]
