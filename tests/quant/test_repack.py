@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_pages import smaps_field
 from test_quant import RUNNABLE_ISAS, q8_activations, random_blocks
 
 from minisgl.backends.cpu import CpuOps
@@ -227,15 +228,7 @@ def test_repack_into_a_buffer_checks_it() -> None:
 
 def _mapping_rss_kib(address: int) -> int:
     """This process's resident KiB of the mapping that holds `address` (/proc/self/smaps)."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(v, 16) for v in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and head == "Rss:":
-            return int(line.split()[1])
-    raise AssertionError("no mapping holds the address")
+    return int(smaps_field(address, "Rss:")[0])
 
 
 def test_released_file_pages_leave_memory_and_read_back(tmp_path: Path) -> None:

@@ -12,16 +12,17 @@ import torch
 from minisgl.utils.pages import HUGE_PAGE, huge_page_buffer
 
 
-def _vm_flags(address: int) -> set[str]:
-    """The VmFlags of this process's mapping that holds `address` (/proc/self/smaps)."""
+def smaps_field(address: int, name: str) -> list[str]:
+    """The words after `name` (e.g. "Rss:", "VmFlags:") of this process's mapping that holds
+    `address` (/proc/self/smaps)."""
     inside = False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()[0]
         if "-" in head and not head.endswith(":"):
             lo, hi = (int(v, 16) for v in head.split("-"))
             inside = lo <= address < hi
-        elif inside and head == "VmFlags:":
-            return set(line.split()[1:])
+        elif inside and head == name:
+            return line.split()[1:]
     raise AssertionError("no mapping holds the address")
 
 
@@ -44,5 +45,5 @@ def test_huge_page_buffer_is_private_memory_advised_hugepage() -> None:
     """Private (shared anonymous memory would be shmem, under another huge-page switch) and marked
     `hg` (VM_HUGEPAGE) by the kernel, which then backs it with 2 MiB pages where THP is enabled."""
     buf = huge_page_buffer(1)
-    flags = _vm_flags(buf.data_ptr())
+    flags = set(smaps_field(buf.data_ptr(), "VmFlags:"))
     assert "hg" in flags and "sh" not in flags, flags
