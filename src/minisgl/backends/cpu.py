@@ -138,7 +138,7 @@ class CpuOps(TorchOps):
         """Repack the block-format weights for the decode kernel (`quant.repack`: grouped or repacked
         rows), unless MINISGL_CPU_REPACK=0 (the direct kernel over the file's blocks, for comparison).
         They share one buffer in 2 MiB pages (`huge_page_buffer`): a decode step streams every one of
-        them, and in 4 KiB pages (small weights each their own allocation) it took 1.1-1.25x the time."""
+        them, and in 4 KiB pages (small weights each their own allocation) it took 1.14-1.18x the time."""
         if os.environ.get("MINISGL_CPU_REPACK", "1") == "0" or not quant.quant_available():
             return
         start = time.perf_counter()
