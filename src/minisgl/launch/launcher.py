@@ -157,7 +157,11 @@ class Launcher:
         they are ready this process and the tokenizer workers keep to a CPU each (`keep_to_few_cpus`)."""
         self._spawn_schedulers()
         self.workers = self._spawn_workers()
-        self.give_back_cpus = keep_to_few_cpus([0, *(w.process.pid or 0 for w in self.workers)])
+        self.give_back_cpus = keep_to_few_cpus(self._front_end_pids())
+
+    def _front_end_pids(self) -> list[int]:
+        """This process (0) and the tokenizer workers: the processes that serve HTTP, not the model."""
+        return [0, *(w.process.pid or 0 for w in self.workers)]
 
     async def start_children(self) -> dict[str, Any]:
         """Return scheduler rank 0's info once every child (started by `spawn_children`) is ready."""
@@ -324,7 +328,7 @@ class Launcher:
         if nice is None:
             nice = FRONTEND_NICE_ON_CPU if self.device == "cpu" else 0
         if nice > 0:
-            lower_priority([0, *(w.process.pid or 0 for w in self.workers)], nice)
+            lower_priority(self._front_end_pids(), nice)
             logger.info("HTTP server and tokenizer processes at niceness %d (--frontend-nice)", nice)
 
     async def _supervise(
